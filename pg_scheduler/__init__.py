@@ -1,0 +1,30 @@
+"""pg_scheduler: a PostgreSQL-native job queue and scheduler for asyncio, on asyncpg."""
+
+from .config import JobSpec, PollingConfig, RetryPolicy, VacuumConfig, VacuumPolicy
+from .enums import ConflictResolution, JobPriority, JobStatus, VacuumTrigger
+from .migrate import MigrationError
+from .models import Job, TaskInventory
+from .periodic import PeriodicJobConfig, periodic
+from .scheduler import Scheduler
+from .tasks import task
+
+__version__ = "0.3.0"
+
+__all__ = [
+    "ConflictResolution",
+    "Job",
+    "JobPriority",
+    "JobSpec",
+    "JobStatus",
+    "MigrationError",
+    "PeriodicJobConfig",
+    "PollingConfig",
+    "RetryPolicy",
+    "Scheduler",
+    "TaskInventory",
+    "VacuumConfig",
+    "VacuumPolicy",
+    "VacuumTrigger",
+    "periodic",
+    "task",
+]

@@ -1,0 +1,72 @@
+"""JSON encoding of job arguments and results, with errors that name the value."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, allow_nan=False, separators=(",", ":"))
+
+
+def _first_unserializable(value: Any, path: str) -> tuple[str, Any] | None:
+    try:
+        _dumps(value)
+        return None
+    except (TypeError, ValueError):
+        pass
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{path} key {key!r}", key
+            found = _first_unserializable(item, f"{path}[{key!r}]")
+            if found:
+                return found
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = _first_unserializable(item, f"{path}[{index}]")
+            if found:
+                return found
+    return path, value
+
+
+def encode_task_data(args: tuple | list, kwargs: dict[str, Any], task: str) -> str:
+    """``{"args": [...], "kwargs": {...}}`` as JSON, or TypeError naming the bad value."""
+    if not isinstance(args, tuple | list):
+        raise TypeError(f"args must be a tuple or list, got {type(args).__name__}")
+    if not isinstance(kwargs, dict):
+        raise TypeError(f"kwargs must be a dict, got {type(kwargs).__name__}")
+    try:
+        return _dumps({"args": list(args), "kwargs": kwargs})
+    except (TypeError, ValueError):
+        found = _first_unserializable(list(args), "args") or _first_unserializable(kwargs, "kwargs")
+        where, value = found or ("arguments", None)
+        raise TypeError(
+            f"{where} of {task} is not JSON-serializable: {value!r} "
+            f"({type(value).__name__}); pass JSON types (str, int, float, bool, None, "
+            "list, dict) and load richer objects inside the job"
+        ) from None
+
+
+def decode_task_data(raw: str | None) -> tuple[list[Any], dict[str, Any]]:
+    data = json.loads(raw) if raw else {}
+    return list(data.get("args") or []), dict(data.get("kwargs") or {})
+
+
+def encode_result(value: Any) -> tuple[str | None, str | None]:
+    """(JSON, None) for a serializable return value, else (None, a note saying why)."""
+    if value is None:
+        return None, None
+    try:
+        return _dumps(value), None
+    except (TypeError, ValueError):
+        return None, f"return value not stored: {type(value).__name__} is not JSON-serializable"
+
+
+def encode_json(value: Any) -> str:
+    return _dumps(value)
+
+
+def decode_json(raw: str | None) -> Any:
+    return None if raw is None else json.loads(raw)

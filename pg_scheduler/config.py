@@ -1,0 +1,210 @@
+"""Validated configuration objects.
+
+They are pydantic dataclasses so that code written for pg-scheduler 0.2.x,
+which built them positionally (``VacuumPolicy(VacuumTrigger.NEVER)``), keeps
+working, while bad values are rejected at construction with a clear message.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic.dataclasses import dataclass
+
+from .enums import JobPriority, VacuumTrigger
+
+
+class _Unset:
+    """Marks a parameter the caller did not pass (distinct from an explicit ``None``)."""
+
+    _instance: _Unset | None = None
+
+    def __new__(cls) -> _Unset:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+UNSET: Any = _Unset()
+
+_STRICT = ConfigDict(arbitrary_types_allowed=True, validate_assignment=True)
+
+
+@dataclass(config=_STRICT)
+class RetryPolicy:
+    """Exponential backoff between attempts of a failed job.
+
+    The n-th retry waits ``min(max_delay, base_delay * factor ** (n - 1))``
+    seconds, then a random ``±jitter`` fraction of that is added so that jobs
+    failing together do not retry together.
+    """
+
+    base_delay: float = Field(default=60.0, ge=0)
+    factor: float = Field(default=2.0, ge=1.0)
+    max_delay: float = Field(default=300.0, ge=0)
+    jitter: float = Field(default=0.1, ge=0, le=1)
+
+    def delay_for(self, retry_number: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait before retry number ``retry_number`` (1-based)."""
+        delay = self.nominal_delay(retry_number)
+        if self.jitter and delay:
+            spread = delay * self.jitter
+            delay += (rng or random).uniform(-spread, spread)
+        return max(0.0, delay)
+
+    def nominal_delay(self, retry_number: int) -> float:
+        """The delay before jitter; what ``get_job`` shows as the planned schedule."""
+        exponent = max(0, retry_number - 1)
+        # Cap the exponent too: 2.0 ** 2000 overflows a float.
+        raw = self.base_delay * self.factor ** min(exponent, 64)
+        return min(self.max_delay, raw)
+
+
+@dataclass(config=_STRICT)
+class PollingConfig:
+    """Polling is the safety net behind LISTEN/NOTIFY.
+
+    When notifications work, an idle worker sleeps until the earliest due job
+    or a notification, but never longer than ``max_interval``. When the
+    listener is down, it polls with exponential backoff from
+    ``idle_start_interval`` up to ``max_interval``.
+    """
+
+    min_interval: float = Field(default=0.05, ge=0)
+    max_interval: float = Field(default=2.0, ge=0)
+    backoff_multiplier: float = Field(default=1.5, ge=1.0)
+    idle_start_interval: float = Field(default=0.5, ge=0)
+    semaphore_full_interval: float = Field(default=1.0, ge=0)
+    jitter: bool = True
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> PollingConfig:
+        if self.max_interval < self.min_interval:
+            raise ValueError("max_interval must be >= min_interval")
+        return self
+
+
+@dataclass(config=_STRICT)
+class VacuumPolicy:
+    """Which finished rows of one status the vacuum deletes."""
+
+    trigger: VacuumTrigger
+    days: float | None = Field(default=None, ge=0)
+    keep_count: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _check_trigger_fields(self) -> VacuumPolicy:
+        if self.trigger is VacuumTrigger.TIME_BASED and self.days is None:
+            raise ValueError("a TIME_BASED vacuum policy needs days")
+        if self.trigger is VacuumTrigger.COUNT_BASED and self.keep_count is None:
+            raise ValueError("a COUNT_BASED vacuum policy needs keep_count")
+        return self
+
+    @classmethod
+    def immediate(cls) -> VacuumPolicy:
+        """Delete the row as soon as the job reaches this status."""
+        return cls(VacuumTrigger.IMMEDIATE)
+
+    @classmethod
+    def after_days(cls, days: float) -> VacuumPolicy:
+        """Delete rows that finished more than ``days`` days ago."""
+        return cls(VacuumTrigger.TIME_BASED, days=days)
+
+    @classmethod
+    def keep_last(cls, count: int) -> VacuumPolicy:
+        """Keep only the newest ``count`` rows of this status per job name."""
+        return cls(VacuumTrigger.COUNT_BASED, keep_count=count)
+
+    @classmethod
+    def never(cls) -> VacuumPolicy:
+        """Never delete rows of this status."""
+        return cls(VacuumTrigger.NEVER)
+
+
+@dataclass(config=_STRICT)
+class VacuumConfig:
+    """Vacuum policies per final status, and how often the vacuum runs."""
+
+    completed: VacuumPolicy | None = None
+    failed: VacuumPolicy | None = None
+    cancelled: VacuumPolicy | None = None
+    interval_minutes: float = Field(default=60, gt=0)
+    track_metrics: bool = False
+    expired: VacuumPolicy | None = None
+    batch_size: int = Field(default=5000, gt=0)
+
+    def __post_init__(self) -> None:
+        if self.completed is None:
+            self.completed = VacuumPolicy.after_days(1)
+        if self.failed is None:
+            self.failed = VacuumPolicy.after_days(7)
+        if self.cancelled is None:
+            self.cancelled = VacuumPolicy.after_days(3)
+        if self.expired is None:
+            self.expired = VacuumPolicy.after_days(3)
+
+    def policies(self) -> dict[str, VacuumPolicy]:
+        """Status name -> policy, for every final status."""
+        return {
+            "completed": self.completed,
+            "failed": self.failed,
+            "cancelled": self.cancelled,
+            "expired": self.expired,
+        }  # type: ignore[dict-item]
+
+
+def _check_async_callable(func: Any) -> Any:
+    if not callable(func) or not inspect.iscoroutinefunction(func):
+        raise TypeError(f"Expected an async function, got {func!r}")
+    return func
+
+
+@dataclass(config=_STRICT)
+class JobSpec:
+    """One job for :meth:`Scheduler.schedule_bulk`."""
+
+    func: Callable[..., Any]
+    execution_time: datetime
+    args: tuple = ()
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    priority: JobPriority = JobPriority.NORMAL
+    max_retries: int = Field(default=0, ge=0)
+    job_id: str | None = None
+    misfire_grace_time: Any = UNSET
+    timeout: float | None = Field(default=None, gt=0)
+    retry_policy: RetryPolicy | None = None
+
+    @field_validator("func", mode="before")
+    @classmethod
+    def _func_is_async(cls, func: Any) -> Any:
+        return _check_async_callable(func)
+
+    @field_validator("args", mode="before")
+    @classmethod
+    def _args_tuple(cls, args: Any) -> Any:
+        return tuple(args) if isinstance(args, list) else args
+
+    @field_validator("kwargs", mode="before")
+    @classmethod
+    def _kwargs_dict(cls, kwargs: Any) -> Any:
+        return {} if kwargs is None else kwargs
+
+    @field_validator("misfire_grace_time", mode="before")
+    @classmethod
+    def _grace(cls, value: Any) -> Any:
+        if value is UNSET or value is None:
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError("misfire_grace_time must be a non-negative int, None or unset")
+        return value

@@ -1,0 +1,54 @@
+"""An embedded PostgreSQL (the ``pgserver`` package) for tests, demos and local use.
+
+``pip install 'pg-scheduler[embedded]'``. The server runs from a data
+directory; it is started on first use and stopped when the last process using
+it exits.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+
+def default_data_dir() -> Path:
+    """Where the CLI keeps its embedded database between runs (per user)."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(Path.home(), ".local", "share")
+    return Path(base) / "pg-scheduler" / "pgdata"
+
+
+class EmbeddedPostgres:
+    """A running embedded server; :attr:`dsn` connects to its ``postgres`` database."""
+
+    def __init__(self, data_dir: str | Path | None = None, *, cleanup: str | None = "stop") -> None:
+        try:
+            import pgserver
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise RuntimeError(
+                "the embedded PostgreSQL needs the 'pgserver' package: "
+                "pip install 'pg-scheduler[embedded]'"
+            ) from exc
+        self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        self._server = pgserver.get_server(self.data_dir, cleanup_mode=cleanup)
+        self.dsn: str = self._server.get_uri()
+
+    def dsn_for(self, database: str) -> str:
+        return self._server.get_uri(database)
+
+    def stop(self) -> None:
+        self._server.cleanup()
+
+
+def start(data_dir: str | Path | None = None, *, cleanup: str | None = "stop") -> EmbeddedPostgres:
+    """Start (or attach to) the embedded server in ``data_dir``."""
+    return EmbeddedPostgres(data_dir, cleanup=cleanup)
+
+
+async def create_pool(data_dir: str | Path | None = None, **pool_options: Any) -> asyncpg.Pool:
+    """An asyncpg pool on the embedded server (started if needed)."""
+    server = start(data_dir)
+    return await asyncpg.create_pool(server.dsn, **pool_options)

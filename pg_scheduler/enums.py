@@ -1,0 +1,76 @@
+"""Enumerations shared by the public API and the store."""
+
+from __future__ import annotations
+
+from enum import Enum, StrEnum
+
+_PRIORITY_DB_VALUES = {"critical": 1, "high": 3, "normal": 5, "low": 8}
+
+
+class JobPriority(Enum):
+    """Job priority. Lower database values run first: CRITICAL(1) < HIGH(3) < NORMAL(5) < LOW(8)."""
+
+    CRITICAL = "critical"
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+    @property
+    def db_value(self) -> int:
+        """The integer stored in ``scheduled_jobs.priority``."""
+        return _PRIORITY_DB_VALUES[self.value]
+
+    @classmethod
+    def from_db_value(cls, db_value: int) -> JobPriority:
+        """Map a stored integer back to a priority; unknown values read as NORMAL."""
+        for member in cls:
+            if member.db_value == db_value:
+                return member
+        return cls.NORMAL
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"<JobPriority.{self.name}: {self.value} (db_value={self.db_value})>"
+
+
+# Claim order: one index probe per level, most urgent first.
+PRIORITY_DB_VALUES: list[int] = sorted(_PRIORITY_DB_VALUES.values())
+
+
+class ConflictResolution(Enum):
+    """What ``schedule`` does when ``job_id`` already exists."""
+
+    RAISE = "raise"
+    IGNORE = "ignore"
+    REPLACE = "replace"
+
+
+class JobStatus(StrEnum):
+    """Every state a row of ``scheduled_jobs`` can be in."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+    @property
+    def is_final(self) -> bool:
+        return self in FINAL_STATUSES
+
+
+FINAL_STATUSES = frozenset(
+    {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED}
+)
+
+
+class VacuumTrigger(Enum):
+    """How a vacuum policy decides which finished rows to delete."""
+
+    IMMEDIATE = "immediate"
+    TIME_BASED = "time_based"
+    COUNT_BASED = "count_based"
+    NEVER = "never"

@@ -1,0 +1,97 @@
+"""Typed views of stored rows returned by the public API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from .codec import decode_json, decode_task_data
+from .config import RetryPolicy
+from .enums import JobPriority, JobStatus
+
+
+class Job(BaseModel):
+    """One job as stored, returned by :meth:`Scheduler.get_job`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: str
+    job_name: str
+    task_name: str
+    status: JobStatus
+    priority: JobPriority
+    execution_time: datetime
+    created_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    last_heartbeat: datetime | None
+    lease_until: datetime | None
+    attempts: int
+    retry_count: int
+    max_retries: int
+    rescue_count: int
+    worker_id: str | None
+    misfire_grace_time: int | None
+    timeout: float | None
+    args: list[Any]
+    kwargs: dict[str, Any]
+    result: Any
+    error: str | None
+    traceback: str | None
+    retry_policy: RetryPolicy | None
+    #: When a pending job that failed before will be tried again.
+    next_retry_at: datetime | None
+    #: Nominal delays (seconds, before jitter) of the retries still allowed.
+    planned_retry_delays: list[float]
+
+    @classmethod
+    def from_record(cls, row: Any, default_retry: RetryPolicy) -> Job:
+        args, kwargs = decode_task_data(row["task_data"])
+        stored_policy = decode_json(row["retry_policy"])
+        policy = RetryPolicy(**stored_policy) if stored_policy else None
+        effective = policy or default_retry
+        remaining = range(row["retry_count"] + 1, row["max_retries"] + 1)
+        status = JobStatus(row["status"])
+        return cls(
+            job_id=row["job_id"],
+            job_name=row["job_name"],
+            task_name=row["task_name"],
+            status=status,
+            priority=JobPriority.from_db_value(row["priority"]),
+            execution_time=row["execution_time"],
+            created_at=row["created_at"],
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+            last_heartbeat=row["last_heartbeat"],
+            lease_until=row["lease_until"],
+            attempts=row["attempts"],
+            retry_count=row["retry_count"],
+            max_retries=row["max_retries"],
+            rescue_count=row["rescue_count"],
+            worker_id=row["worker_id"],
+            misfire_grace_time=row["misfire_grace_time"],
+            timeout=row["timeout"],
+            args=args,
+            kwargs=kwargs,
+            result=decode_json(row["result"]),
+            error=row["error_message"],
+            traceback=row["error_traceback"],
+            retry_policy=policy,
+            next_retry_at=(
+                row["execution_time"]
+                if status is JobStatus.PENDING and row["retry_count"] > 0
+                else None
+            ),
+            planned_retry_delays=[effective.nominal_delay(n) for n in remaining],
+        )
+
+
+class TaskInventory(BaseModel):
+    """What :meth:`Scheduler.load_task_functions` reports."""
+
+    #: Task names this process can run.
+    registered: list[str]
+    #: Due pending jobs, by task name, that no live worker has registered.
+    unknown: dict[str, int]

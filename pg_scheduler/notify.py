@@ -1,0 +1,141 @@
+"""LISTEN/NOTIFY on a dedicated connection, with health checks and reconnects.
+
+The listener holds one connection from the pool. A connection can die
+silently (a killed backend, a half-open TCP socket), so besides asyncpg's
+termination callback the listener runs ``SELECT 1`` every
+``health_interval`` seconds; on failure it reconnects with backoff and
+re-LISTENs. While it is down, :attr:`live` is False and workers fall back to
+polling; when it comes back, every handler is called once, since
+notifications sent meanwhile were lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import asyncpg
+
+from .log import get_logger
+from .reconnect import Backoff
+
+log = get_logger(__name__)
+
+Handler = Callable[[str], None]
+
+
+class Listener:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        handlers: dict[str, Handler],
+        *,
+        health_interval: float = 5.0,
+        on_reconnect: Callable[[], None] | None = None,
+    ) -> None:
+        self._pool = pool
+        self._handlers = handlers
+        self._health_interval = health_interval
+        self._on_reconnect = on_reconnect
+        self._conn: asyncpg.Connection | None = None
+        self._lost = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.live = False
+        self.connected = asyncio.Event()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="pg_scheduler.listener")
+
+    async def stop(self) -> None:
+        self._stopped.set()
+        self._lost.set()
+        if self._task is not None:
+            await asyncio.wait({self._task}, timeout=10)
+            if not self._task.done():
+                self._task.cancel()
+        await self._close()
+
+    def _dispatch(self, _conn: object, _pid: int, channel: str, payload: str) -> None:
+        handler = self._handlers.get(channel)
+        if handler is not None:
+            try:
+                handler(payload)
+            except Exception:
+                log.exception("notification handler failed", channel=channel)
+
+    def _terminated(self, _conn: object) -> None:
+        self._lost.set()
+
+    async def _run(self) -> None:
+        backoff = Backoff(initial=0.1, maximum=5.0)
+        first = True
+        while not self._stopped.is_set():
+            try:
+                await self._connect()
+            except Exception as exc:
+                self.live = False
+                log.warning("listener cannot connect; polling meanwhile", error=repr(exc))
+                await self._sleep(backoff.next_delay())
+                continue
+            backoff.reset()
+            self.live = True
+            self.connected.set()
+            if not first and self._on_reconnect is not None:
+                self._on_reconnect()
+            if not first:
+                log.info("listener reconnected")
+            first = False
+            await self._watch()
+            self.live = False
+            self.connected.clear()
+            await self._close()
+            if not self._stopped.is_set():
+                log.warning("listener connection lost; polling until it is back")
+
+    async def _connect(self) -> None:
+        self._lost.clear()
+        conn = await self._pool.acquire(timeout=10)
+        self._conn = conn
+        conn.add_termination_listener(self._terminated)
+        for channel in self._handlers:
+            await conn.add_listener(channel, self._dispatch)
+
+    async def _watch(self) -> None:
+        """Return when the connection is lost or the listener stops."""
+        while not self._stopped.is_set():
+            try:
+                await asyncio.wait_for(self._lost.wait(), self._health_interval)
+                return
+            except TimeoutError:
+                pass
+            try:
+                assert self._conn is not None
+                await self._conn.fetchval("SELECT 1", timeout=self._health_interval)
+            except Exception as exc:
+                log.warning("listener health check failed", error=repr(exc))
+                return
+
+    async def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            if conn.is_closed():
+                await self._pool.release(conn)
+            else:
+                for channel in self._handlers:
+                    await conn.remove_listener(channel, self._dispatch)
+                await self._pool.release(conn, timeout=5)
+        except Exception:
+            conn.terminate()
+            try:
+                await self._pool.release(conn)
+            except Exception:
+                pass
+
+    async def _sleep(self, delay: float) -> None:
+        try:
+            await asyncio.wait_for(self._stopped.wait(), delay)
+        except TimeoutError:
+            pass

@@ -1,0 +1,699 @@
+"""The Scheduler: lifecycle and public API. It wires the parts and holds no SQL."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+import asyncpg
+
+from .codec import encode_json, encode_task_data
+from .config import UNSET, JobSpec, PollingConfig, RetryPolicy, VacuumConfig
+from .enums import ConflictResolution, JobPriority, JobStatus
+from .log import get_logger
+from .migrate import migrate
+from .models import Job, TaskInventory
+from .notify import Listener
+from .periodic import PeriodicJobConfig, PeriodicManager
+from .reconnect import retry_on_disconnect
+from .services import HeartbeatService, RescuerService, VacuumService
+from .store import CANCEL_CHANNEL, JOBS_CHANNEL, NewJob, Store, VacuumStore
+from .tasks import TaskRegistry, default_registry, ensure_async, task_name_of
+from .timeutil import to_aware
+from .worker import CANCELLED_REMOTELY, Worker
+
+log = get_logger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def _check_seconds(name: str, value: Any, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+
+
+class Scheduler:
+    """Claims and runs due jobs from ``scheduled_jobs``; any number may share one database.
+
+    The positional parameters and their defaults are those of pg-scheduler
+    0.2.x. The keyword-only ones are additions; ``None`` means "derive from the
+    class constants" for the reliability timings.
+    """
+
+    HEARTBEAT_THRESHOLD = 120
+    LEASE_DURATION = 60
+    WORKER_ID_LENGTH = 8
+
+    def __init__(
+        self,
+        db_pool: asyncpg.Pool,
+        max_concurrent_jobs: int = 25,
+        misfire_grace_time: int | None = 300,
+        vacuum_config: VacuumConfig | None = None,
+        vacuum_enabled: bool = True,
+        batch_claim_limit: int = 10,
+        polling_config: PollingConfig | None = None,
+        *,
+        job_timeout: float | None = None,
+        retry_policy: RetryPolicy | None = None,
+        shutdown_grace_period: float = 30.0,
+        heartbeat_interval: float | None = None,
+        heartbeat_threshold: float | None = None,
+        lease_duration: float | None = None,
+        rescue_interval: float | None = None,
+        max_rescues: int = 3,
+        listener_health_interval: float = 5.0,
+        tasks: TaskRegistry | None = None,
+        run_periodic_jobs: bool = True,
+    ) -> None:
+        if not isinstance(db_pool, asyncpg.Pool):
+            raise TypeError(f"db_pool must be an asyncpg.Pool, got {type(db_pool).__name__}")
+        _check_int("max_concurrent_jobs", max_concurrent_jobs, 1)
+        _check_int("misfire_grace_time", misfire_grace_time, 0, allow_none=True)
+        _check_int("batch_claim_limit", batch_claim_limit, 1)
+        _check_int("max_rescues", max_rescues, 0)
+        _check_seconds("job_timeout", job_timeout)
+        _check_seconds("shutdown_grace_period", shutdown_grace_period, allow_none=False)
+        for name, value in (
+            ("heartbeat_interval", heartbeat_interval),
+            ("heartbeat_threshold", heartbeat_threshold),
+            ("lease_duration", lease_duration),
+            ("rescue_interval", rescue_interval),
+            ("listener_health_interval", listener_health_interval),
+        ):
+            _check_seconds(name, value)
+        if vacuum_config is not None and not isinstance(vacuum_config, VacuumConfig):
+            raise TypeError("vacuum_config must be a VacuumConfig")
+        if polling_config is not None and not isinstance(polling_config, PollingConfig):
+            raise TypeError("polling_config must be a PollingConfig")
+        if retry_policy is not None and not isinstance(retry_policy, RetryPolicy):
+            raise TypeError("retry_policy must be a RetryPolicy")
+
+        self.db_pool = db_pool
+        self.max_concurrent_jobs = max_concurrent_jobs
+        self.misfire_grace_time = misfire_grace_time
+        self.vacuum_enabled = vacuum_enabled
+        self.vacuum_config = vacuum_config or VacuumConfig()
+        self.batch_claim_limit = batch_claim_limit
+        self.polling_config = polling_config or PollingConfig()
+        self.job_timeout = job_timeout
+        self.retry_policy = retry_policy or RetryPolicy()
+        self.shutdown_grace_period = shutdown_grace_period
+        self.max_rescues = max_rescues
+        self._heartbeat_interval = heartbeat_interval
+        self._heartbeat_threshold = heartbeat_threshold
+        self._lease_duration = lease_duration
+        self._rescue_interval = rescue_interval
+        self.run_periodic_jobs = run_periodic_jobs
+
+        self.worker_id = uuid.uuid4().hex[: self.WORKER_ID_LENGTH]
+        self.registry = TaskRegistry(parent=tasks or default_registry)
+        self.store = Store(db_pool)
+        self.vacuum_store = VacuumStore(db_pool)
+        self.listener = Listener(
+            db_pool,
+            {JOBS_CHANNEL: self._on_jobs_notify, CANCEL_CHANNEL: self._on_cancel_notify},
+            health_interval=listener_health_interval,
+            on_reconnect=self._on_listener_reconnect,
+        )
+        self.worker = Worker(
+            store=self.store,
+            registry=self.registry,
+            worker_id=self.worker_id,
+            max_concurrent_jobs=max_concurrent_jobs,
+            batch_claim_limit=batch_claim_limit,
+            polling=self.polling_config,
+            lease_seconds=lambda: self.lease_duration,
+            job_timeout=job_timeout,
+            retry_policy=self.retry_policy,
+            delete_completed=self._delete_on_complete,
+            notifications_live=lambda: self.listener.live,
+        )
+        self.job_semaphore = self.worker.semaphore
+        self.heartbeat = HeartbeatService(
+            self.store, self.worker, self.heartbeat_interval, lambda: self.lease_duration
+        )
+        self.rescuer = RescuerService(
+            self.store,
+            self.rescue_interval,
+            lambda: self.heartbeat_threshold,
+            max_rescues,
+            self.registry.names,
+        )
+        self.vacuum = VacuumService(self.vacuum_store, self.vacuum_config, self.worker_id)
+        self.periodic = PeriodicManager(self)
+        self.registry.add_listener(lambda _name: self.worker.wake())
+
+        self.is_running = False
+        self.is_shutting_down = False
+        self._claim_task: asyncio.Task[None] | None = None
+        self._lifecycle = asyncio.Lock()
+
+    # -- timings (instance overrides, else derived from the class constants) --
+
+    @property
+    def heartbeat_threshold(self) -> float:
+        return self._heartbeat_threshold or float(self.HEARTBEAT_THRESHOLD)
+
+    @property
+    def lease_duration(self) -> float:
+        return self._lease_duration or float(self.LEASE_DURATION)
+
+    @property
+    def heartbeat_interval(self) -> float:
+        if self._heartbeat_interval:
+            return self._heartbeat_interval
+        return max(0.05, min(self.lease_duration, self.heartbeat_threshold) / 6)
+
+    @property
+    def rescue_interval(self) -> float:
+        if self._rescue_interval:
+            return self._rescue_interval
+        return max(0.05, min(self.lease_duration, self.heartbeat_threshold) / 4)
+
+    @property
+    def task_map(self) -> dict[str, Callable[..., Any]]:
+        """Task name -> function for every task this scheduler can run."""
+        return {name: self.registry.resolve(name) for name in self.registry}  # type: ignore[misc]
+
+    def _delete_on_complete(self) -> bool:
+        from .enums import VacuumTrigger
+
+        policy = self.vacuum_config.completed
+        return (
+            self.vacuum_enabled
+            and policy is not None
+            and (policy.trigger is VacuumTrigger.IMMEDIATE)
+        )
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Migrate, rescue orphans, then start claiming, heartbeats and housekeeping."""
+        async with self._lifecycle:
+            if self.is_running:
+                return
+            await self.initialize_db()
+            await retry_on_disconnect(
+                self.heartbeat.run_once, what="register worker", give_up_after=30
+            )
+            await self.recover_orphaned_jobs()
+            self.listener.start()
+            self.is_running = True
+            self.is_shutting_down = False
+            self._claim_task = asyncio.create_task(
+                self.listen_for_jobs(), name="pg_scheduler.claim"
+            )
+            self.heartbeat.start()
+            self.rescuer.start()
+            if self.vacuum_enabled:
+                self.vacuum.start()
+            if self.run_periodic_jobs:
+                await self.periodic.start()
+            # Give the listener a moment so the first wake-ups are not missed.
+            try:
+                await asyncio.wait_for(self.listener.connected.wait(), 5)
+            except TimeoutError:
+                log.warning("listener not connected yet; polling until it is")
+            inventory = await self.load_task_functions()
+            log.info(
+                "scheduler started",
+                worker_id=self.worker_id,
+                max_concurrent=self.max_concurrent_jobs,
+                tasks=len(inventory.registered),
+            )
+
+    async def shutdown(self, grace_period: float | None = None) -> None:
+        """Stop claiming, let running jobs finish for ``grace_period`` seconds
+        (default ``shutdown_grace_period``), cancel and hand back the rest, and
+        return once everything this worker owned is released."""
+        async with self._lifecycle:
+            if not self.is_running:
+                return
+            self.is_shutting_down = True
+            grace = self.shutdown_grace_period if grace_period is None else grace_period
+            self.worker.stop_claiming()
+            if self._claim_task is not None:
+                await self._claim_task
+            await self.periodic.stop()
+            await self.worker.drain(grace)
+            await self.heartbeat.stop()
+            await self.rescuer.stop()
+            await self.vacuum.stop()
+            await self.listener.stop()
+            try:
+                await retry_on_disconnect(
+                    lambda: self.store.unregister_worker(self.worker_id),
+                    what="unregister worker",
+                    give_up_after=5,
+                )
+            except Exception as exc:
+                log.warning("could not unregister worker; it will age out", error=repr(exc))
+            self.is_running = False
+            self.is_shutting_down = False
+            log.info("scheduler stopped", worker_id=self.worker_id)
+
+    async def __aenter__(self) -> Scheduler:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.shutdown()
+
+    async def initialize_db(self) -> None:
+        """Apply pending migrations (serialized across processes by an advisory lock)."""
+        await retry_on_disconnect(lambda: migrate(self.db_pool), what="migrate", give_up_after=30)
+
+    async def listen_for_jobs(self) -> None:
+        """The claim loop: runs until shutdown, woken by NOTIFY, due times and polling."""
+        await self.worker.run()
+
+    # -- notifications -----------------------------------------------------------
+
+    def _on_jobs_notify(self, _payload: str) -> None:
+        self.worker.wake()
+
+    def _on_cancel_notify(self, job_id: str) -> None:
+        if self.worker.cancel_local(job_id, CANCELLED_REMOTELY):
+            log.info("cancelling running job", job_id=job_id, worker_id=self.worker_id)
+
+    def _on_listener_reconnect(self) -> None:
+        # Notifications sent while we were disconnected are lost: look now.
+        self.worker.wake()
+
+    # -- tasks --------------------------------------------------------------------
+
+    def task(self, func: F | None = None, *, name: str | None = None) -> Any:
+        """Decorator: register an async function this scheduler can run."""
+
+        def decorate(f: F) -> F:
+            return self.registry.register(f, name=name)
+
+        return decorate(func) if func is not None else decorate
+
+    def register_task(self, func: F, name: str | None = None) -> F:
+        """Register ``func`` so this worker claims its jobs."""
+        return self.registry.register(func, name=name)
+
+    async def load_task_functions(self) -> TaskInventory:
+        """What this scheduler can run, and due jobs whose task no live worker has."""
+        names = self.registry.names()
+        unknown = await self.rescuer.report_unknown_tasks()
+        return TaskInventory(registered=names, unknown=unknown)
+
+    # -- enqueue --------------------------------------------------------------------
+
+    def _new_job(
+        self,
+        func: Callable[..., Any],
+        execution_time: Any,
+        args: Any,
+        kwargs: Any,
+        priority: Any,
+        max_retries: Any,
+        job_id: Any,
+        misfire_grace_time: Any,
+        timeout: Any,
+        retry_policy: Any,
+        job_name: str | None = None,
+    ) -> NewJob:
+        ensure_async(func)
+        self.registry.register(func)
+        task_name = task_name_of(func)
+        return self._validated_row(
+            job_name or func.__name__,
+            task_name,
+            execution_time,
+            encode_task_data(args, {} if kwargs is None else kwargs, task_name),
+            priority,
+            max_retries,
+            job_id,
+            misfire_grace_time,
+            timeout,
+            retry_policy,
+        )
+
+    def _validated_row(
+        self,
+        job_name: str,
+        task_name: str,
+        execution_time: Any,
+        task_data: str,
+        priority: Any,
+        max_retries: Any,
+        job_id: Any,
+        misfire_grace_time: Any,
+        timeout: Any,
+        retry_policy: Any,
+    ) -> NewJob:
+        if not isinstance(execution_time, datetime):
+            raise TypeError(f"execution_time must be a datetime, got {execution_time!r}")
+        if not isinstance(priority, JobPriority):
+            raise TypeError(f"priority must be a JobPriority, got {priority!r}")
+        _check_int("max_retries", max_retries, 0)
+        if job_id is not None and (not isinstance(job_id, str) or not job_id.strip()):
+            raise ValueError(f"job_id must be a non-empty string or None, got {job_id!r}")
+        if misfire_grace_time is UNSET:
+            misfire_grace_time = self.misfire_grace_time
+        _check_int("misfire_grace_time", misfire_grace_time, 0, allow_none=True)
+        _check_seconds("timeout", timeout)
+        if retry_policy is not None and not isinstance(retry_policy, RetryPolicy):
+            raise TypeError(f"retry_policy must be a RetryPolicy, got {retry_policy!r}")
+        return NewJob(
+            job_id=job_id or str(uuid.uuid4()),
+            job_name=job_name,
+            task_name=task_name,
+            execution_time=to_aware(execution_time),
+            task_data=task_data,
+            priority=priority.db_value,
+            max_retries=max_retries,
+            misfire_grace_time=misfire_grace_time,
+            timeout=None if timeout is None else float(timeout),
+            retry_policy=None
+            if retry_policy is None
+            else encode_json(
+                {
+                    "base_delay": retry_policy.base_delay,
+                    "factor": retry_policy.factor,
+                    "max_delay": retry_policy.max_delay,
+                    "jitter": retry_policy.jitter,
+                }
+            ),
+        )
+
+    async def schedule(
+        self,
+        func: Callable[..., Any],
+        *,
+        execution_time: datetime,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+        priority: JobPriority = JobPriority.NORMAL,
+        max_retries: int = 0,
+        job_id: str | None = None,
+        conflict_resolution: ConflictResolution = ConflictResolution.RAISE,
+        misfire_grace_time: int | Any | None = UNSET,
+        timeout: float | None = None,
+        retry_policy: RetryPolicy | None = None,
+        connection: asyncpg.Connection | None = None,
+    ) -> str:
+        """Schedule ``func(*args, **kwargs)`` to run at ``execution_time``; returns the job id.
+
+        With ``connection``, the row is written through the caller's connection
+        (inside its transaction, if one is open): it exists, and wakes workers,
+        only if that transaction commits.
+        """
+        if not isinstance(conflict_resolution, ConflictResolution):
+            raise TypeError(
+                f"conflict_resolution must be a ConflictResolution, got {conflict_resolution!r}"
+            )
+        row = self._new_job(
+            func,
+            execution_time,
+            args,
+            kwargs,
+            priority,
+            max_retries,
+            job_id,
+            misfire_grace_time,
+            timeout,
+            retry_policy,
+        )
+        await self._write([row], conflict_resolution, connection, user_ids=job_id is not None)
+        log.debug(
+            "job scheduled",
+            event_type="scheduled",
+            job_id=row.job_id,
+            task=row.task_name,
+            execution_time=row.execution_time.isoformat(),
+        )
+        return row.job_id
+
+    async def schedule_bulk(
+        self,
+        jobs: list[JobSpec],
+        *,
+        conflict_resolution: ConflictResolution = ConflictResolution.IGNORE,
+        batch_size: int = 1000,
+        connection: asyncpg.Connection | None = None,
+    ) -> list[str | None]:
+        """Schedule many jobs; ids come back in input order, None where IGNORE skipped one.
+
+        Every spec is validated before anything is written. Each batch of
+        ``batch_size`` rows is one statement in its own transaction (or a
+        savepoint inside the caller's transaction when ``connection`` is given).
+        """
+        if not isinstance(conflict_resolution, ConflictResolution):
+            raise TypeError(
+                f"conflict_resolution must be a ConflictResolution, got {conflict_resolution!r}"
+            )
+        _check_int("batch_size", batch_size, 1)
+        if not isinstance(jobs, Sequence):
+            raise TypeError("jobs must be a list of JobSpec")
+        rows: list[NewJob] = []
+        for index, spec in enumerate(jobs):
+            if not isinstance(spec, JobSpec):
+                raise TypeError(f"jobs[{index}] must be a JobSpec, got {type(spec).__name__}")
+            rows.append(
+                self._new_job(
+                    spec.func,
+                    spec.execution_time,
+                    spec.args,
+                    spec.kwargs,
+                    spec.priority,
+                    spec.max_retries,
+                    spec.job_id,
+                    spec.misfire_grace_time,
+                    spec.timeout,
+                    spec.retry_policy,
+                )
+            )
+        if not rows:
+            return []
+        seen: set[str] = set()
+        duplicates = {r.job_id for r in rows if r.job_id in seen or seen.add(r.job_id)}
+        if duplicates and conflict_resolution is not ConflictResolution.IGNORE:
+            raise ValueError(
+                f"job ids repeated within one schedule_bulk call: {sorted(duplicates)[:10]}"
+            )
+        user_ids = [spec.job_id for spec in jobs if spec.job_id is not None]
+        if conflict_resolution is ConflictResolution.RAISE and user_ids:
+            existing = await self.store.existing_ids(connection or self.db_pool, user_ids)
+            if existing:
+                raise ValueError(
+                    f"job ids already exist: {sorted(existing)[:10]}; nothing "
+                    "was scheduled (use IGNORE or REPLACE to allow this)"
+                )
+        written: set[str] = set()
+        for start in range(0, len(rows), batch_size):
+            batch = rows[start : start + batch_size]
+            written |= await self._write(
+                batch, conflict_resolution, connection, user_ids=bool(user_ids)
+            )
+        if conflict_resolution is ConflictResolution.IGNORE:
+            result: list[str | None] = []
+            claimed: set[str] = set()
+            for row in rows:
+                fresh = row.job_id in written and row.job_id not in claimed
+                claimed.add(row.job_id)
+                result.append(row.job_id if fresh else None)
+            return result
+        return [row.job_id for row in rows]
+
+    async def _write(
+        self,
+        rows: list[NewJob],
+        conflict: ConflictResolution,
+        connection: asyncpg.Connection | None,
+        user_ids: bool,
+    ) -> set[str]:
+        """Insert per ``conflict``; returns the ids written. RAISE -> ValueError on a duplicate."""
+        insert = {
+            ConflictResolution.RAISE: self.store.insert,
+            ConflictResolution.IGNORE: self.store.insert_ignore,
+            ConflictResolution.REPLACE: self.store.insert_replace,
+        }[conflict]
+
+        async def on(conn: asyncpg.Connection) -> set[str]:
+            # A savepoint inside the caller's transaction: a duplicate must not
+            # abort the caller's work.
+            async with conn.transaction():
+                return await insert(conn, rows)
+
+        attempts = 0
+
+        async def attempt() -> set[str]:
+            nonlocal attempts
+            attempts += 1
+            try:
+                if connection is not None:
+                    return await on(connection)
+                async with self.db_pool.acquire() as conn:
+                    return await on(conn)
+            except asyncpg.UniqueViolationError as exc:
+                if attempts > 1 and not user_ids:
+                    # Our generated ids are unique: the earlier attempt committed
+                    # and only its answer was lost.
+                    return {r.job_id for r in rows}
+                raise ValueError(
+                    f"Job ID already exists: {exc.detail or exc}. Choose a different job_id, "
+                    "omit it for auto-generation, or use ConflictResolution.IGNORE/REPLACE"
+                ) from None
+
+        if connection is not None:
+            return await attempt()
+        return await retry_on_disconnect(attempt, what="schedule", give_up_after=10)
+
+    async def schedule_job(
+        self,
+        job_name: str,
+        execution_time: datetime,
+        task_data: dict[str, Any],
+        priority: JobPriority = JobPriority.NORMAL,
+        max_retries: int = 0,
+        job_id: str | None = None,
+        conflict_resolution: ConflictResolution = ConflictResolution.RAISE,
+        misfire_grace_time: int | None = None,
+    ) -> str:
+        """Low-level insert by name (0.2.x): ``task_data`` is ``{"args": [...], "kwargs": {...}}``.
+
+        The job runs on a worker that registered a task named ``job_name``
+        (its ``module:qualname``, or its bare ``__name__`` when unambiguous).
+        ``misfire_grace_time=None`` means the scheduler default.
+        """
+        if not isinstance(job_name, str) or not job_name:
+            raise ValueError("job_name must be a non-empty string")
+        if not isinstance(task_data, dict):
+            raise TypeError(f"task_data must be a dict, got {type(task_data).__name__}")
+        unknown_keys = set(task_data) - {"args", "kwargs"}
+        if unknown_keys:
+            raise ValueError(f"task_data may hold only 'args' and 'kwargs', got {unknown_keys}")
+        if not isinstance(conflict_resolution, ConflictResolution):
+            raise TypeError("conflict_resolution must be a ConflictResolution")
+        encoded = encode_task_data(
+            task_data.get("args") or (), task_data.get("kwargs") or {}, job_name
+        )
+        row = self._validated_row(
+            job_name,
+            job_name,
+            execution_time,
+            encoded,
+            priority,
+            max_retries,
+            job_id,
+            UNSET if misfire_grace_time is None else misfire_grace_time,
+            None,
+            None,
+        )
+        await self._write([row], conflict_resolution, None, user_ids=job_id is not None)
+        return row.job_id
+
+    # -- jobs ------------------------------------------------------------------------
+
+    async def get_job(self, job_id: str) -> Job | None:
+        """The stored job (status, attempts, timestamps, result, error), or None."""
+        row = await self.store.get_job(job_id)
+        return None if row is None else Job.from_record(row, self.retry_policy)
+
+    async def cancel_job(self, job_id: str) -> bool:
+        """Cancel a pending or running job. A running job's coroutine is cancelled on
+        whichever worker runs it (NOTIFY, with the heartbeat as the fallback).
+        Returns False if the job does not exist or has already finished."""
+        cancelled = await retry_on_disconnect(
+            lambda: self.store.cancel(job_id), what="cancel", give_up_after=10
+        )
+        if cancelled:
+            self.worker.cancel_local(job_id, CANCELLED_REMOTELY)
+            log.info("job cancelled", event_type="cancelled", job_id=job_id)
+        return cancelled
+
+    async def update_job_status(self, job_id: str, status: JobStatus | str) -> bool:
+        """Force a job's status (an operator's tool; bypasses the lease guard)."""
+        try:
+            value = JobStatus(status)
+        except ValueError:
+            raise ValueError(
+                f"unknown status {status!r}; one of {[s.value for s in JobStatus]}"
+            ) from None
+        return await self.store.set_status(job_id, value.value)
+
+    async def send_heartbeat(self, job_id: str) -> bool:
+        """Renew the lease of one job this worker holds; False if it holds no such job."""
+        return await self.store.renew_lease(job_id, self.worker_id, self.lease_duration)
+
+    async def monitor_heartbeats(self) -> None:
+        """Run the heartbeat loop (started by :meth:`start`): renew this worker's
+        row and all its leases each ``heartbeat_interval``."""
+        await self.heartbeat.run_forever()
+
+    async def recover_orphaned_jobs(self) -> int:
+        """One rescue pass: jobs of dead workers go back to pending. Returns how many."""
+        return await retry_on_disconnect(self.rescuer.run_once, what="rescue", give_up_after=30)
+
+    async def periodic_orphan_recovery(self) -> None:
+        """Run the rescue loop (started by :meth:`start`) every ``rescue_interval``."""
+        await self.rescuer.run_forever()
+
+    async def execute_job_with_concurrency_control(self, job_row: Any) -> None:
+        """Run one claimed job row under the ``max_concurrent_jobs`` semaphore."""
+        await self.worker.execute_job_with_concurrency_control(job_row)
+
+    async def execute_job(self, job_row: Any) -> None:
+        """Run one claimed job row and record its outcome under the lease guard."""
+        await self.worker.execute_job(job_row)
+
+    # -- vacuum ----------------------------------------------------------------------
+
+    async def run_vacuum(self) -> dict[str, int]:
+        """Apply the vacuum policies now; deleted counts by status ({} if another
+        replica is vacuuming at this moment)."""
+        return await self.vacuum.run_once() or {}
+
+    async def get_vacuum_stats(self, days: int = 7) -> list[dict[str, Any]]:
+        """Per-day vacuum counts for the last ``days`` days (needs ``track_metrics=True``)."""
+        _check_int("days", days, 0)
+        return [dict(r) for r in await self.vacuum_store.stats(days)]
+
+    async def get_total_vacuum_stats(self) -> dict[str, Any]:
+        """Totals across all days and workers (needs ``track_metrics=True``)."""
+        return dict(await self.vacuum_store.totals())
+
+    # -- periodic jobs -------------------------------------------------------------
+
+    def get_periodic_jobs(self) -> dict[str, PeriodicJobConfig]:
+        """Every registered periodic job, by dedup key."""
+        return self.periodic.get_jobs()
+
+    def enable_periodic_job(self, dedup_key: str) -> bool:
+        """Enable a periodic job here at once and in the database (and so on every replica)
+        shortly after; False if no such job is registered."""
+        return self.periodic.set_enabled_soon(dedup_key, True)
+
+    def disable_periodic_job(self, dedup_key: str) -> bool:
+        """Disable a periodic job here at once and on every replica shortly after."""
+        return self.periodic.set_enabled_soon(dedup_key, False)
+
+    async def set_periodic_job_enabled(self, dedup_key: str, enabled: bool) -> bool:
+        """Awaitable form of enable/disable: returns once the change is stored."""
+        return await self.periodic.set_enabled(dedup_key, enabled)
+
+    async def trigger_periodic_job(self, dedup_key: str) -> str | None:
+        """Run a periodic job once now, outside its windows; the new job id or None."""
+        return await self.periodic.trigger(dedup_key)
+
+    def get_periodic_job_status(self, dedup_key: str) -> dict[str, Any] | None:
+        """Configuration and state (enabled, next and last run, last outcome) of one job."""
+        return self.periodic.status(dedup_key)

@@ -1,0 +1,8 @@
+"""Background loops the Scheduler starts and stops; none reaches into another."""
+
+from .base import Service
+from .heartbeat import HeartbeatService
+from .rescuer import RescuerService
+from .vacuum import VacuumService
+
+__all__ = ["HeartbeatService", "RescuerService", "Service", "VacuumService"]

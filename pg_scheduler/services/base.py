@@ -1,0 +1,62 @@
+"""The one shape every background loop has: run_once every interval, until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..log import get_logger
+from ..reconnect import is_connection_error
+
+log = get_logger(__name__)
+
+
+class Service:
+    """Calls :meth:`run_once` every :attr:`interval` seconds; an error never ends the loop."""
+
+    name = "service"
+
+    def __init__(self, interval: float) -> None:
+        if interval <= 0:
+            raise ValueError(f"{self.name} interval must be > 0, got {interval}")
+        self.interval = interval
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+
+    async def run_once(self) -> Any:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._task = asyncio.create_task(self.run_forever(), name=f"pg_scheduler.{self.name}")
+
+    async def run_forever(self) -> None:
+        while not self._stop.is_set():
+            try:
+                await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if is_connection_error(exc):
+                    log.warning(
+                        "service round failed: database unreachable",
+                        service=self.name,
+                        error=repr(exc),
+                    )
+                else:
+                    log.exception("service round failed", service=self.name)
+            try:
+                await asyncio.wait_for(self._stop.wait(), self.interval)
+            except TimeoutError:
+                pass
+
+    async def stop(self) -> None:
+        self._stop.set()
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass

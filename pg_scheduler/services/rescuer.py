@@ -1,0 +1,61 @@
+"""Returns the jobs of dead workers to the queue, and reports jobs nobody can run."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ..log import get_logger
+from ..store import Store
+from .base import Service
+
+log = get_logger(__name__)
+
+
+class RescuerService(Service):
+    name = "rescuer"
+
+    def __init__(
+        self,
+        store: Store,
+        interval: float,
+        heartbeat_threshold: Callable[[], float],
+        max_rescues: int,
+        local_tasks: Callable[[], list[str]],
+        report_every: float = 300.0,
+    ) -> None:
+        super().__init__(interval)
+        self.store = store
+        self.heartbeat_threshold = heartbeat_threshold
+        self.max_rescues = max_rescues
+        self.local_tasks = local_tasks
+        self.report_every = report_every
+        self._last_report = float("-inf")
+
+    async def run_once(self) -> int:
+        rows = await self.store.rescue_orphans(self.heartbeat_threshold(), self.max_rescues)
+        for row in rows:
+            event = "rescued" if row["status"] == "pending" else "failed"
+            log.warning(
+                "orphaned job " + event,
+                event_type=event,
+                job_id=row["job_id"],
+                task=row["task_name"],
+                worker_id=row["old_worker"],
+                reason=row["reason"],
+                attempt=row["attempts"],
+            )
+        if time.monotonic() - self._last_report >= self.report_every:
+            self._last_report = time.monotonic()
+            await self.report_unknown_tasks()
+        return len(rows)
+
+    async def report_unknown_tasks(self) -> dict[str, int]:
+        unknown = await self.store.unknown_tasks(self.local_tasks(), self.heartbeat_threshold())
+        for task_name, count in unknown.items():
+            log.warning(
+                "jobs waiting for a task no live worker has registered",
+                task=task_name,
+                pending=count,
+            )
+        return unknown

@@ -1,0 +1,539 @@
+"""Every SQL statement the scheduler runs, one method per operation.
+
+The schema lives in ``migrations/``; the statements here are written against
+its indexes: the claim and the next-due probe walk
+``scheduled_jobs_claim_idx`` one priority level at a time, heartbeat, rescue
+and release use ``scheduled_jobs_running_idx``. Time is always the database's
+``now()``, never the worker's clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from .enums import PRIORITY_DB_VALUES
+
+JOBS_CHANNEL = "pg_scheduler_jobs"
+CANCEL_CHANNEL = "pg_scheduler_cancel"
+
+Executor = asyncpg.Pool | asyncpg.Connection
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A row to insert, already validated and serialized."""
+
+    job_id: str
+    job_name: str
+    task_name: str
+    execution_time: datetime
+    task_data: str
+    priority: int
+    max_retries: int
+    misfire_grace_time: int | None
+    timeout: float | None
+    retry_policy: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    job_id: str
+    attempt: int
+    result: str | None
+
+
+_INSERT_COLUMNS = """
+    job_id, job_name, task_name, execution_time, status, task_data, priority,
+    max_retries, misfire_grace_time, timeout, retry_policy
+"""
+_INSERT_FROM_ARRAYS = f"""
+    INSERT INTO scheduled_jobs ({_INSERT_COLUMNS})
+    SELECT d.job_id, d.job_name, d.task_name, d.execution_time, 'pending', d.task_data::jsonb,
+           d.priority, d.max_retries, d.misfire_grace_time, d.timeout, d.retry_policy::jsonb
+      FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::text[],
+                  $6::int[], $7::int[], $8::int[], $9::float8[], $10::text[])
+        AS d(job_id, job_name, task_name, execution_time, task_data, priority,
+             max_retries, misfire_grace_time, timeout, retry_policy)
+"""
+# REPLACE overwrites a pending or finished job and makes it pending with fresh
+# counters; a running attempt is never touched (its lease stays valid).
+_REPLACE_SET = """
+    DO UPDATE SET job_name = EXCLUDED.job_name, task_name = EXCLUDED.task_name,
+        execution_time = EXCLUDED.execution_time, task_data = EXCLUDED.task_data,
+        priority = EXCLUDED.priority, max_retries = EXCLUDED.max_retries,
+        misfire_grace_time = EXCLUDED.misfire_grace_time, timeout = EXCLUDED.timeout,
+        retry_policy = EXCLUDED.retry_policy, status = 'pending', retry_count = 0,
+        attempts = 0, rescue_count = 0, error_message = NULL, error_traceback = NULL,
+        result = NULL, worker_id = NULL, last_heartbeat = NULL, lease_until = NULL,
+        started_at = NULL, finished_at = NULL, created_at = now()
+    WHERE scheduled_jobs.status <> 'running'
+"""
+
+_CLAIM = """
+WITH picked AS (
+    SELECT c.job_id, c.expired
+      FROM unnest($1::int[]) AS p(priority)
+     CROSS JOIN LATERAL (
+        SELECT j.job_id,
+               (j.started_at IS NULL AND j.misfire_grace_time IS NOT NULL
+                AND j.execution_time + make_interval(secs => j.misfire_grace_time) < now())
+                   AS expired
+          FROM scheduled_jobs j
+         WHERE j.status = 'pending' AND j.priority = p.priority
+           AND j.execution_time <= now() AND j.task_name = ANY($2::text[])
+         ORDER BY j.execution_time
+         LIMIT $3
+           FOR UPDATE SKIP LOCKED
+     ) c
+     LIMIT $3
+)
+UPDATE scheduled_jobs j
+   SET status = CASE WHEN picked.expired THEN 'expired' ELSE 'running' END,
+       worker_id = $4,
+       attempts = j.attempts + CASE WHEN picked.expired THEN 0 ELSE 1 END,
+       started_at = CASE WHEN picked.expired THEN j.started_at ELSE now() END,
+       last_heartbeat = now(),
+       lease_until = CASE WHEN picked.expired THEN NULL
+                          ELSE now() + make_interval(secs => $5) END,
+       finished_at = CASE WHEN picked.expired THEN now() END,
+       error_message = CASE WHEN picked.expired
+           THEN format('expired: not started within misfire_grace_time (%s s) of %s',
+                       j.misfire_grace_time, j.execution_time)
+           ELSE j.error_message END
+  FROM picked
+ WHERE j.job_id = picked.job_id
+RETURNING j.job_id, j.job_name, j.task_name, j.task_data::text AS task_data, j.priority,
+          j.execution_time, j.status, j.attempts, j.retry_count, j.max_retries,
+          j.timeout, j.retry_policy::text AS retry_policy
+"""
+
+_NEXT_DUE = """
+SELECT EXTRACT(EPOCH FROM (min(n.execution_time) - now()))::float8
+  FROM unnest($1::int[]) AS p(priority)
+ CROSS JOIN LATERAL (
+    SELECT j.execution_time FROM scheduled_jobs j
+     WHERE j.status = 'pending' AND j.priority = p.priority
+       AND j.task_name = ANY($2::text[])
+     ORDER BY j.execution_time
+     LIMIT 1
+ ) n
+"""
+
+_LEASE_GUARD = "job_id = $1 AND worker_id = $2 AND attempts = $3 AND status = 'running'"
+
+_COMPLETE = """
+UPDATE scheduled_jobs j
+   SET status = 'completed', finished_at = now(), lease_until = NULL, result = d.result::jsonb
+  FROM unnest($1::text[], $2::int[], $3::text[]) AS d(job_id, attempt, result)
+ WHERE j.job_id = d.job_id AND j.attempts = d.attempt
+   AND j.worker_id = $4 AND j.status = 'running'
+RETURNING j.job_id
+"""
+_COMPLETE_AND_DELETE = """
+DELETE FROM scheduled_jobs j
+ USING unnest($1::text[], $2::int[]) AS d(job_id, attempt)
+ WHERE j.job_id = d.job_id AND j.attempts = d.attempt
+   AND j.worker_id = $3 AND j.status = 'running'
+RETURNING j.job_id
+"""
+
+_RETRY = f"""
+UPDATE scheduled_jobs
+   SET status = 'pending', retry_count = retry_count + 1, worker_id = NULL,
+       lease_until = NULL, execution_time = now() + make_interval(secs => $4),
+       error_message = $5, error_traceback = $6
+ WHERE {_LEASE_GUARD}
+RETURNING execution_time
+"""
+_FAIL = f"""
+UPDATE scheduled_jobs
+   SET status = 'failed', finished_at = now(), lease_until = NULL,
+       error_message = $4, error_traceback = $5
+ WHERE {_LEASE_GUARD}
+RETURNING job_id
+"""
+
+# Hand running jobs back without consuming the attempt (graceful shutdown,
+# or claims this worker holds in the database but never started).
+_RELEASE = """
+WITH released AS (
+    UPDATE scheduled_jobs
+       SET status = 'pending', worker_id = NULL, lease_until = NULL,
+           attempts = GREATEST(attempts - 1, 0)
+     WHERE job_id = ANY($1::text[]) AND worker_id = $2 AND status = 'running'
+    RETURNING job_id
+)
+SELECT job_id, pg_notify('pg_scheduler_jobs', '') FROM released
+"""
+
+_HEARTBEAT = """
+WITH me AS (
+    INSERT INTO scheduler_workers (worker_id, hostname, pid, max_concurrent, tasks)
+    VALUES ($1, $3, $4, $5, $6::text[])
+    ON CONFLICT (worker_id) DO UPDATE SET last_seen = now(), tasks = EXCLUDED.tasks
+)
+UPDATE scheduled_jobs
+   SET last_heartbeat = now(), lease_until = now() + make_interval(secs => $2)
+ WHERE worker_id = $1 AND status = 'running'
+RETURNING job_id, attempts, EXTRACT(EPOCH FROM now() - started_at)::float8 AS running_for
+"""
+
+_RESCUE = """
+WITH orphans AS (
+    SELECT j.job_id, j.worker_id AS old_worker,
+           CASE WHEN j.lease_until < now() THEN 'lease expired'
+                ELSE 'worker heartbeat older than threshold' END AS reason
+      FROM scheduled_jobs j
+      LEFT JOIN scheduler_workers w ON w.worker_id = j.worker_id
+     WHERE j.status = 'running'
+       AND (j.lease_until < now() OR w.last_seen < now() - make_interval(secs => $1))
+       FOR UPDATE OF j SKIP LOCKED
+), rescued AS (
+    UPDATE scheduled_jobs j
+       SET status = CASE WHEN j.rescue_count + 1 > $2 THEN 'failed' ELSE 'pending' END,
+           rescue_count = j.rescue_count + 1,
+           finished_at = CASE WHEN j.rescue_count + 1 > $2 THEN now() END,
+           error_message = CASE WHEN j.rescue_count + 1 > $2
+               THEN format('gave up: the workers running this job died %s times (max_rescues=%s);'
+                           ' last: %s (%s)', j.rescue_count + 1, $2, o.old_worker, o.reason)
+               ELSE format('rescued from worker %s (%s) during attempt %s',
+                           o.old_worker, o.reason, j.attempts) END,
+           worker_id = CASE WHEN j.rescue_count + 1 > $2 THEN j.worker_id END,
+           lease_until = NULL
+      FROM orphans o
+     WHERE j.job_id = o.job_id
+    RETURNING j.job_id, j.task_name, j.status, j.attempts, o.old_worker, o.reason
+)
+SELECT r.*, pg_notify('pg_scheduler_jobs', '') FROM rescued r
+"""
+
+_FORGET_DEAD_WORKERS = """
+DELETE FROM scheduler_workers w
+ WHERE w.last_seen < now() - make_interval(secs => $1)
+   AND NOT EXISTS (SELECT 1 FROM scheduled_jobs j
+                    WHERE j.worker_id = w.worker_id AND j.status = 'running')
+"""
+
+_CANCEL = """
+WITH cancelled AS (
+    UPDATE scheduled_jobs
+       SET status = 'cancelled', finished_at = now(), lease_until = NULL
+     WHERE job_id = $1 AND status IN ('pending', 'running')
+    RETURNING job_id
+)
+SELECT job_id, pg_notify('pg_scheduler_cancel', job_id) FROM cancelled
+"""
+
+_JOB_COLUMNS = """
+    job_id, job_name, task_name, status, priority, execution_time, created_at,
+    started_at, finished_at, last_heartbeat, lease_until, attempts, retry_count,
+    max_retries, rescue_count, worker_id, misfire_grace_time, timeout,
+    retry_policy::text AS retry_policy, task_data::text AS task_data,
+    result::text AS result, error_message, error_traceback
+"""
+
+_UNKNOWN_TASKS = """
+SELECT j.task_name, count(*) AS pending
+  FROM scheduled_jobs j
+ WHERE j.status = 'pending' AND j.execution_time <= now()
+   AND NOT (j.task_name = ANY($1::text[]))
+   AND NOT EXISTS (
+       SELECT 1 FROM scheduler_workers w
+        WHERE w.last_seen >= now() - make_interval(secs => $2)
+          AND j.task_name = ANY(w.tasks))
+ GROUP BY j.task_name
+ ORDER BY j.task_name
+"""
+
+
+class Store:
+    """Typed access to the scheduler's tables through one asyncpg pool."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    # -- enqueue -----------------------------------------------------------
+
+    @staticmethod
+    def _arrays(jobs: Sequence[NewJob]) -> list[list[Any]]:
+        return [
+            [j.job_id for j in jobs],
+            [j.job_name for j in jobs],
+            [j.task_name for j in jobs],
+            [j.execution_time for j in jobs],
+            [j.task_data for j in jobs],
+            [j.priority for j in jobs],
+            [j.max_retries for j in jobs],
+            [j.misfire_grace_time for j in jobs],
+            [j.timeout for j in jobs],
+            [j.retry_policy for j in jobs],
+        ]
+
+    async def insert(self, db: Executor, jobs: Sequence[NewJob]) -> set[str]:
+        """Insert; a duplicate id raises asyncpg.UniqueViolationError."""
+        rows = await db.fetch(_INSERT_FROM_ARRAYS + " RETURNING job_id", *self._arrays(jobs))
+        return {r["job_id"] for r in rows}
+
+    async def insert_ignore(self, db: Executor, jobs: Sequence[NewJob]) -> set[str]:
+        """Insert the new ids, skip existing ones; returns the inserted ids."""
+        sql = _INSERT_FROM_ARRAYS + " ON CONFLICT (job_id) DO NOTHING RETURNING job_id"
+        rows = await db.fetch(sql, *self._arrays(jobs))
+        return {r["job_id"] for r in rows}
+
+    async def insert_replace(self, db: Executor, jobs: Sequence[NewJob]) -> set[str]:
+        """Insert or overwrite non-running rows; returns the ids written."""
+        sql = _INSERT_FROM_ARRAYS + " ON CONFLICT (job_id) " + _REPLACE_SET + " RETURNING job_id"
+        rows = await db.fetch(sql, *self._arrays(jobs))
+        return {r["job_id"] for r in rows}
+
+    async def existing_ids(self, db: Executor, job_ids: Sequence[str]) -> list[str]:
+        rows = await db.fetch(
+            "SELECT job_id FROM scheduled_jobs WHERE job_id = ANY($1::text[])", list(job_ids)
+        )
+        return [r["job_id"] for r in rows]
+
+    # -- claim and finish ----------------------------------------------------
+
+    async def claim(
+        self, worker_id: str, task_names: list[str], limit: int, lease_seconds: float
+    ) -> list[asyncpg.Record]:
+        return await self.pool.fetch(
+            _CLAIM, PRIORITY_DB_VALUES, task_names, limit, worker_id, lease_seconds
+        )
+
+    async def seconds_until_next_due(self, task_names: list[str]) -> float | None:
+        """Seconds until the earliest pending job this worker can run (<= 0: due now)."""
+        return await self.pool.fetchval(_NEXT_DUE, PRIORITY_DB_VALUES, task_names)
+
+    async def complete(self, worker_id: str, done: Sequence[Completion], delete: bool) -> set[str]:
+        """Mark finished jobs completed (or delete them); only rows this attempt still holds."""
+        ids = [c.job_id for c in done]
+        attempts = [c.attempt for c in done]
+        if delete:
+            rows = await self.pool.fetch(_COMPLETE_AND_DELETE, ids, attempts, worker_id)
+        else:
+            results = [c.result for c in done]
+            rows = await self.pool.fetch(_COMPLETE, ids, attempts, results, worker_id)
+        return {r["job_id"] for r in rows}
+
+    async def retry(
+        self,
+        job_id: str,
+        worker_id: str,
+        attempt: int,
+        delay_seconds: float,
+        error: str,
+        traceback: str | None,
+    ) -> datetime | None:
+        """Put a failed attempt back to pending after a delay; None if the lease was lost."""
+        return await self.pool.fetchval(
+            _RETRY, job_id, worker_id, attempt, delay_seconds, error, traceback
+        )
+
+    async def fail(
+        self, job_id: str, worker_id: str, attempt: int, error: str, traceback: str | None
+    ) -> bool:
+        row = await self.pool.fetchval(_FAIL, job_id, worker_id, attempt, error, traceback)
+        return row is not None
+
+    async def release(self, worker_id: str, job_ids: Sequence[str]) -> list[str]:
+        rows = await self.pool.fetch(_RELEASE, list(job_ids), worker_id)
+        return [r["job_id"] for r in rows]
+
+    # -- workers, heartbeats, rescue -------------------------------------------
+
+    async def heartbeat(
+        self,
+        worker_id: str,
+        lease_seconds: float,
+        hostname: str,
+        pid: int,
+        max_concurrent: int,
+        tasks: list[str],
+    ) -> list[asyncpg.Record]:
+        """Renew this worker's row and every lease it holds, in one statement."""
+        return await self.pool.fetch(
+            _HEARTBEAT, worker_id, lease_seconds, hostname, pid, max_concurrent, tasks
+        )
+
+    async def renew_lease(self, job_id: str, worker_id: str, lease_seconds: float) -> bool:
+        value = await self.pool.fetchval(
+            """
+            UPDATE scheduled_jobs
+               SET last_heartbeat = now(), lease_until = now() + make_interval(secs => $3)
+             WHERE job_id = $1 AND worker_id = $2 AND status = 'running'
+            RETURNING job_id
+            """,
+            job_id,
+            worker_id,
+            lease_seconds,
+        )
+        return value is not None
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        await self.pool.execute("DELETE FROM scheduler_workers WHERE worker_id = $1", worker_id)
+
+    async def rescue_orphans(
+        self, heartbeat_threshold: float, max_rescues: int
+    ) -> list[asyncpg.Record]:
+        """Return jobs of dead workers (stale heartbeat or expired lease) to pending."""
+        rows = await self.pool.fetch(_RESCUE, heartbeat_threshold, max_rescues)
+        await self.pool.execute(_FORGET_DEAD_WORKERS, heartbeat_threshold * 10)
+        return rows
+
+    async def live_workers(self, heartbeat_threshold: float) -> list[asyncpg.Record]:
+        return await self.pool.fetch(
+            """
+            SELECT worker_id, hostname, pid, started_at, last_seen, max_concurrent, tasks
+              FROM scheduler_workers
+             WHERE last_seen >= now() - make_interval(secs => $1)
+             ORDER BY started_at
+            """,
+            heartbeat_threshold,
+        )
+
+    async def unknown_tasks(
+        self, local_tasks: list[str], heartbeat_threshold: float
+    ) -> dict[str, int]:
+        """Due pending jobs whose task no live worker has registered, by task name."""
+        rows = await self.pool.fetch(_UNKNOWN_TASKS, local_tasks, heartbeat_threshold)
+        return {r["task_name"]: r["pending"] for r in rows}
+
+    # -- single-job operations -----------------------------------------------
+
+    async def cancel(self, job_id: str) -> bool:
+        """Cancel a pending or running job; the running worker hears it via NOTIFY."""
+        return await self.pool.fetchval(_CANCEL, job_id) is not None
+
+    async def get_job(self, job_id: str) -> asyncpg.Record | None:
+        return await self.pool.fetchrow(
+            f"SELECT {_JOB_COLUMNS} FROM scheduled_jobs WHERE job_id = $1", job_id
+        )
+
+    async def set_status(self, job_id: str, status: str) -> bool:
+        """Force a status (the 0.2.x ``update_job_status``); final states get finished_at."""
+        value = await self.pool.fetchval(
+            """
+            UPDATE scheduled_jobs
+               SET status = $2,
+                   finished_at = CASE WHEN $2 IN ('completed', 'failed', 'cancelled', 'expired')
+                                      THEN now() END,
+                   lease_until = CASE WHEN $2 = 'running' THEN lease_until END,
+                   worker_id = CASE WHEN $2 = 'pending' THEN NULL ELSE worker_id END
+             WHERE job_id = $1
+            RETURNING job_id
+            """,
+            job_id,
+            status,
+        )
+        return value is not None
+
+
+# -- vacuum ------------------------------------------------------------------------
+
+VACUUM_LOCK_KEY = 0x70675F7661637575  # "pg_vacuu": one vacuuming replica at a time
+
+_VACUUM_ALL = """
+DELETE FROM scheduled_jobs WHERE job_id IN (
+    SELECT job_id FROM scheduled_jobs WHERE status = $1 LIMIT $2 FOR UPDATE SKIP LOCKED)
+"""
+_VACUUM_OLDER_THAN = """
+DELETE FROM scheduled_jobs WHERE job_id IN (
+    SELECT job_id FROM scheduled_jobs
+     WHERE status = $1 AND finished_at < now() - make_interval(secs => $3)
+     LIMIT $2 FOR UPDATE SKIP LOCKED)
+"""
+_VACUUM_KEEP_LAST = """
+DELETE FROM scheduled_jobs WHERE job_id IN (
+    SELECT job_id FROM (
+        SELECT job_id, row_number() OVER (
+                   PARTITION BY job_name ORDER BY finished_at DESC NULLS LAST, job_id DESC) AS rn
+          FROM scheduled_jobs WHERE status = $1) ranked
+     WHERE rn > $3
+     LIMIT $2)
+"""
+_RECORD_VACUUM = """
+INSERT INTO vacuum_stats (stat_date, deleted_completed, deleted_failed, deleted_cancelled,
+                          deleted_expired, last_run, worker_id)
+VALUES (CURRENT_DATE, $1, $2, $3, $4, now(), $5)
+ON CONFLICT (stat_date) DO UPDATE SET
+    deleted_completed = vacuum_stats.deleted_completed + EXCLUDED.deleted_completed,
+    deleted_failed = vacuum_stats.deleted_failed + EXCLUDED.deleted_failed,
+    deleted_cancelled = vacuum_stats.deleted_cancelled + EXCLUDED.deleted_cancelled,
+    deleted_expired = COALESCE(vacuum_stats.deleted_expired, 0) + EXCLUDED.deleted_expired,
+    last_run = now(), worker_id = EXCLUDED.worker_id
+"""
+
+
+class VacuumStore:
+    """Bounded-batch deletes of finished rows, under a session advisory lock."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    async def try_lock(self, conn: asyncpg.Connection) -> bool:
+        return await conn.fetchval("SELECT pg_try_advisory_lock($1)", VACUUM_LOCK_KEY)
+
+    async def unlock(self, conn: asyncpg.Connection) -> None:
+        await conn.execute("SELECT pg_advisory_unlock($1)", VACUUM_LOCK_KEY)
+
+    @staticmethod
+    async def delete_batch(
+        conn: asyncpg.Connection,
+        status: str,
+        trigger: str,
+        batch_size: int,
+        older_than_seconds: float | None = None,
+        keep_count: int | None = None,
+    ) -> int:
+        """Delete at most ``batch_size`` rows of ``status`` per the policy; returns the count."""
+        if trigger == "immediate":
+            result = await conn.execute(_VACUUM_ALL, status, batch_size)
+        elif trigger == "time_based":
+            result = await conn.execute(_VACUUM_OLDER_THAN, status, batch_size, older_than_seconds)
+        elif trigger == "count_based":
+            result = await conn.execute(_VACUUM_KEEP_LAST, status, batch_size, keep_count)
+        else:
+            return 0
+        return int(result.split()[-1])
+
+    @staticmethod
+    async def record(conn: asyncpg.Connection, counts: dict[str, int], worker_id: str) -> None:
+        await conn.execute(
+            _RECORD_VACUUM,
+            counts.get("completed", 0),
+            counts.get("failed", 0),
+            counts.get("cancelled", 0),
+            counts.get("expired", 0),
+            worker_id,
+        )
+
+    async def stats(self, days: int) -> list[asyncpg.Record]:
+        return await self.pool.fetch(
+            """
+            SELECT stat_date, deleted_completed, deleted_failed, deleted_cancelled,
+                   COALESCE(deleted_expired, 0) AS deleted_expired, last_run, worker_id
+              FROM vacuum_stats
+             WHERE stat_date >= CURRENT_DATE - $1::int
+             ORDER BY stat_date DESC
+            """,
+            days,
+        )
+
+    async def totals(self) -> asyncpg.Record:
+        return await self.pool.fetchrow(
+            """
+            SELECT COALESCE(sum(deleted_completed), 0)::bigint AS total_deleted_completed,
+                   COALESCE(sum(deleted_failed), 0)::bigint AS total_deleted_failed,
+                   COALESCE(sum(deleted_cancelled), 0)::bigint AS total_deleted_cancelled,
+                   COALESCE(sum(deleted_expired), 0)::bigint AS total_deleted_expired,
+                   max(last_run) AS last_run,
+                   count(*) AS days_tracked
+              FROM vacuum_stats
+            """
+        )

@@ -1,0 +1,128 @@
+"""Task registry: a stable task name <-> the async callable that runs it.
+
+Jobs are routed by ``task_name`` (``module:qualname``), not by the bare
+``__name__`` that pg-scheduler 0.2.x stored in ``job_name``: two modules'
+``send`` functions never collide. A worker claims only jobs whose task name
+it has registered, so a job nobody here can run waits for a worker that can.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar, overload
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_TASK_NAME_ATTR = "__pg_scheduler_task_name__"
+
+
+def task_name_of(func: Callable[..., Any]) -> str:
+    """The routing name of ``func``: an explicit ``@task(name=...)`` or ``module:qualname``."""
+    explicit = getattr(func, _TASK_NAME_ATTR, None)
+    if explicit:
+        return explicit
+    return f"{func.__module__}:{func.__qualname__}"
+
+
+def ensure_async(func: Any) -> None:
+    """Raise TypeError unless ``func`` is an ``async def`` function."""
+    if not inspect.iscoroutinefunction(func):
+        raise TypeError(f"Expected an async function, got {func!r}")
+
+
+class TaskRegistry:
+    """Name -> function map with an optional parent (the process-wide registry).
+
+    Legacy rows written by pg-scheduler 0.2.x carry only the bare ``__name__``;
+    such a name resolves when exactly one registered task has it.
+    """
+
+    def __init__(self, parent: TaskRegistry | None = None) -> None:
+        self._parent = parent
+        self._by_name: dict[str, Callable[..., Any]] = {}
+        self._listeners: list[Callable[[str], None]] = []
+        if parent is not None:
+            parent._listeners.append(self._notify)
+
+    def register(self, func: F, name: str | None = None) -> F:
+        ensure_async(func)
+        if name is not None:
+            if not isinstance(name, str) or not name:
+                raise ValueError("task name must be a non-empty string")
+            setattr(func, _TASK_NAME_ATTR, name)
+        task_name = task_name_of(func)
+        existing = self._by_name.get(task_name)
+        if existing is func:
+            return func
+        self._by_name[task_name] = func
+        self._notify(task_name)
+        return func
+
+    def _notify(self, task_name: str) -> None:
+        for listener in list(self._listeners):
+            listener(task_name)
+
+    def add_listener(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(task_name)`` whenever a task becomes known here."""
+        self._listeners.append(callback)
+
+    def _all(self) -> dict[str, Callable[..., Any]]:
+        merged = dict(self._parent._all()) if self._parent else {}
+        merged.update(self._by_name)
+        return merged
+
+    def get(self, task_name: str) -> Callable[..., Any] | None:
+        func = self._by_name.get(task_name)
+        if func is None and self._parent is not None:
+            func = self._parent.get(task_name)
+        return func
+
+    def names(self) -> list[str]:
+        """Every name this registry can run, including unambiguous bare legacy names."""
+        merged = self._all()
+        bare: dict[str, int] = {}
+        for func in merged.values():
+            bare[func.__name__] = bare.get(func.__name__, 0) + 1
+        names = set(merged)
+        names.update(name for name, count in bare.items() if count == 1)
+        return sorted(names)
+
+    def resolve(self, task_name: str) -> Callable[..., Any] | None:
+        """The function for a stored task name, accepting unambiguous bare names."""
+        func = self.get(task_name)
+        if func is not None:
+            return func
+        matches = [f for f in self._all().values() if f.__name__ == task_name]
+        return matches[0] if len(matches) == 1 else None
+
+    def __contains__(self, task_name: str) -> bool:
+        return self.resolve(task_name) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+#: Process-wide registry: ``@pg_scheduler.task`` registers here, and every
+#: Scheduler in the process can run what it holds.
+default_registry = TaskRegistry()
+
+
+@overload
+def task(func: F, /) -> F: ...
+@overload
+def task(*, name: str | None = None) -> Callable[[F], F]: ...
+def task(func: Any = None, /, *, name: str | None = None) -> Any:
+    """Register an async function as a task, usable before any Scheduler exists.
+
+    ``@task`` names it ``module:qualname``; ``@task(name="emails.send")`` gives a
+    stable name that survives moving the function to another module.
+    """
+
+    def decorate(f: F) -> F:
+        return default_registry.register(f, name=name)
+
+    return decorate(func) if func is not None else decorate

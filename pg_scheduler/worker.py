@@ -1,0 +1,449 @@
+"""The engine of one Scheduler: claim due jobs, run them, write their outcome.
+
+Flow: the claim loop asks for up to ``min(free capacity, batch_claim_limit)``
+jobs in one statement; each claimed job runs in its own task under the
+``max_concurrent_jobs`` semaphore; completions are written in batches by
+:class:`AckBatcher`; failures, retries and releases one statement each.
+Every write out of ``running`` carries the lease guard (worker id + attempt),
+so a worker that lost a job to the rescuer can never overwrite its outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback as tb
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .codec import decode_json, decode_task_data, encode_json, encode_result
+from .config import PollingConfig, RetryPolicy
+from .log import get_logger
+from .reconnect import Backoff, is_connection_error, retry_on_disconnect
+from .store import Completion, Store
+from .tasks import TaskRegistry
+
+log = get_logger(__name__)
+
+# Why a running job's task was cancelled by us (as opposed to by the job itself).
+CANCELLED_REMOTELY = "cancelled"  # cancel_job(): the row is already 'cancelled'
+LEASE_LOST = "lease lost"  # the database no longer has it running here
+SHUTDOWN = "shutdown"  # graceful shutdown ran out of grace: hand it back
+
+
+@dataclass(slots=True)
+class ClaimedJob:
+    """The fields of a claimed row the worker needs."""
+
+    job_id: str
+    job_name: str
+    task_name: str
+    task_data: str | None
+    attempt: int
+    retry_count: int
+    max_retries: int
+    timeout: float | None
+    retry_policy: str | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ClaimedJob:
+        data = dict(row)
+        task_data = data.get("task_data")
+        if task_data is not None and not isinstance(task_data, str):
+            task_data = encode_json(task_data)
+        return cls(
+            job_id=data["job_id"],
+            job_name=data["job_name"],
+            task_name=data.get("task_name") or data["job_name"],
+            task_data=task_data,
+            attempt=data.get("attempts") or 1,
+            retry_count=data.get("retry_count") or 0,
+            max_retries=data.get("max_retries") or 0,
+            timeout=data.get("timeout"),
+            retry_policy=data.get("retry_policy"),
+        )
+
+
+@dataclass(slots=True)
+class RunningJob:
+    job: ClaimedJob
+    task: asyncio.Task[Any]
+    claimed_at: float
+    cancel_reason: str | None = None
+
+
+class AckBatcher:
+    """Group commit for completions: one UPDATE for everything that finished meanwhile.
+
+    A completion waits for the flush in flight, never for a timer, so an idle
+    worker writes each completion at once and a busy one writes hundreds per
+    statement. A flush that hits a lost connection is retried until it lands;
+    the lease guard makes the retry harmless.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        worker_id: str,
+        delete_completed: Callable[[], bool],
+        max_batch: int = 1000,
+    ) -> None:
+        self._store = store
+        self._worker_id = worker_id
+        self._delete_completed = delete_completed
+        self._max_batch = max_batch
+        self._queue: list[tuple[Completion, asyncio.Future[bool]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self.stopping = False
+
+    async def submit(self, completion: Completion) -> bool:
+        """Queue a completion; True once written, False if the lease was already lost."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._queue.append((completion, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_all())
+        return await asyncio.shield(future)
+
+    async def _flush_all(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
+            try:
+                written = await retry_on_disconnect(
+                    lambda b=batch: self._store.complete(
+                        self._worker_id, [c for c, _ in b], self._delete_completed()
+                    ),
+                    what="complete",
+                )
+            except Exception as exc:  # a bug, not an outage: fail loudly, lose nothing
+                log.error("writing completions failed", error=repr(exc), jobs=len(batch))
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for completion, future in batch:
+                if not future.done():
+                    future.set_result(completion.job_id in written)
+
+    async def drain(self) -> None:
+        while self._flusher is not None and not self._flusher.done():
+            await asyncio.shield(self._flusher)
+
+
+class Worker:
+    """Claims, runs and settles jobs for one Scheduler."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        registry: TaskRegistry,
+        worker_id: str,
+        max_concurrent_jobs: int,
+        batch_claim_limit: int,
+        polling: PollingConfig,
+        lease_seconds: Callable[[], float],
+        job_timeout: float | None,
+        retry_policy: RetryPolicy,
+        delete_completed: Callable[[], bool],
+        notifications_live: Callable[[], bool],
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.worker_id = worker_id
+        self.max_concurrent_jobs = max_concurrent_jobs
+        self.batch_claim_limit = batch_claim_limit
+        self.polling = polling
+        self.lease_seconds = lease_seconds
+        self.job_timeout = job_timeout
+        self.retry_policy = retry_policy
+        self.notifications_live = notifications_live
+        self.semaphore = asyncio.Semaphore(max_concurrent_jobs)
+        self.acks = AckBatcher(store, worker_id, delete_completed)
+        self.running: dict[str, RunningJob] = {}
+        # Claimed here and not yet settled (queued, running, or awaiting its write).
+        self.owned: set[str] = set()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self._in_flight = 0
+        self._wake = asyncio.Event()
+        self._capacity = asyncio.Event()
+        self._claiming = True
+        self._retry_timer: asyncio.TimerHandle | None = None
+
+    # -- claim loop --------------------------------------------------------
+
+    def wake(self) -> None:
+        """Look for due jobs now (a NOTIFY arrived, a task was registered, ...)."""
+        self._wake.set()
+
+    def stop_claiming(self) -> None:
+        self._claiming = False
+        self._wake.set()
+        self._capacity.set()
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    async def run(self) -> None:
+        idle_wait = self.polling.idle_start_interval
+        errors = Backoff(initial=0.1, maximum=5.0)
+        while self._claiming:
+            free = self.max_concurrent_jobs - self._in_flight
+            if free <= 0:
+                self._capacity.clear()
+                await self._wait(self._capacity, self.polling.semaphore_full_interval)
+                continue
+            limit = min(free, self.batch_claim_limit)
+            self._wake.clear()
+            try:
+                names = self.registry.names()
+                rows = await self.store.claim(self.worker_id, names, limit, self.lease_seconds())
+                if len(rows) >= limit:
+                    self.dispatch(rows)
+                    idle_wait = self.polling.idle_start_interval
+                    continue
+                self.dispatch(rows)
+                due_in = await self.store.seconds_until_next_due(names)
+            except Exception as exc:
+                level = log.warning if is_connection_error(exc) else log.exception
+                level("claim failed", worker_id=self.worker_id, error=repr(exc))
+                await self._wait(self._wake, errors.next_delay())
+                continue
+            errors.reset()
+            if rows:
+                idle_wait = self.polling.idle_start_interval
+            await self._wait(self._wake, self._idle_timeout(due_in, bool(rows), idle_wait))
+            if not self.notifications_live():
+                idle_wait = min(
+                    idle_wait * self.polling.backoff_multiplier, self.polling.max_interval
+                )
+
+    def _idle_timeout(self, due_in: float | None, claimed_some: bool, idle_wait: float) -> float:
+        # With live notifications, sleep until the next due job (a NOTIFY
+        # wakes us sooner); max_interval bounds the sleep as a safety net.
+        # Without them, poll with backoff.
+        ceiling = self.polling.max_interval if self.notifications_live() else idle_wait
+        if due_in is None:
+            return ceiling
+        if due_in <= 0:
+            # Due rows exist but were locked by other workers' claims: brief pause.
+            return 0.0 if claimed_some else self.polling.min_interval
+        return min(due_in, ceiling)
+
+    @staticmethod
+    async def _wait(event: asyncio.Event, timeout: float) -> None:
+        if timeout <= 0:
+            return
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError:
+            pass
+
+    def dispatch(self, rows: list[Any]) -> None:
+        """Start a task per claimed row; rows the claim expired are only logged."""
+        for row in sorted(rows, key=lambda r: (r["priority"], r["execution_time"])):
+            if row["status"] == "expired":
+                log.warning(
+                    "job expired",
+                    job_id=row["job_id"],
+                    task=row["task_name"],
+                    worker_id=self.worker_id,
+                    event_type="expired",
+                )
+                continue
+            self._in_flight += 1
+            self.owned.add(row["job_id"])
+            task = asyncio.create_task(self.execute_job_with_concurrency_control(row))
+            self.tasks.add(task)
+            task.add_done_callback(self._job_task_done)
+
+    def _job_task_done(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("job task crashed", error=repr(task.exception()))
+
+    # -- execution ------------------------------------------------------------
+
+    async def execute_job_with_concurrency_control(self, job_row: Mapping[str, Any]) -> None:
+        """Run one claimed job under the concurrency semaphore."""
+        try:
+            async with self.semaphore:
+                await self.execute_job(job_row)
+        finally:
+            self.owned.discard(job_row["job_id"])
+            self._in_flight = max(0, self._in_flight - 1)
+            self._capacity.set()
+
+    async def execute_job(self, job_row: Mapping[str, Any]) -> None:
+        """Run a claimed job and record its outcome under the lease guard."""
+        job = ClaimedJob.from_row(job_row)
+        func = self.registry.resolve(job.task_name)
+        if func is None:
+            # We claim only registered names, so this is a race with a
+            # registry change; hand it back rather than fail it.
+            log.warning(
+                "no function registered for claimed job, releasing it",
+                job_id=job.job_id,
+                task=job.task_name,
+            )
+            await self._release([job.job_id])
+            return
+        current = asyncio.current_task()
+        assert current is not None
+        running = RunningJob(job, current, time.monotonic())
+        self.running[job.job_id] = running
+        started = time.perf_counter()
+        timeout = job.timeout if job.timeout is not None else self.job_timeout
+        fields = {
+            "job_id": job.job_id,
+            "task": job.task_name,
+            "worker_id": self.worker_id,
+            "attempt": job.attempt,
+        }
+        log.debug("job started", event_type="started", **fields)
+        timer = None
+        try:
+            args, kwargs = decode_task_data(job.task_data)
+            async with asyncio.timeout(timeout) as timer:
+                result = await func(*args, **kwargs)
+        except asyncio.CancelledError:
+            reason = running.cancel_reason
+            if reason is None:
+                raise  # the worker itself is being torn down
+            current.uncancel()
+            self.running.pop(job.job_id, None)
+            duration = time.perf_counter() - started
+            if reason == SHUTDOWN:
+                await self._release([job.job_id])
+                log.info(
+                    "job handed back at shutdown",
+                    event_type="released",
+                    duration=duration,
+                    **fields,
+                )
+            else:
+                log.info(
+                    "job stopped",
+                    event_type="cancelled",
+                    reason=reason,
+                    duration=duration,
+                    **fields,
+                )
+            return
+        except Exception as exc:
+            self.running.pop(job.job_id, None)
+            duration = time.perf_counter() - started
+            if timer is not None and timer.expired():
+                message = f"timed out after {timeout:g} s"
+            else:
+                message = f"{type(exc).__name__}: {exc}"
+            await self._failed(job, message, tb.format_exc(), duration, fields)
+            return
+        self.running.pop(job.job_id, None)
+        duration = time.perf_counter() - started
+        encoded, note = encode_result(result)
+        if note:
+            log.warning(note, **fields)
+        try:
+            written = await self.acks.submit(Completion(job.job_id, job.attempt, encoded))
+        except Exception as exc:
+            log.error(
+                "completion not written; the job will be rescued and run again",
+                error=repr(exc),
+                **fields,
+            )
+            return
+        if written:
+            log.info("job completed", event_type="completed", duration=duration, **fields)
+        else:
+            log.warning(
+                "job finished but its lease was lost; outcome not written",
+                event_type="lease_lost",
+                duration=duration,
+                **fields,
+            )
+
+    async def _failed(
+        self, job: ClaimedJob, message: str, trace: str, duration: float, fields: dict[str, Any]
+    ) -> None:
+        if job.attempt <= job.max_retries:
+            stored = decode_json(job.retry_policy)
+            policy = RetryPolicy(**stored) if stored else self.retry_policy
+            delay = policy.delay_for(job.retry_count + 1)
+            retry_at = await retry_on_disconnect(
+                lambda: self.store.retry(
+                    job.job_id, self.worker_id, job.attempt, delay, message, trace
+                ),
+                what="retry",
+            )
+            if retry_at is not None:
+                self._wake_after(delay)
+                log.warning(
+                    "job failed, will retry",
+                    event_type="retried",
+                    error=message,
+                    retry_in=round(delay, 3),
+                    duration=duration,
+                    **fields,
+                )
+                return
+        else:
+            written = await retry_on_disconnect(
+                lambda: self.store.fail(job.job_id, self.worker_id, job.attempt, message, trace),
+                what="fail",
+            )
+            if written:
+                log.error(
+                    "job failed", event_type="failed", error=message, duration=duration, **fields
+                )
+                return
+        log.warning(
+            "job failed but its lease was lost; outcome not written",
+            event_type="lease_lost",
+            error=message,
+            **fields,
+        )
+
+    def _wake_after(self, delay: float) -> None:
+        # The retry is due later; make sure this worker looks again then.
+        loop = asyncio.get_running_loop()
+        if self._retry_timer is not None and self._retry_timer.when() <= loop.time() + delay:
+            return
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+        self._retry_timer = loop.call_later(delay, self.wake)
+
+    async def _release(self, job_ids: list[str]) -> list[str]:
+        return await retry_on_disconnect(
+            lambda: self.store.release(self.worker_id, job_ids), what="release", give_up_after=30
+        )
+
+    # -- cancellation and shutdown --------------------------------------------
+
+    def cancel_local(self, job_id: str, reason: str) -> bool:
+        """Cancel the task running ``job_id`` here, if any."""
+        running = self.running.get(job_id)
+        if running is None or running.cancel_reason is not None:
+            return False
+        running.cancel_reason = reason
+        running.task.cancel()
+        return True
+
+    async def drain(self, grace_period: float) -> None:
+        """Wait up to ``grace_period`` for running jobs, then cancel and hand back the rest."""
+        pending = set(self.tasks)
+        if pending:
+            _, pending = await asyncio.wait(pending, timeout=grace_period)
+        if pending:
+            for job_id in list(self.running):
+                self.cancel_local(job_id, SHUTDOWN)
+            _, stubborn = await asyncio.wait(pending, timeout=max(5.0, grace_period))
+            if stubborn:
+                log.error(
+                    "jobs ignored cancellation; their leases will expire and they will be rescued",
+                    jobs=len(stubborn),
+                )
+        await self.acks.drain()
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()

@@ -1,0 +1,65 @@
+"""Tasks shared by tests and their subprocess workers (importable as ``app_tasks``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import defaultdict
+from typing import Any
+
+from pg_scheduler import task
+
+calls: defaultdict[str, list[Any]] = defaultdict(list)
+events: dict[str, asyncio.Event] = {}
+
+
+def event(name: str) -> asyncio.Event:
+    if name not in events:
+        events[name] = asyncio.Event()
+    return events[name]
+
+
+@task
+async def record(key: str, value: Any = None) -> dict[str, Any]:
+    calls[key].append(value)
+    event(key).set()
+    return {"key": key, "value": value, "pid": os.getpid()}
+
+
+@task
+async def add(a: int, b: int) -> int:
+    return a + b
+
+
+@task
+async def noop() -> None:
+    return None
+
+
+@task
+async def fail_times(key: str, times: int) -> str:
+    calls[key].append("attempt")
+    if len(calls[key]) <= times:
+        raise RuntimeError(f"planned failure {len(calls[key])}")
+    return "ok"
+
+
+@task
+async def sleep_for(key: str, seconds: float) -> str:
+    calls[key].append("start")
+    event(key + ":started").set()
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        calls[key].append("finally")
+    return "slept"
+
+
+@task
+async def boom() -> None:
+    raise ValueError("boom from the job")
+
+
+@task
+async def returns_object() -> object:
+    return object()
