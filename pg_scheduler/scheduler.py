@@ -266,6 +266,11 @@ class Scheduler:
             self.is_shutting_down = False
             log.info("scheduler stopped", worker_id=self.worker_id)
 
+    def request_immediate_shutdown(self) -> None:
+        """Make a shutdown in progress (or the next one) skip the grace period:
+        running jobs are cancelled and handed back at once."""
+        self.worker.force_shutdown()
+
     async def __aenter__(self) -> Scheduler:
         await self.start()
         return self

@@ -168,6 +168,7 @@ class Worker:
         self._wake = asyncio.Event()
         self._capacity = asyncio.Event()
         self._claiming = True
+        self._force = asyncio.Event()
         self._retry_timer: asyncio.TimerHandle | None = None
 
     # -- claim loop --------------------------------------------------------
@@ -430,20 +431,26 @@ class Worker:
         running.task.cancel()
         return True
 
+    def force_shutdown(self) -> None:
+        """Cut the grace period short: running jobs are handed back now."""
+        self._force.set()
+
     async def drain(self, grace_period: float) -> None:
         """Wait up to ``grace_period`` for running jobs, then cancel and hand back the rest."""
-        pending = set(self.tasks)
-        if pending:
-            _, pending = await asyncio.wait(pending, timeout=grace_period)
-        if pending:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_period
+        while self.tasks and not self._force.is_set() and loop.time() < deadline:
+            forced = asyncio.create_task(self._force.wait())
+            await asyncio.wait({*self.tasks, forced}, timeout=deadline - loop.time(),
+                               return_when=asyncio.FIRST_COMPLETED)
+            forced.cancel()
+        if self.tasks:
             for job_id in list(self.running):
                 self.cancel_local(job_id, SHUTDOWN)
-            _, stubborn = await asyncio.wait(pending, timeout=max(5.0, grace_period))
+            _, stubborn = await asyncio.wait(set(self.tasks), timeout=10.0)
             if stubborn:
-                log.error(
-                    "jobs ignored cancellation; their leases will expire and they will be rescued",
-                    jobs=len(stubborn),
-                )
+                log.error("jobs ignored cancellation; their leases will expire and they "
+                          "will be rescued", jobs=len(stubborn))
         await self.acks.drain()
         if self._retry_timer is not None:
             self._retry_timer.cancel()

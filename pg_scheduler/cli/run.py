@@ -1,0 +1,136 @@
+"""Commands that run things: ``worker``, ``migrate`` and ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import signal
+import sys
+from typing import Any
+
+from ..log import get_logger
+from .common import configure_logging, open_pool, run_async
+
+log = get_logger("pg_scheduler.cli")
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    worker = commands.add_parser(
+        "worker",
+        help="run a worker for an application's tasks until SIGINT/SIGTERM",
+        description="Import MODULE (registering its @task and @periodic functions) and run "
+        "jobs until SIGINT or SIGTERM; the first signal shuts down gracefully, a second one "
+        "hands running jobs back at once. ATTR, if given, names a dict of Scheduler keyword "
+        "arguments in MODULE, or a function returning one.",
+    )
+    worker.add_argument("app", metavar="MODULE[:ATTR]")
+    worker.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="max_concurrent_jobs (default: the app's, else 25)",
+    )
+    worker.add_argument(
+        "--grace", type=float, default=None, help="seconds running jobs get to finish at shutdown"
+    )
+    worker.set_defaults(handler=_cmd_worker)
+
+    migrate = commands.add_parser("migrate", help="apply pending schema migrations")
+    migrate.set_defaults(handler=_cmd_migrate)
+
+    demo = commands.add_parser(
+        "demo", help="schedule a mix of jobs and watch them run (embedded database by default)"
+    )
+    demo.add_argument("--seconds", type=float, default=12.0, help="how long to run")
+    demo.set_defaults(handler=_cmd_demo)
+
+
+def load_app(spec: str) -> dict[str, Any]:
+    """Import ``MODULE[:ATTR]``; return the Scheduler options ATTR names (or {})."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name:
+        raise SystemExit(f"error: {spec!r} names no module")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SystemExit(f"error: cannot import {module_name!r}: {exc}") from None
+    if not attr:
+        return {}
+    try:
+        target = getattr(module, attr)
+    except AttributeError:
+        raise SystemExit(f"error: module {module_name!r} has no attribute {attr!r}") from None
+    options = target() if callable(target) else target
+    if not isinstance(options, dict):
+        raise SystemExit(f"error: {spec} must be a dict of Scheduler options (or return one)")
+    return dict(options)
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    configure_logging(args)
+    sys.path.insert(0, "")
+    options = load_app(args.app)
+    if args.concurrency is not None:
+        options["max_concurrent_jobs"] = args.concurrency
+    if args.grace is not None:
+        options["shutdown_grace_period"] = args.grace
+    return run_async(lambda: _worker(args, options))
+
+
+async def _worker(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    from ..scheduler import Scheduler
+
+    concurrency = int(options.get("max_concurrent_jobs", 25))
+    async with open_pool(args, max_size=max(10, min(concurrency, 50) // 2 + 5)) as pool:
+        scheduler = Scheduler(pool, **options)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def on_signal(signame: str) -> None:
+            if stop.is_set():
+                log.warning("second signal: handing running jobs back now", signal=signame)
+                scheduler.request_immediate_shutdown()
+            else:
+                log.info("shutting down gracefully (signal again to force)", signal=signame)
+                stop.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal, sig.name)
+        await scheduler.start()
+        await stop.wait()
+        await scheduler.shutdown()
+    return 0
+
+
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    configure_logging(args)
+
+    async def go() -> int:
+        from ..migrate import MigrationError, migrate
+
+        async with open_pool(args) as pool:
+            try:
+                applied = await migrate(pool)
+            except MigrationError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+        print(f"applied migrations: {applied}" if applied else "schema is up to date")
+        return 0
+
+    return run_async(go)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    configure_logging(args)
+    from ..demo import run_demo
+
+    async def go() -> int:
+        async with open_pool(args) as pool:
+            await run_demo(pool, seconds=args.seconds)
+        return 0
+
+    return run_async(go)
+
+
+__all__ = ["load_app", "register"]
