@@ -6,7 +6,6 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import app_tasks
-import pytest
 from conftest import job_status, wait_for_status, wait_until
 
 from pg_scheduler import JobPriority, JobStatus, RetryPolicy
