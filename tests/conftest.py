@@ -79,9 +79,7 @@ async def clean_tables(request: pytest.FixtureRequest) -> None:
     if "pool" not in request.fixturenames:
         return
     p: asyncpg.Pool = request.getfixturevalue("pool")
-    existing = await p.fetch(
-        "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
-    )
+    existing = await p.fetch("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
     names = [r["tablename"] for r in existing if r["tablename"] != "pg_scheduler_migrations"]
     if names:
         await p.execute("TRUNCATE " + ", ".join(f'"{n}"' for n in names))
@@ -105,8 +103,9 @@ async def make_scheduler(
     """Start schedulers with test-speed timings; all are shut down afterwards."""
     started: list[Scheduler] = []
 
-    async def factory(start: bool = True, db_pool: asyncpg.Pool | None = None,
-                      **options: Any) -> Scheduler:
+    async def factory(
+        start: bool = True, db_pool: asyncpg.Pool | None = None, **options: Any
+    ) -> Scheduler:
         settings = {**FAST, **options}
         scheduler = Scheduler(db_pool or pool, **settings)
         started.append(scheduler)
@@ -119,8 +118,12 @@ async def make_scheduler(
         await scheduler.shutdown(grace_period=1.0)
 
 
-async def wait_until(predicate: Callable[[], Awaitable[bool] | bool], timeout: float = 10.0,
-                     interval: float = 0.02, message: str = "condition") -> None:
+async def wait_until(
+    predicate: Callable[[], Awaitable[bool] | bool],
+    timeout: float = 10.0,
+    interval: float = 0.02,
+    message: str = "condition",
+) -> None:
     """Poll ``predicate`` until true; fail the test after ``timeout`` seconds."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -139,8 +142,9 @@ async def job_status(pool: asyncpg.Pool, job_id: str) -> str | None:
     return await pool.fetchval("SELECT status FROM scheduled_jobs WHERE job_id = $1", job_id)
 
 
-async def wait_for_status(pool: asyncpg.Pool, job_id: str, status: str,
-                          timeout: float = 10.0) -> None:
+async def wait_for_status(
+    pool: asyncpg.Pool, job_id: str, status: str, timeout: float = 10.0
+) -> None:
     async def reached() -> bool:
         return await job_status(pool, job_id) == status
 

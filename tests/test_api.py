@@ -26,8 +26,17 @@ def params(func):
 
 
 def test_public_names():
-    for name in ["Scheduler", "JobPriority", "JobSpec", "ConflictResolution", "PollingConfig",
-                 "VacuumPolicy", "VacuumConfig", "VacuumTrigger", "periodic"]:
+    for name in [
+        "Scheduler",
+        "JobPriority",
+        "JobSpec",
+        "ConflictResolution",
+        "PollingConfig",
+        "VacuumPolicy",
+        "VacuumConfig",
+        "VacuumTrigger",
+        "periodic",
+    ]:
         assert name in pg_scheduler.__all__
         assert getattr(pg_scheduler, name) is not None
 
@@ -44,8 +53,16 @@ def test_legacy_module_paths_still_import():
     from pg_scheduler.vacuum import VacuumTrigger as VT
 
     assert (CR, JP, JS, per, PC, S, VC, VP, VT) == (
-        ConflictResolution, JobPriority, JobSpec, periodic, PollingConfig, Scheduler,
-        VacuumConfig, VacuumPolicy, VacuumTrigger)
+        ConflictResolution,
+        JobPriority,
+        JobSpec,
+        periodic,
+        PollingConfig,
+        Scheduler,
+        VacuumConfig,
+        VacuumPolicy,
+        VacuumTrigger,
+    )
 
 
 def test_scheduler_constants_and_defaults():
@@ -59,11 +76,21 @@ def test_scheduler_constants_and_defaults():
     assert p["vacuum_enabled"] is True
     assert p["batch_claim_limit"] == 10
     assert p["polling_config"] is None
-    positional = [n for n, prm in inspect.signature(Scheduler.__init__).parameters.items()
-                  if prm.kind is prm.POSITIONAL_OR_KEYWORD]
-    assert positional == ["self", "db_pool", "max_concurrent_jobs", "misfire_grace_time",
-                          "vacuum_config", "vacuum_enabled", "batch_claim_limit",
-                          "polling_config"]
+    positional = [
+        n
+        for n, prm in inspect.signature(Scheduler.__init__).parameters.items()
+        if prm.kind is prm.POSITIONAL_OR_KEYWORD
+    ]
+    assert positional == [
+        "self",
+        "db_pool",
+        "max_concurrent_jobs",
+        "misfire_grace_time",
+        "vacuum_config",
+        "vacuum_enabled",
+        "batch_claim_limit",
+        "polling_config",
+    ]
 
 
 def test_method_signatures_match_the_documentation():
@@ -79,22 +106,44 @@ def test_method_signatures_match_the_documentation():
     assert j["priority"] is JobPriority.NORMAL and j["max_retries"] == 0
     assert j["conflict_resolution"] is ConflictResolution.RAISE and j["misfire_grace_time"] is None
     assert params(Scheduler.get_vacuum_stats)["days"] == 7
-    for name in ["start", "shutdown", "initialize_db", "recover_orphaned_jobs",
-                 "periodic_orphan_recovery", "schedule", "schedule_bulk", "listen_for_jobs",
-                 "execute_job_with_concurrency_control", "execute_job", "load_task_functions",
-                 "monitor_heartbeats", "send_heartbeat", "schedule_job", "cancel_job",
-                 "update_job_status", "run_vacuum", "get_vacuum_stats", "get_total_vacuum_stats",
-                 "trigger_periodic_job"]:
+    for name in [
+        "start",
+        "shutdown",
+        "initialize_db",
+        "recover_orphaned_jobs",
+        "periodic_orphan_recovery",
+        "schedule",
+        "schedule_bulk",
+        "listen_for_jobs",
+        "execute_job_with_concurrency_control",
+        "execute_job",
+        "load_task_functions",
+        "monitor_heartbeats",
+        "send_heartbeat",
+        "schedule_job",
+        "cancel_job",
+        "update_job_status",
+        "run_vacuum",
+        "get_vacuum_stats",
+        "get_total_vacuum_stats",
+        "trigger_periodic_job",
+    ]:
         assert inspect.iscoroutinefunction(getattr(Scheduler, name)), name
-    for name in ["get_periodic_jobs", "enable_periodic_job", "disable_periodic_job",
-                 "get_periodic_job_status"]:
+    for name in [
+        "get_periodic_jobs",
+        "enable_periodic_job",
+        "disable_periodic_job",
+        "get_periodic_job_status",
+    ]:
         method = getattr(Scheduler, name)
         assert callable(method) and not inspect.iscoroutinefunction(method), name
 
 
 def test_priority_values_and_repr():
-    assert [p.db_value for p in (JobPriority.CRITICAL, JobPriority.HIGH, JobPriority.NORMAL,
-                                 JobPriority.LOW)] == [1, 3, 5, 8]
+    assert [
+        p.db_value
+        for p in (JobPriority.CRITICAL, JobPriority.HIGH, JobPriority.NORMAL, JobPriority.LOW)
+    ] == [1, 3, 5, 8]
     assert repr(JobPriority.NORMAL) == "<JobPriority.NORMAL: normal (db_value=5)>"
     assert JobPriority.from_db_value(3) is JobPriority.HIGH
     assert JobPriority.from_db_value(42) is JobPriority.NORMAL
@@ -111,20 +160,28 @@ def test_config_defaults_and_positional_construction():
     assert VacuumPolicy.keep_last(5).keep_count == 5
     assert VacuumPolicy.immediate().trigger is VacuumTrigger.IMMEDIATE
     polling = PollingConfig()
-    assert (polling.min_interval, polling.max_interval, polling.backoff_multiplier,
-            polling.idle_start_interval, polling.semaphore_full_interval, polling.jitter) == (
-        0.05, 2.0, 1.5, 0.5, 1.0, True)
+    assert (
+        polling.min_interval,
+        polling.max_interval,
+        polling.backoff_multiplier,
+        polling.idle_start_interval,
+        polling.semaphore_full_interval,
+        polling.jitter,
+    ) == (0.05, 2.0, 1.5, 0.5, 1.0, True)
 
 
-@pytest.mark.parametrize("make", [
-    lambda: PollingConfig(min_interval=-1),
-    lambda: PollingConfig(min_interval=3, max_interval=1),
-    lambda: PollingConfig(backoff_multiplier=0.5),
-    lambda: VacuumPolicy.after_days(-1),
-    lambda: VacuumPolicy.keep_last(-3),
-    lambda: VacuumPolicy(VacuumTrigger.TIME_BASED),
-    lambda: VacuumConfig(interval_minutes=0),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: PollingConfig(min_interval=-1),
+        lambda: PollingConfig(min_interval=3, max_interval=1),
+        lambda: PollingConfig(backoff_multiplier=0.5),
+        lambda: VacuumPolicy.after_days(-1),
+        lambda: VacuumPolicy.keep_last(-3),
+        lambda: VacuumPolicy(VacuumTrigger.TIME_BASED),
+        lambda: VacuumConfig(interval_minutes=0),
+    ],
+)
 def test_config_rejects_bad_values(make):
     with pytest.raises(ValueError) as info:
         make()

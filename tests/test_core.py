@@ -49,7 +49,10 @@ async def test_failing_job_retries_then_completes(pool, make_scheduler):
     key = "retry-ok"
     app_tasks.calls[key].clear()
     job_id = await scheduler.schedule(
-        app_tasks.fail_times, execution_time=now(), args=(key, 2), max_retries=3,
+        app_tasks.fail_times,
+        execution_time=now(),
+        args=(key, 2),
+        max_retries=3,
         retry_policy=RetryPolicy(base_delay=0.05, factor=2, max_delay=1, jitter=0),
     )
 
@@ -63,8 +66,12 @@ async def test_failing_job_retries_then_completes(pool, make_scheduler):
 
 async def test_failing_job_ends_failed_with_traceback(pool, make_scheduler):
     scheduler = await make_scheduler()
-    job_id = await scheduler.schedule(app_tasks.boom, execution_time=now(), max_retries=1,
-                                      retry_policy=RetryPolicy(base_delay=0.01, jitter=0))
+    job_id = await scheduler.schedule(
+        app_tasks.boom,
+        execution_time=now(),
+        max_retries=1,
+        retry_policy=RetryPolicy(base_delay=0.01, jitter=0),
+    )
 
     await wait_for_status(pool, job_id, "failed")
     job = await scheduler.get_job(job_id)
@@ -78,10 +85,15 @@ async def test_priority_orders_claims(pool, make_scheduler):
     key = "prio"
     app_tasks.calls[key].clear()
     t = now() - timedelta(seconds=5)
-    for name, prio in [("low", JobPriority.LOW), ("normal", JobPriority.NORMAL),
-                       ("critical", JobPriority.CRITICAL), ("high", JobPriority.HIGH)]:
-        await scheduler.schedule(app_tasks.record, execution_time=t, args=(key, name),
-                                 priority=prio)
+    for name, prio in [
+        ("low", JobPriority.LOW),
+        ("normal", JobPriority.NORMAL),
+        ("critical", JobPriority.CRITICAL),
+        ("high", JobPriority.HIGH),
+    ]:
+        await scheduler.schedule(
+            app_tasks.record, execution_time=t, args=(key, name), priority=prio
+        )
     await scheduler.start()
     await wait_until(lambda: len(app_tasks.calls[key]) == 4)
     assert app_tasks.calls[key] == ["critical", "high", "normal", "low"]
@@ -91,13 +103,21 @@ async def test_expired_job_is_not_run(pool, make_scheduler):
     scheduler = await make_scheduler(start=False, misfire_grace_time=1)
     key = "expired"
     app_tasks.calls[key].clear()
-    late = await scheduler.schedule(app_tasks.record, execution_time=now() - timedelta(seconds=30),
-                                    args=(key, "late"))
-    never = await scheduler.schedule(app_tasks.record,
-                                     execution_time=now() - timedelta(seconds=30),
-                                     args=(key, "never-expires"), misfire_grace_time=None)
-    own = await scheduler.schedule(app_tasks.record, execution_time=now() - timedelta(seconds=30),
-                                   args=(key, "own-grace"), misfire_grace_time=60)
+    late = await scheduler.schedule(
+        app_tasks.record, execution_time=now() - timedelta(seconds=30), args=(key, "late")
+    )
+    never = await scheduler.schedule(
+        app_tasks.record,
+        execution_time=now() - timedelta(seconds=30),
+        args=(key, "never-expires"),
+        misfire_grace_time=None,
+    )
+    own = await scheduler.schedule(
+        app_tasks.record,
+        execution_time=now() - timedelta(seconds=30),
+        args=(key, "own-grace"),
+        misfire_grace_time=60,
+    )
     await scheduler.start()
 
     async def settled():
@@ -123,8 +143,9 @@ async def test_cancel_pending_job_prevents_run(pool, make_scheduler):
     scheduler = await make_scheduler()
     key = "cancel-pending"
     app_tasks.calls[key].clear()
-    job_id = await scheduler.schedule(app_tasks.record, execution_time=now() + timedelta(seconds=1),
-                                      args=(key,))
+    job_id = await scheduler.schedule(
+        app_tasks.record, execution_time=now() + timedelta(seconds=1), args=(key,)
+    )
     assert await scheduler.cancel_job(job_id) is True
     assert await scheduler.cancel_job(job_id) is False
     assert await scheduler.cancel_job("no-such-job") is False

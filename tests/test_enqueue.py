@@ -25,8 +25,13 @@ async def test_schedule_stores_every_documented_parameter(pool, make_scheduler):
     scheduler = await make_scheduler(start=False, misfire_grace_time=77)
     when = later()
     job_id = await scheduler.schedule(
-        app_tasks.record, execution_time=when, args=("k", 1), kwargs={"value": 2},
-        priority=JobPriority.HIGH, max_retries=4, job_id="custom-1",
+        app_tasks.record,
+        execution_time=when,
+        args=("k", 1),
+        kwargs={"value": 2},
+        priority=JobPriority.HIGH,
+        max_retries=4,
+        job_id="custom-1",
     )
     assert job_id == "custom-1"
     row = await pool.fetchrow("SELECT * FROM scheduled_jobs WHERE job_id = 'custom-1'")
@@ -40,12 +45,14 @@ async def test_schedule_stores_every_documented_parameter(pool, make_scheduler):
     assert row["retry_count"] == 0
     assert row["misfire_grace_time"] == 77  # the scheduler default, since not given
 
-    explicit = await scheduler.schedule(app_tasks.noop, execution_time=when,
-                                        misfire_grace_time=5)
+    explicit = await scheduler.schedule(app_tasks.noop, execution_time=when, misfire_grace_time=5)
     never = await scheduler.schedule(app_tasks.noop, execution_time=when, misfire_grace_time=None)
-    grace = dict(await pool.fetch(
-        "SELECT job_id, misfire_grace_time FROM scheduled_jobs WHERE job_id = ANY($1)",
-        [explicit, never]))
+    grace = dict(
+        await pool.fetch(
+            "SELECT job_id, misfire_grace_time FROM scheduled_jobs WHERE job_id = ANY($1)",
+            [explicit, never],
+        )
+    )
     assert grace == {explicit: 5, never: None}
 
 
@@ -53,13 +60,15 @@ async def test_naive_datetime_means_local_time(pool, make_scheduler):
     scheduler = await make_scheduler(start=False)
     naive = datetime(2030, 1, 1, 12, 0, 0)
     job_id = await scheduler.schedule(app_tasks.noop, execution_time=naive)
-    stored = await pool.fetchval("SELECT execution_time FROM scheduled_jobs WHERE job_id = $1",
-                                 job_id)
+    stored = await pool.fetchval(
+        "SELECT execution_time FROM scheduled_jobs WHERE job_id = $1", job_id
+    )
     assert stored == naive.astimezone()
     aware = datetime(2030, 1, 1, 12, 0, 0, tzinfo=timezone(timedelta(hours=5)))
     job_id = await scheduler.schedule(app_tasks.noop, execution_time=aware)
-    stored = await pool.fetchval("SELECT execution_time FROM scheduled_jobs WHERE job_id = $1",
-                                 job_id)
+    stored = await pool.fetchval(
+        "SELECT execution_time FROM scheduled_jobs WHERE job_id = $1", job_id
+    )
     assert stored == aware
 
 
@@ -67,20 +76,27 @@ def sync_function():
     return None
 
 
-@pytest.mark.parametrize("call, error, match", [
-    (dict(func=sync_function), TypeError, "async function"),
-    (dict(args=(object(),)), TypeError, r"args\[0\] of app_tasks:record is not JSON-serializable"),
-    (dict(kwargs={"value": {1, 2}}), TypeError, r"kwargs\['value'\].*set"),
-    (dict(args=(float("nan"),)), TypeError, "not JSON-serializable"),
-    (dict(execution_time="tomorrow"), TypeError, "execution_time must be a datetime"),
-    (dict(priority=5), TypeError, "priority must be a JobPriority"),
-    (dict(max_retries=-1), ValueError, "max_retries"),
-    (dict(job_id=""), ValueError, "job_id"),
-    (dict(misfire_grace_time=-1), ValueError, "misfire_grace_time"),
-    (dict(timeout=0), ValueError, "timeout"),
-    (dict(conflict_resolution="raise"), TypeError, "ConflictResolution"),
-    (dict(retry_policy={"base_delay": 1}), TypeError, "RetryPolicy"),
-])
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (dict(func=sync_function), TypeError, "async function"),
+        (
+            dict(args=(object(),)),
+            TypeError,
+            r"args\[0\] of app_tasks:record is not JSON-serializable",
+        ),
+        (dict(kwargs={"value": {1, 2}}), TypeError, r"kwargs\['value'\].*set"),
+        (dict(args=(float("nan"),)), TypeError, "not JSON-serializable"),
+        (dict(execution_time="tomorrow"), TypeError, "execution_time must be a datetime"),
+        (dict(priority=5), TypeError, "priority must be a JobPriority"),
+        (dict(max_retries=-1), ValueError, "max_retries"),
+        (dict(job_id=""), ValueError, "job_id"),
+        (dict(misfire_grace_time=-1), ValueError, "misfire_grace_time"),
+        (dict(timeout=0), ValueError, "timeout"),
+        (dict(conflict_resolution="raise"), TypeError, "ConflictResolution"),
+        (dict(retry_policy={"base_delay": 1}), TypeError, "RetryPolicy"),
+    ],
+)
 async def test_bad_input_raises_and_writes_nothing(pool, make_scheduler, call, error, match):
     scheduler = await make_scheduler(start=False)
     kwargs = dict(func=app_tasks.record, execution_time=later(), args=("k",))
@@ -111,42 +127,71 @@ async def test_conflict_resolution_single(pool, make_scheduler):
     first = later(100)
     await scheduler.schedule(app_tasks.record, execution_time=first, args=("a",), job_id="dup")
     with pytest.raises(ValueError, match="already exists"):
-        await scheduler.schedule(app_tasks.record, execution_time=later(), args=("b",),
-                                 job_id="dup")
-    assert await scheduler.schedule(
-        app_tasks.record, execution_time=later(), args=("c",), job_id="dup",
-        conflict_resolution=ConflictResolution.IGNORE) == "dup"
+        await scheduler.schedule(
+            app_tasks.record, execution_time=later(), args=("b",), job_id="dup"
+        )
+    assert (
+        await scheduler.schedule(
+            app_tasks.record,
+            execution_time=later(),
+            args=("c",),
+            job_id="dup",
+            conflict_resolution=ConflictResolution.IGNORE,
+        )
+        == "dup"
+    )
     row = await pool.fetchrow("SELECT task_data, execution_time FROM scheduled_jobs")
     assert json.loads(row["task_data"])["args"] == ["a"] and row["execution_time"] == first
     second = later(200)
-    assert await scheduler.schedule(
-        app_tasks.add, execution_time=second, args=(1, 2), job_id="dup",
-        priority=JobPriority.LOW, conflict_resolution=ConflictResolution.REPLACE) == "dup"
+    assert (
+        await scheduler.schedule(
+            app_tasks.add,
+            execution_time=second,
+            args=(1, 2),
+            job_id="dup",
+            priority=JobPriority.LOW,
+            conflict_resolution=ConflictResolution.REPLACE,
+        )
+        == "dup"
+    )
     row = await pool.fetchrow("SELECT * FROM scheduled_jobs")
     assert (row["task_name"], row["priority"], row["execution_time"]) == (
-        "app_tasks:add", 8, second)
+        "app_tasks:add",
+        8,
+        second,
+    )
     assert json.loads(row["task_data"])["args"] == [1, 2]
     assert await count(pool) == 1
 
 
-async def test_replace_revives_a_finished_job_but_never_touches_a_running_one(pool,
-                                                                              make_scheduler):
+async def test_replace_revives_a_finished_job_but_never_touches_a_running_one(pool, make_scheduler):
     scheduler = await make_scheduler()
-    job_id = await scheduler.schedule(app_tasks.add, execution_time=later(-1), args=(1, 1),
-                                      job_id="again")
+    job_id = await scheduler.schedule(
+        app_tasks.add, execution_time=later(-1), args=(1, 1), job_id="again"
+    )
     await wait_for_status(pool, job_id, "completed")
-    await scheduler.schedule(app_tasks.add, execution_time=later(-1), args=(2, 2),
-                             job_id="again", conflict_resolution=ConflictResolution.REPLACE)
+    await scheduler.schedule(
+        app_tasks.add,
+        execution_time=later(-1),
+        args=(2, 2),
+        job_id="again",
+        conflict_resolution=ConflictResolution.REPLACE,
+    )
     await wait_until_result(scheduler, "again", 4)
 
     key = "replace-running"
     app_tasks.calls[key].clear()
     app_tasks.events.pop(key + ":started", None)
-    await scheduler.schedule(app_tasks.sleep_for, execution_time=later(-1), args=(key, 0.5),
-                             job_id="busy")
+    await scheduler.schedule(
+        app_tasks.sleep_for, execution_time=later(-1), args=(key, 0.5), job_id="busy"
+    )
     await asyncio.wait_for(app_tasks.event(key + ":started").wait(), 10)
-    await scheduler.schedule(app_tasks.noop, execution_time=later(), job_id="busy",
-                             conflict_resolution=ConflictResolution.REPLACE)
+    await scheduler.schedule(
+        app_tasks.noop,
+        execution_time=later(),
+        job_id="busy",
+        conflict_resolution=ConflictResolution.REPLACE,
+    )
     await wait_for_status(pool, "busy", "completed")
     assert (await scheduler.get_job("busy")).result == "slept"
 
@@ -166,8 +211,14 @@ async def test_bulk_returns_ids_in_order_with_none_for_ignored(pool, make_schedu
     await scheduler.schedule(app_tasks.noop, execution_time=later(), job_id="exists")
     specs = [JobSpec(app_tasks.record, later(), args=(f"k{i}",)) for i in range(2500)]
     specs[10] = JobSpec(app_tasks.noop, later(), job_id="exists")
-    specs[20] = JobSpec(app_tasks.noop, later(), job_id="new-one", priority=JobPriority.CRITICAL,
-                        max_retries=2, misfire_grace_time=None)
+    specs[20] = JobSpec(
+        app_tasks.noop,
+        later(),
+        job_id="new-one",
+        priority=JobPriority.CRITICAL,
+        max_retries=2,
+        misfire_grace_time=None,
+    )
     ids = await scheduler.schedule_bulk(specs, batch_size=1000)
     assert len(ids) == 2500
     assert ids[10] is None and ids[20] == "new-one"
@@ -176,7 +227,8 @@ async def test_bulk_returns_ids_in_order_with_none_for_ignored(pool, make_schedu
     row = await pool.fetchrow("SELECT * FROM scheduled_jobs WHERE job_id = 'new-one'")
     assert (row["priority"], row["max_retries"], row["misfire_grace_time"]) == (1, 2, None)
     default_grace = await pool.fetchval(
-        "SELECT misfire_grace_time FROM scheduled_jobs WHERE job_id = $1", ids[0])
+        "SELECT misfire_grace_time FROM scheduled_jobs WHERE job_id = $1", ids[0]
+    )
     assert default_grace == 300
 
 
@@ -189,8 +241,10 @@ async def test_bulk_raise_checks_everything_before_writing(pool, make_scheduler)
         await scheduler.schedule_bulk(specs, conflict_resolution=ConflictResolution.RAISE)
     assert await count(pool) == 1
     with pytest.raises(ValueError, match="repeated"):
-        await scheduler.schedule_bulk([JobSpec(app_tasks.noop, later(), job_id="x")] * 2,
-                                      conflict_resolution=ConflictResolution.REPLACE)
+        await scheduler.schedule_bulk(
+            [JobSpec(app_tasks.noop, later(), job_id="x")] * 2,
+            conflict_resolution=ConflictResolution.REPLACE,
+        )
     assert await count(pool) == 1
 
 
@@ -198,9 +252,12 @@ async def test_bulk_replace_overwrites(pool, make_scheduler):
     scheduler = await make_scheduler(start=False)
     await scheduler.schedule(app_tasks.noop, execution_time=later(), job_id="r1")
     ids = await scheduler.schedule_bulk(
-        [JobSpec(app_tasks.add, later(), args=(1, 2), job_id="r1"),
-         JobSpec(app_tasks.add, later(), args=(3, 4), job_id="r2")],
-        conflict_resolution=ConflictResolution.REPLACE)
+        [
+            JobSpec(app_tasks.add, later(), args=(1, 2), job_id="r1"),
+            JobSpec(app_tasks.add, later(), args=(3, 4), job_id="r2"),
+        ],
+        conflict_resolution=ConflictResolution.REPLACE,
+    )
     assert ids == ["r1", "r2"]
     names = dict(await pool.fetch("SELECT job_id, task_name FROM scheduled_jobs"))
     assert names == {"r1": "app_tasks:add", "r2": "app_tasks:add"}
@@ -225,23 +282,33 @@ async def test_transactional_enqueue_rollback_and_commit(pool, make_scheduler):
     async with pool.acquire() as conn:
         tx = conn.transaction()
         await tx.start()
-        rolled_back = await scheduler.schedule(app_tasks.record, execution_time=later(-1),
-                                               args=(key, "rolled back"), connection=conn)
-        bulk = await scheduler.schedule_bulk([JobSpec(app_tasks.record, later(-1),
-                                                      args=(key, "bulk rolled back"))],
-                                             connection=conn)
+        rolled_back = await scheduler.schedule(
+            app_tasks.record, execution_time=later(-1), args=(key, "rolled back"), connection=conn
+        )
+        bulk = await scheduler.schedule_bulk(
+            [JobSpec(app_tasks.record, later(-1), args=(key, "bulk rolled back"))], connection=conn
+        )
         assert await conn.fetchval("SELECT count(*) FROM scheduled_jobs") == 2
         await tx.rollback()
-    assert await pool.fetchval("SELECT count(*) FROM scheduled_jobs WHERE job_id = ANY($1)",
-                               [rolled_back, *bulk]) == 0
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM scheduled_jobs WHERE job_id = ANY($1)", [rolled_back, *bulk]
+        )
+        == 0
+    )
 
     async with pool.acquire() as conn:
         async with conn.transaction():
-            committed = await scheduler.schedule(app_tasks.record, execution_time=later(-1),
-                                                 args=(key, "committed"), connection=conn)
+            committed = await scheduler.schedule(
+                app_tasks.record, execution_time=later(-1), args=(key, "committed"), connection=conn
+            )
             # Not visible to others, so not run, before the commit.
-            assert await pool.fetchval(
-                "SELECT count(*) FROM scheduled_jobs WHERE job_id = $1", committed) == 0
+            assert (
+                await pool.fetchval(
+                    "SELECT count(*) FROM scheduled_jobs WHERE job_id = $1", committed
+                )
+                == 0
+            )
             await asyncio.sleep(0.3)
             assert app_tasks.calls[key] == []
     await wait_for_status(pool, committed, "completed")
@@ -254,10 +321,12 @@ async def test_duplicate_inside_a_transaction_does_not_abort_it(pool, make_sched
     async with pool.acquire() as conn:
         async with conn.transaction():
             with pytest.raises(ValueError):
-                await scheduler.schedule(app_tasks.noop, execution_time=later(), job_id="seen",
-                                         connection=conn)
-            await scheduler.schedule(app_tasks.noop, execution_time=later(), job_id="fresh",
-                                     connection=conn)
+                await scheduler.schedule(
+                    app_tasks.noop, execution_time=later(), job_id="seen", connection=conn
+                )
+            await scheduler.schedule(
+                app_tasks.noop, execution_time=later(), job_id="fresh", connection=conn
+            )
     assert await count(pool) == 2
 
 
@@ -266,25 +335,36 @@ async def test_racing_processes_on_one_id(pool, make_scheduler):
     schedulers = [await make_scheduler(start=False) for _ in range(3)]
     for resolution in ConflictResolution:
         job_id = f"race-{resolution.value}"
-        calls = [s.schedule(app_tasks.record, execution_time=later(), args=(str(n),),
-                            job_id=job_id, conflict_resolution=resolution)
-                 for n in range(12) for s in schedulers[n % 3: n % 3 + 1]]
+        calls = [
+            s.schedule(
+                app_tasks.record,
+                execution_time=later(),
+                args=(str(n),),
+                job_id=job_id,
+                conflict_resolution=resolution,
+            )
+            for n in range(12)
+            for s in schedulers[n % 3 : n % 3 + 1]
+        ]
         results = await asyncio.gather(*calls, return_exceptions=True)
         errors = [r for r in results if isinstance(r, Exception)]
         if resolution is ConflictResolution.RAISE:
             assert len(errors) == 11 and all(isinstance(e, ValueError) for e in errors)
         else:
             assert errors == [] and set(results) == {job_id}
-        assert await pool.fetchval("SELECT count(*) FROM scheduled_jobs WHERE job_id = $1",
-                                   job_id) == 1
+        assert (
+            await pool.fetchval("SELECT count(*) FROM scheduled_jobs WHERE job_id = $1", job_id)
+            == 1
+        )
 
 
 async def test_job_timeout_and_retry_schedule_visible(pool, make_scheduler):
-    scheduler = await make_scheduler(job_timeout=0.2,
-                                     retry_policy=RetryPolicy(base_delay=30, factor=2,
-                                                              max_delay=100, jitter=0))
-    job_id = await scheduler.schedule(app_tasks.sleep_for, execution_time=later(-1),
-                                      args=("timeout", 5), max_retries=3)
+    scheduler = await make_scheduler(
+        job_timeout=0.2, retry_policy=RetryPolicy(base_delay=30, factor=2, max_delay=100, jitter=0)
+    )
+    job_id = await scheduler.schedule(
+        app_tasks.sleep_for, execution_time=later(-1), args=("timeout", 5), max_retries=3
+    )
 
     async def retried():
         job = await scheduler.get_job(job_id)
@@ -297,7 +377,8 @@ async def test_job_timeout_and_retry_schedule_visible(pool, make_scheduler):
     assert job.error == "timed out after 0.2 s"
     assert job.next_retry_at is not None and job.next_retry_at > datetime.now(UTC)
     assert job.planned_retry_delays == [60.0, 100.0]
-    own = await scheduler.schedule(app_tasks.sleep_for, execution_time=later(-1),
-                                   args=("timeout-own", 5), timeout=0.1)
+    own = await scheduler.schedule(
+        app_tasks.sleep_for, execution_time=later(-1), args=("timeout-own", 5), timeout=0.1
+    )
     await wait_for_status(pool, own, "failed")
     assert (await scheduler.get_job(own)).error == "timed out after 0.1 s"

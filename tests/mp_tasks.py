@@ -1,0 +1,33 @@
+"""Tasks for multi-process tests: each run is recorded in ``job_runs``."""
+
+from __future__ import annotations
+
+import os
+
+import asyncpg
+
+from pg_scheduler import task
+
+_pool: asyncpg.Pool | None = None
+
+
+async def _get_pool() -> asyncpg.Pool:
+    global _pool
+    if _pool is None:  # one per worker process
+        _pool = await asyncpg.create_pool(os.environ["PG_SCHEDULER_DSN"], min_size=1, max_size=4)
+    return _pool
+
+
+@task(name="mp.log_run")
+async def log_run(n: int) -> int:
+    pool = await _get_pool()
+    await pool.execute("INSERT INTO job_runs (n, pid) VALUES ($1, $2)", n, os.getpid())
+    return n
+
+
+SETTINGS = {
+    "max_concurrent_jobs": 20,
+    "batch_claim_limit": 20,
+    "vacuum_enabled": False,
+    "heartbeat_interval": 0.5,
+}
