@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import inspect
 import signal
 import sys
 from typing import Any
@@ -61,7 +62,16 @@ def load_app(spec: str) -> dict[str, Any]:
         target = getattr(module, attr)
     except AttributeError:
         raise SystemExit(f"error: module {module_name!r} has no attribute {attr!r}") from None
-    options = target() if callable(target) else target
+    if callable(target):
+        try:
+            inspect.signature(target).bind()
+        except TypeError:
+            raise SystemExit(
+                f"error: {spec} must be a dict of Scheduler options or a function "
+                "taking no arguments that returns one"
+            ) from None
+        target = target()
+    options = target
     if not isinstance(options, dict):
         raise SystemExit(f"error: {spec} must be a dict of Scheduler options (or return one)")
     return dict(options)
