@@ -20,7 +20,9 @@ from .notify import Listener
 from .periodic import PeriodicJobConfig, PeriodicManager
 from .reconnect import retry_on_disconnect
 from .services import HeartbeatService, RescuerService, VacuumService
-from .store import CANCEL_CHANNEL, JOBS_CHANNEL, NewJob, Store, VacuumStore
+from .stats import QueueStats, collect_stats
+from .store import CANCEL_CHANNEL, JOBS_CHANNEL, NewJob, Store
+from .store_housekeeping import VacuumStore
 from .tasks import TaskRegistry, default_registry, ensure_async, task_name_of
 from .timeutil import to_aware
 from .worker import CANCELLED_REMOTELY, Worker
@@ -675,6 +677,17 @@ class Scheduler:
     async def get_total_vacuum_stats(self) -> dict[str, Any]:
         """Totals across all days and workers (needs ``track_metrics=True``)."""
         return dict(await self.vacuum_store.totals())
+
+    # -- statistics ------------------------------------------------------------------
+
+    async def stats(self) -> QueueStats:
+        """Counts by status and task, running jobs per worker, oldest due job's wait,
+        recent throughput and failure rate, and workers (see :mod:`pg_scheduler.stats`)."""
+        return await collect_stats(
+            self.db_pool,
+            heartbeat_threshold=self.heartbeat_threshold,
+            completed_deleted=self._delete_on_complete(),
+        )
 
     # -- periodic jobs -------------------------------------------------------------
 

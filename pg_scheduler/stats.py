@@ -1,0 +1,187 @@
+"""A snapshot of the queue for operators: :meth:`Scheduler.stats`, the CLI, Prometheus.
+
+Everything comes from the database in one read-only transaction (one
+consistent snapshot, one clock), so any process can compute it, including
+one that runs no jobs. Rates are derived from the ``finished_at`` of rows
+still in the table: rows the vacuum already deleted are not counted, which
+is why ``throughput`` is None when completed jobs are deleted on completion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+from pydantic import BaseModel, ConfigDict
+
+from .enums import PRIORITY_DB_VALUES, JobStatus
+from .store_housekeeping import StatsStore
+
+#: The default windows for throughput and failure rate: 1 minute, 5 minutes, 1 hour.
+DEFAULT_WINDOWS: tuple[float, ...] = (60.0, 300.0, 3600.0)
+
+
+class TaskCounts(BaseModel):
+    """Jobs of one task name by status; ``due`` counts the pending ones already due."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task_name: str
+    pending: int = 0
+    due: int = 0
+    running: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    expired: int = 0
+
+
+class WindowStats(BaseModel):
+    """Jobs that finished within the last ``seconds``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    seconds: float
+    completed: int
+    failed: int
+    cancelled: int
+    expired: int
+    #: Completed jobs per second; None when completed rows are deleted at once.
+    throughput: float | None
+    #: failed / (completed + failed); None when nothing finished (or completed
+    #: rows are deleted at once, so the denominator is unknown).
+    failure_rate: float | None
+
+
+class WorkerStats(BaseModel):
+    """One row of ``scheduler_workers`` with the jobs it holds now."""
+
+    model_config = ConfigDict(frozen=True)
+
+    worker_id: str
+    hostname: str
+    pid: int
+    started_at: datetime
+    last_seen: datetime
+    seen_seconds_ago: float
+    max_concurrent: int
+    running: int
+    tasks: list[str]
+    #: Heartbeat within the threshold: the worker is considered alive.
+    alive: bool
+
+
+class QueueStats(BaseModel):
+    """What :meth:`Scheduler.stats` returns."""
+
+    model_config = ConfigDict(frozen=True)
+
+    #: The database's clock when the snapshot was taken.
+    taken_at: datetime
+    #: Every status -> number of rows (statuses with no rows are 0).
+    counts: dict[str, int]
+    #: Pending jobs already due (waiting for a worker), across all tasks.
+    due: int
+    #: Pending jobs due in the future.
+    scheduled: int
+    by_task: list[TaskCounts]
+    #: worker_id -> running jobs (including workers no longer alive).
+    running_by_worker: dict[str, int]
+    #: Seconds the longest-waiting due job has been due; None when nothing is due.
+    oldest_pending_age: float | None
+    windows: list[WindowStats]
+    workers: list[WorkerStats]
+    live_workers: int
+    #: True when completed rows are deleted on completion (no completed counts).
+    completed_deleted: bool
+
+    def window(self, seconds: float) -> WindowStats | None:
+        """The window of exactly ``seconds``, if it was computed."""
+        return next((w for w in self.windows if w.seconds == seconds), None)
+
+
+async def collect_stats(
+    pool: asyncpg.Pool,
+    *,
+    heartbeat_threshold: float = 120.0,
+    windows: Sequence[float] = DEFAULT_WINDOWS,
+    completed_deleted: bool = False,
+) -> QueueStats:
+    """Read a consistent snapshot of the queue (a few index-driven queries and one
+    pass over the table for the per-task counts)."""
+    if not windows or any(w <= 0 for w in windows):
+        raise ValueError(f"windows must be positive numbers of seconds, got {windows!r}")
+    async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+        taken_at = await StatsStore.now(conn)
+        count_rows = await StatsStore.counts(conn)
+        running_rows = await StatsStore.running_by_worker(conn)
+        oldest = await StatsStore.oldest_due_seconds(conn, PRIORITY_DB_VALUES)
+        window_rows = await StatsStore.finished_in_windows(conn, windows)
+        worker_rows = await StatsStore.workers(conn)
+
+    counts = {status.value: 0 for status in JobStatus}
+    tasks: dict[str, dict[str, Any]] = {}
+    due = 0
+    for row in count_rows:
+        counts[row["status"]] = counts.get(row["status"], 0) + row["n"]
+        entry = tasks.setdefault(row["task_name"], {"task_name": row["task_name"]})
+        entry[row["status"]] = row["n"]
+        if row["status"] == JobStatus.PENDING:
+            entry["due"] = row["due"]
+            due += row["due"]
+
+    running_by_worker = {r["worker_id"]: r["n"] for r in running_rows if r["worker_id"]}
+
+    finished: dict[float, dict[str, int]] = {float(w): {} for w in windows}
+    for row in window_rows:
+        finished[float(row["secs"])][row["status"]] = row["n"]
+    window_stats = []
+    for seconds, by_status in finished.items():
+        completed = by_status.get("completed", 0)
+        failed = by_status.get("failed", 0)
+        window_stats.append(
+            WindowStats(
+                seconds=seconds,
+                completed=completed,
+                failed=failed,
+                cancelled=by_status.get("cancelled", 0),
+                expired=by_status.get("expired", 0),
+                throughput=None if completed_deleted else completed / seconds,
+                failure_rate=(
+                    None
+                    if completed_deleted or completed + failed == 0
+                    else failed / (completed + failed)
+                ),
+            )
+        )
+
+    workers = [
+        WorkerStats(
+            worker_id=r["worker_id"],
+            hostname=r["hostname"],
+            pid=r["pid"],
+            started_at=r["started_at"],
+            last_seen=r["last_seen"],
+            seen_seconds_ago=max(0.0, r["seen_seconds_ago"]),
+            max_concurrent=r["max_concurrent"],
+            running=running_by_worker.get(r["worker_id"], 0),
+            tasks=list(r["tasks"]),
+            alive=r["seen_seconds_ago"] <= heartbeat_threshold,
+        )
+        for r in worker_rows
+    ]
+    return QueueStats(
+        taken_at=taken_at,
+        counts=counts,
+        due=due,
+        scheduled=counts[JobStatus.PENDING] - due,
+        by_task=[TaskCounts(**t) for _, t in sorted(tasks.items())],
+        running_by_worker=running_by_worker,
+        oldest_pending_age=None if oldest is None else max(0.0, oldest),
+        windows=window_stats,
+        workers=workers,
+        live_workers=sum(1 for w in workers if w.alive),
+        completed_deleted=completed_deleted,
+    )

@@ -1,0 +1,288 @@
+"""SQL of housekeeping and operations: vacuum, statistics, job listing and retry.
+
+Kept apart from ``store.py`` (the hot path) because none of it runs per job.
+The vacuum statements find old finished rows through
+``scheduled_jobs_finished_idx`` (status, finished_at) WHERE finished_at IS NOT
+NULL (migration 0003); a condition ``finished_at < ...`` implies the index
+predicate, so even generic plans may use it. Every delete is bounded by a
+LIMIT and runs in its own short transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+import asyncpg
+
+from .store import JOBS_CHANNEL
+
+Executor = asyncpg.Pool | asyncpg.Connection
+
+FINAL_STATUSES = ("completed", "failed", "cancelled", "expired")
+#: Statuses an operator may put back to pending with ``retry``.
+RETRYABLE_STATUSES = ("failed", "cancelled", "expired")
+
+# -- vacuum ------------------------------------------------------------------------
+
+VACUUM_LOCK_KEY = 0x70675F7661637575  # "pg_vacuu": one vacuuming replica at a time
+
+# immediate() is "finished at least 0 seconds ago": the same statement as after_days().
+_VACUUM_OLDER_THAN = """
+DELETE FROM scheduled_jobs WHERE job_id IN (
+    SELECT job_id FROM scheduled_jobs
+     WHERE status = $1 AND finished_at <= now() - make_interval(secs => $3)
+     LIMIT $2 FOR UPDATE SKIP LOCKED)
+"""
+# keep_last(n): per job name, the (n+1)-th newest finished row is the cut-off;
+# it and everything older goes. Computed once per round, then deleted in batches.
+_KEEP_LAST_CUTOFFS = """
+SELECT job_name, finished_at, job_id FROM (
+    SELECT job_name, finished_at, job_id,
+           row_number() OVER (PARTITION BY job_name
+                              ORDER BY finished_at DESC, job_id DESC) AS rn
+      FROM scheduled_jobs
+     WHERE status = $1 AND finished_at IS NOT NULL) ranked
+ WHERE rn = $2 + 1
+"""
+_VACUUM_UP_TO_CUTOFFS = """
+DELETE FROM scheduled_jobs WHERE job_id IN (
+    SELECT j.job_id
+      FROM unnest($3::text[], $4::timestamptz[], $5::text[]) AS c(job_name, finished_at, job_id)
+      JOIN scheduled_jobs j ON j.job_name = c.job_name
+     WHERE j.status = $1 AND j.finished_at <= c.finished_at
+       AND (j.finished_at, j.job_id) <= (c.finished_at, c.job_id)
+     LIMIT $2 FOR UPDATE OF j SKIP LOCKED)
+"""
+_RECORD_VACUUM = """
+INSERT INTO vacuum_stats (stat_date, deleted_completed, deleted_failed, deleted_cancelled,
+                          deleted_expired, last_run, worker_id)
+VALUES (CURRENT_DATE, $1, $2, $3, $4, now(), $5)
+ON CONFLICT (stat_date) DO UPDATE SET
+    deleted_completed = COALESCE(vacuum_stats.deleted_completed, 0) + EXCLUDED.deleted_completed,
+    deleted_failed = COALESCE(vacuum_stats.deleted_failed, 0) + EXCLUDED.deleted_failed,
+    deleted_cancelled = COALESCE(vacuum_stats.deleted_cancelled, 0) + EXCLUDED.deleted_cancelled,
+    deleted_expired = COALESCE(vacuum_stats.deleted_expired, 0) + EXCLUDED.deleted_expired,
+    last_run = now(), worker_id = EXCLUDED.worker_id
+"""
+
+
+def _count(status_line: str) -> int:
+    return int(status_line.split()[-1])
+
+
+class VacuumStore:
+    """Bounded-batch deletes of finished rows, under a session advisory lock."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    async def try_lock(self, conn: asyncpg.Connection) -> bool:
+        return await conn.fetchval("SELECT pg_try_advisory_lock($1)", VACUUM_LOCK_KEY)
+
+    async def unlock(self, conn: asyncpg.Connection) -> None:
+        await conn.execute("SELECT pg_advisory_unlock($1)", VACUUM_LOCK_KEY)
+
+    @staticmethod
+    async def delete_older_than(
+        conn: asyncpg.Connection, status: str, batch_size: int, seconds: float
+    ) -> int:
+        """Delete at most ``batch_size`` rows of ``status`` finished ``seconds`` ago or more."""
+        return _count(await conn.execute(_VACUUM_OLDER_THAN, status, batch_size, seconds))
+
+    @staticmethod
+    async def keep_last_cutoffs(
+        conn: asyncpg.Connection, status: str, keep: int
+    ) -> list[asyncpg.Record]:
+        """Per job name with more than ``keep`` rows of ``status``: the newest row to delete."""
+        return await conn.fetch(_KEEP_LAST_CUTOFFS, status, keep)
+
+    @staticmethod
+    async def delete_up_to_cutoffs(
+        conn: asyncpg.Connection, status: str, batch_size: int, cutoffs: Sequence[asyncpg.Record]
+    ) -> int:
+        """Delete at most ``batch_size`` rows at or before their job name's cut-off."""
+        result = await conn.execute(
+            _VACUUM_UP_TO_CUTOFFS,
+            status,
+            batch_size,
+            [c["job_name"] for c in cutoffs],
+            [c["finished_at"] for c in cutoffs],
+            [c["job_id"] for c in cutoffs],
+        )
+        return _count(result)
+
+    @staticmethod
+    async def record(conn: asyncpg.Connection, counts: dict[str, int], worker_id: str) -> None:
+        await conn.execute(
+            _RECORD_VACUUM,
+            counts.get("completed", 0),
+            counts.get("failed", 0),
+            counts.get("cancelled", 0),
+            counts.get("expired", 0),
+            worker_id,
+        )
+
+    async def stats(self, days: int) -> list[asyncpg.Record]:
+        """Rows of ``vacuum_stats`` for the last ``days`` days, today included, newest first."""
+        return await self.pool.fetch(
+            """
+            SELECT stat_date, COALESCE(deleted_completed, 0) AS deleted_completed,
+                   COALESCE(deleted_failed, 0) AS deleted_failed,
+                   COALESCE(deleted_cancelled, 0) AS deleted_cancelled,
+                   COALESCE(deleted_expired, 0) AS deleted_expired, last_run, worker_id
+              FROM vacuum_stats
+             WHERE stat_date > CURRENT_DATE - $1::int
+             ORDER BY stat_date DESC
+            """,
+            days,
+        )
+
+    async def totals(self) -> asyncpg.Record:
+        return await self.pool.fetchrow(
+            """
+            SELECT COALESCE(sum(deleted_completed), 0)::bigint AS total_deleted_completed,
+                   COALESCE(sum(deleted_failed), 0)::bigint AS total_deleted_failed,
+                   COALESCE(sum(deleted_cancelled), 0)::bigint AS total_deleted_cancelled,
+                   COALESCE(sum(deleted_expired), 0)::bigint AS total_deleted_expired,
+                   max(last_run) AS last_run,
+                   count(*) AS days_tracked
+              FROM vacuum_stats
+            """
+        )
+
+
+# -- statistics --------------------------------------------------------------------
+
+_COUNTS = """
+SELECT task_name, status, count(*)::bigint AS n,
+       count(*) FILTER (WHERE execution_time <= now())::bigint AS due
+  FROM scheduled_jobs
+ GROUP BY task_name, status
+"""
+_RUNNING_BY_WORKER = """
+SELECT worker_id, count(*)::bigint AS n
+  FROM scheduled_jobs WHERE status = 'running'
+ GROUP BY worker_id
+"""
+# One claim-index probe per priority level, like the claim itself.
+_OLDEST_DUE = """
+SELECT EXTRACT(EPOCH FROM now() - min(o.execution_time))::float8
+  FROM unnest($1::int[]) AS p(priority)
+ CROSS JOIN LATERAL (
+    SELECT j.execution_time FROM scheduled_jobs j
+     WHERE j.status = 'pending' AND j.priority = p.priority AND j.execution_time <= now()
+     ORDER BY j.execution_time
+     LIMIT 1
+ ) o
+"""
+_FINISHED_IN_WINDOWS = """
+SELECT w.secs, j.status, count(*)::bigint AS n
+  FROM unnest($1::float8[]) AS w(secs)
+  JOIN scheduled_jobs j
+    ON j.status = ANY($2::text[]) AND j.finished_at >= now() - make_interval(secs => w.secs)
+ GROUP BY w.secs, j.status
+"""
+_WORKERS = """
+SELECT worker_id, hostname, pid, started_at, last_seen, max_concurrent, tasks,
+       EXTRACT(EPOCH FROM now() - last_seen)::float8 AS seen_seconds_ago
+  FROM scheduler_workers
+ ORDER BY started_at, worker_id
+"""
+
+
+class StatsStore:
+    """The read-only queries behind :func:`pg_scheduler.stats.collect_stats`."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    @staticmethod
+    async def now(conn: asyncpg.Connection) -> datetime:
+        return await conn.fetchval("SELECT now()")
+
+    @staticmethod
+    async def counts(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+        return await conn.fetch(_COUNTS)
+
+    @staticmethod
+    async def running_by_worker(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+        return await conn.fetch(_RUNNING_BY_WORKER)
+
+    @staticmethod
+    async def oldest_due_seconds(conn: asyncpg.Connection, priorities: list[int]) -> float | None:
+        return await conn.fetchval(_OLDEST_DUE, priorities)
+
+    @staticmethod
+    async def finished_in_windows(
+        conn: asyncpg.Connection, windows: Sequence[float]
+    ) -> list[asyncpg.Record]:
+        return await conn.fetch(_FINISHED_IN_WINDOWS, list(windows), list(FINAL_STATUSES))
+
+    @staticmethod
+    async def workers(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+        return await conn.fetch(_WORKERS)
+
+
+# -- operations (the CLI) --------------------------------------------------------------
+
+_JOB_LIST_COLUMNS = """
+    job_id, job_name, task_name, status, priority, execution_time, created_at, started_at,
+    finished_at, attempts, retry_count, max_retries, worker_id, error_message
+"""
+_LIST_JOBS = f"""
+SELECT {_JOB_LIST_COLUMNS}, COALESCE(finished_at, started_at, execution_time) AS last_change
+  FROM scheduled_jobs
+ WHERE ($1::text[] IS NULL OR status = ANY($1::text[]))
+   AND ($2::text IS NULL OR task_name = $2 OR job_name = $2)
+   AND ($3::timestamptz IS NULL OR COALESCE(finished_at, started_at, execution_time) >= $3)
+   AND ($4::timestamptz IS NULL OR COALESCE(finished_at, started_at, execution_time) < $4)
+ ORDER BY last_change DESC, job_id
+ LIMIT $5
+"""
+# An operator's retry: run once more, now. attempts keeps counting, so the job
+# gets exactly one new attempt (more if max_retries still allows).
+_RETRY_JOBS = f"""
+WITH retried AS (
+    UPDATE scheduled_jobs
+       SET status = 'pending', execution_time = now(), finished_at = NULL, worker_id = NULL,
+           lease_until = NULL, result = NULL
+     WHERE job_id = ANY($1::text[]) AND status = ANY($2::text[])
+    RETURNING job_id
+)
+SELECT job_id, pg_notify('{JOBS_CHANNEL}', '') FROM retried
+"""
+_FAILED_IDS = """
+SELECT job_id FROM scheduled_jobs
+ WHERE status = 'failed' AND ($1::text IS NULL OR task_name = $1 OR job_name = $1)
+ ORDER BY finished_at, job_id
+"""
+
+
+class OpsStore:
+    """Operator actions: list, inspect and retry jobs."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    async def list_jobs(
+        self,
+        statuses: Sequence[str] | None,
+        task: str | None,
+        since: datetime | None,
+        until: datetime | None,
+        limit: int,
+    ) -> list[asyncpg.Record]:
+        """Jobs matching every given filter, most recently changed first."""
+        return await self.pool.fetch(
+            _LIST_JOBS, list(statuses) if statuses else None, task, since, until, limit
+        )
+
+    async def retry(self, job_ids: Sequence[str]) -> list[str]:
+        """Put failed, cancelled or expired jobs back to pending, due now; the ids changed."""
+        rows = await self.pool.fetch(_RETRY_JOBS, list(job_ids), list(RETRYABLE_STATUSES))
+        return [r["job_id"] for r in rows]
+
+    async def failed_ids(self, task: str | None) -> list[str]:
+        rows = await self.pool.fetch(_FAILED_IDS, task)
+        return [r["job_id"] for r in rows]
