@@ -93,6 +93,8 @@ FAST = dict(
     listener_health_interval=0.5,
     shutdown_grace_period=5.0,
     vacuum_enabled=False,
+    # @periodic registrations are process-wide; tests that want them opt in.
+    run_periodic_jobs=False,
 )
 
 
