@@ -1,0 +1,88 @@
+"""This repository's pg_scheduler (the project venv, editable install)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+import pg_scheduler
+from pg_scheduler import JobSpec, Scheduler, task
+
+RECORD: Any = None
+
+
+@task(name="bench.job")
+async def job(i: int) -> None:
+    RECORD.ran(i)
+
+
+class Contender:
+    version = f"pg_scheduler {getattr(pg_scheduler, '__version__', 'dev')} (this repo)"
+
+    def __init__(self, dsn: str, record: Any) -> None:
+        global RECORD
+        RECORD = record
+        self.dsn = dsn
+        self.pool: asyncpg.Pool | None = None
+        self.scheduler: Scheduler | None = None
+        # Producer side: a scheduler object that is never started (schedule() only).
+        self.producer: Scheduler | None = None
+
+    async def setup(self) -> None:
+        self.pool = await asyncpg.create_pool(self.dsn, min_size=2, max_size=10)
+        self.producer = Scheduler(self.pool)
+        await self.producer.initialize_db()
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+
+    async def _bulk(self, ids: range, when: datetime) -> None:
+        specs = [JobSpec(func=job, execution_time=when, args=(i,)) for i in ids]
+        assert self.producer is not None
+        await self.producer.schedule_bulk(specs, batch_size=5000)
+
+    async def enqueue_due(self, ids: range) -> None:
+        await self._bulk(ids, datetime.now(UTC) - timedelta(seconds=1))
+
+    async def enqueue_future(self, ids: range) -> None:
+        await self._bulk(ids, datetime.now(UTC) + timedelta(hours=1))
+
+    async def enqueue_one(self, i: int, future: bool = False) -> None:
+        assert self.producer is not None
+        when = datetime.now(UTC) + (timedelta(hours=1) if future else timedelta(0))
+        await self.producer.schedule(job, execution_time=when, args=(i,))
+
+    async def analyze(self) -> None:
+        assert self.pool is not None
+        await self.pool.execute("ANALYZE scheduled_jobs")
+
+    async def count_jobs(self) -> int:
+        assert self.pool is not None
+        return await self.pool.fetchval("SELECT count(*) FROM scheduled_jobs")
+
+    async def remaining(self) -> int:
+        assert self.pool is not None
+        return await self.pool.fetchval(
+            "SELECT count(*) FROM scheduled_jobs WHERE status IN ('pending', 'running')"
+            " AND execution_time <= now()"
+        )
+
+    async def prepare_worker(self, concurrency: int) -> None:
+        assert self.pool is not None
+        self.scheduler = Scheduler(
+            self.pool, max_concurrent_jobs=concurrency, batch_claim_limit=concurrency
+        )
+
+    async def start_worker(self, concurrency: int) -> None:
+        if self.scheduler is None:
+            await self.prepare_worker(concurrency)
+        assert self.scheduler is not None
+        await self.scheduler.start()
+
+    async def stop_worker(self) -> None:
+        if self.scheduler is not None:
+            await self.scheduler.shutdown()
+            self.scheduler = None

@@ -1,0 +1,312 @@
+"""Runs one scenario for one contender, inside that contender's virtualenv.
+
+Usage (the orchestrator calls this): ``python driver.py CONTENDER SCENARIO JSON``.
+It prints one line ``RESULT {...}`` with the measurements and the correctness
+checks. Only the standard library, asyncpg and uvloop are needed here; the
+contender module (``contenders/c_<name>.py``) imports its own library.
+
+Every job is the same no-op ``async def job(i)``: it records that job ``i``
+ran (and when), so the driver can check that each due job ran exactly once
+and no future-dated job ran at all.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+FUTURE_BASE = 10_000_000  # ids of future-dated jobs start here
+
+
+class Record:
+    """What the jobs did, process-local and cheap (a counter per id)."""
+
+    def __init__(self) -> None:
+        self.counts = array.array("I")
+        self.future_ran = 0
+        self.done = 0
+        self.target = 0
+        self.all_done: asyncio.Event | None = None
+        self.started: dict[int, float] = {}
+        self.waiters: dict[int, asyncio.Future[float]] = {}
+        self.last_end = 0.0
+
+    def reset(self, n: int) -> None:
+        self.counts = array.array("I", bytes(4 * n))
+        self.future_ran = 0
+        self.done = 0
+        self.target = n
+        self.all_done = asyncio.Event()
+        self.started.clear()
+        self.waiters.clear()
+
+    def ran(self, i: int) -> None:
+        now = time.perf_counter()
+        if i >= FUTURE_BASE:
+            self.future_ran += 1
+            return
+        waiter = self.waiters.pop(i, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(now)
+        if i < len(self.counts):
+            self.counts[i] += 1
+        self.done += 1
+        self.last_end = time.time()
+        if self.done >= self.target and self.all_done is not None:
+            self.all_done.set()
+
+    def verify(self, n: int) -> dict[str, Any]:
+        missing = sum(1 for c in self.counts[:n] if c == 0)
+        duplicated = sum(1 for c in self.counts[:n] if c > 1)
+        return {
+            "missing": missing,
+            "duplicated": duplicated,
+            "future_ran_early": self.future_ran,
+            "ok": missing == 0 and duplicated == 0 and self.future_ran == 0,
+        }
+
+
+RECORD = Record()
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class RssSampler:
+    def __init__(self) -> None:
+        self.peak = 0.0
+        self.start = rss_mb()
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            self.peak = max(self.peak, rss_mb())
+            await asyncio.sleep(0.05)
+
+    def __enter__(self) -> RssSampler:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        self.peak = max(self.peak, rss_mb())
+
+
+def load_contender(name: str) -> Any:
+    path = HERE / "contenders" / f"c_{name}.py"
+    spec = importlib.util.spec_from_file_location(f"c_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+async def wait_all_done(timeout: float) -> bool:
+    assert RECORD.all_done is not None
+    try:
+        await asyncio.wait_for(RECORD.all_done.wait(), timeout)
+        return True
+    except TimeoutError:
+        return False
+
+
+# -- scenarios -------------------------------------------------------------------
+
+
+async def drain(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Enqueue N due jobs with no worker running, then time one worker draining them."""
+    n = cfg["n"]
+    RECORD.reset(n)
+    t = time.perf_counter()
+    await c.enqueue_due(range(n))
+    enqueue_s = time.perf_counter() - t
+    with RssSampler() as rss:
+        t0 = time.perf_counter()
+        await c.start_worker(cfg["concurrency"])
+        finished = await wait_all_done(cfg["timeout"])
+        elapsed = time.perf_counter() - t0
+    await c.stop_worker()
+    await asyncio.sleep(cfg.get("settle", 0.3))
+    return {
+        "jobs": n,
+        "seconds": round(elapsed, 4),
+        "jobs_per_s": round(RECORD.done / elapsed, 1),
+        "finished": finished,
+        "bulk_enqueue_per_s": round(n / enqueue_s, 1),
+        "rss_start_mb": round(rss.start, 1),
+        "rss_peak_mb": round(rss.peak, 1),
+        "check": RECORD.verify(n),
+    }
+
+
+async def backlog(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    """N due jobs behind F future-dated ones (due in an hour): time the due drain."""
+    n, future = cfg["n"], cfg["future"]
+    RECORD.reset(n)
+    t = time.perf_counter()
+    chunk = 50_000
+    for start in range(0, future, chunk):
+        await c.enqueue_future(range(FUTURE_BASE + start, FUTURE_BASE + min(future, start + chunk)))
+    future_s = time.perf_counter() - t
+    await c.enqueue_due(range(n))
+    await c.analyze()
+    with RssSampler() as rss:
+        t0 = time.perf_counter()
+        await c.start_worker(cfg["concurrency"])
+        finished = await wait_all_done(cfg["timeout"])
+        elapsed = time.perf_counter() - t0
+        # Keep the worker up a little longer: a future job that runs early shows up here.
+        await asyncio.sleep(cfg.get("linger", 1.0))
+    await c.stop_worker()
+    return {
+        "jobs": n,
+        "future": future,
+        "seconds": round(elapsed, 4),
+        "jobs_per_s": round(RECORD.done / elapsed, 1),
+        "finished": finished,
+        "future_enqueue_per_s": round(future / future_s, 1) if future else None,
+        "rss_peak_mb": round(rss.peak, 1),
+        "check": RECORD.verify(n),
+    }
+
+
+async def latency(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Idle worker; enqueue one job at a time and measure enqueue-call-to-start."""
+    samples, warmup = cfg["samples"], cfg.get("warmup", 20)
+    total = samples + warmup
+    RECORD.reset(total)
+    await c.start_worker(cfg["concurrency"])
+    await asyncio.sleep(cfg.get("idle_before", 1.0))
+    loop = asyncio.get_running_loop()
+    lat: list[float] = []
+    lost = 0
+    for i in range(total):
+        waiter: asyncio.Future[float] = loop.create_future()
+        RECORD.waiters[i] = waiter
+        t = time.perf_counter()
+        await c.enqueue_one(i)
+        try:
+            started = await asyncio.wait_for(waiter, cfg.get("sample_timeout", 5.0))
+        except TimeoutError:
+            lost += 1
+            continue
+        if i >= warmup:
+            lat.append((started - t) * 1000)
+        # Let the worker go idle again (its acks written, back to waiting).
+        await asyncio.sleep(cfg.get("gap", 0.02))
+    await wait_all_done(5.0)
+    await c.stop_worker()
+    await asyncio.sleep(0.2)
+    return {
+        "samples": len(lat),
+        "p50_ms": round(statistics.median(lat), 3) if lat else None,
+        "p90_ms": round(pct(lat, 0.90), 3) if lat else None,
+        "p99_ms": round(pct(lat, 0.99), 3) if lat else None,
+        "max_ms": round(max(lat), 3) if lat else None,
+        "timeouts": lost,
+        "check": RECORD.verify(total),
+    }
+
+
+async def enqueue(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Bulk enqueue rate (future-dated, no worker) and single-call enqueue latency."""
+    n, singles = cfg["n"], cfg["singles"]
+    t = time.perf_counter()
+    await c.enqueue_future(range(FUTURE_BASE, FUTURE_BASE + n))
+    bulk_s = time.perf_counter() - t
+    lat = []
+    for i in range(singles):
+        t = time.perf_counter()
+        await c.enqueue_one(FUTURE_BASE + n + i, future=True)
+        lat.append((time.perf_counter() - t) * 1000)
+    lat = lat[10:] if len(lat) > 20 else lat
+    count = await c.count_jobs()
+    ok = count == n + singles if count is not None else None
+    return {
+        "bulk_jobs": n,
+        "bulk_per_s": round(n / bulk_s, 1),
+        "single_p50_ms": round(statistics.median(lat), 3),
+        "single_p99_ms": round(pct(lat, 0.99), 3),
+        "check": {"rows": count, "ok": ok},
+    }
+
+
+async def scale_worker(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    """One of K worker processes: wait for 'go' on stdin, drain until the queue is empty."""
+    RECORD.reset(cfg["n"])
+    await c.prepare_worker(cfg["concurrency"])
+    print("READY", flush=True)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, sys.stdin.readline)
+    go = time.time()
+    await c.start_worker(cfg["concurrency"])
+    # The queue is shared with the other processes: poll the database for empty.
+    while await c.remaining() > 0:  # noqa: ASYNC110
+        await asyncio.sleep(0.02)
+    await c.stop_worker()
+    return {
+        "go": go,
+        "last_end": RECORD.last_end,
+        "ran": RECORD.done,
+        "counts": [i for i, v in enumerate(RECORD.counts) if v],
+        "dups": sum(1 for v in RECORD.counts if v > 1),
+    }
+
+
+async def scale_enqueue(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    await c.enqueue_due(range(cfg["n"]))
+    await c.analyze()
+    return {"enqueued": cfg["n"]}
+
+
+SCENARIOS = {
+    "drain": drain,
+    "backlog": backlog,
+    "latency": latency,
+    "enqueue": enqueue,
+    "scale_worker": scale_worker,
+    "scale_enqueue": scale_enqueue,
+}
+
+
+async def main() -> None:
+    name, scenario, raw = sys.argv[1], sys.argv[2], sys.argv[3]
+    cfg = json.loads(raw)
+    module = load_contender(name)
+    contender = module.Contender(cfg["dsn"], RECORD)
+    await contender.setup()
+    try:
+        result = await SCENARIOS[scenario](contender, cfg)
+        result["version"] = contender.version
+    finally:
+        await contender.close()
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main())
+    else:
+        uvloop.run(main())
