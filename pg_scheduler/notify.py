@@ -44,6 +44,17 @@ class Listener:
         self.live = False
         self.connected = asyncio.Event()
 
+    @property
+    def backend_pid(self) -> int | None:
+        """Server process id of the LISTEN connection; None while it is down."""
+        conn = self._conn
+        if conn is None or not self.live:
+            return None
+        try:
+            return conn.get_server_pid()
+        except asyncpg.InterfaceError:  # died and already detached by the pool
+            return None
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="pg_scheduler.listener")
 
@@ -76,13 +87,17 @@ class Listener:
             except Exception as exc:
                 self.live = False
                 log.warning("listener cannot connect; polling meanwhile", error=repr(exc))
+                await self._close()
                 await self._sleep(backoff.next_delay())
                 continue
             backoff.reset()
             self.live = True
             self.connected.set()
             if not first and self._on_reconnect is not None:
-                self._on_reconnect()
+                try:
+                    self._on_reconnect()
+                except Exception:
+                    log.exception("listener reconnect callback failed")
             if not first:
                 log.info("listener reconnected")
             first = False
@@ -120,16 +135,17 @@ class Listener:
         conn, self._conn = self._conn, None
         if conn is None:
             return
+        # A connection that died is detached from its proxy and returned by the
+        # pool itself (every call on the proxy then raises InterfaceError), so
+        # nothing here may let an exception escape: that would end the listener
+        # for good and leave the worker polling forever.
         try:
-            if conn.is_closed():
-                await self._pool.release(conn)
-            else:
-                for channel in self._handlers:
-                    await conn.remove_listener(channel, self._dispatch)
-                await self._pool.release(conn, timeout=5)
+            for channel in self._handlers:
+                await conn.remove_listener(channel, self._dispatch)
+            await self._pool.release(conn, timeout=5)
         except Exception:
-            conn.terminate()
             try:
+                conn.terminate()
                 await self._pool.release(conn)
             except Exception:
                 pass

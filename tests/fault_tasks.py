@@ -1,0 +1,127 @@
+"""Tasks for the fault-injection tests and the chaos run.
+
+Every execution inserts a row into ``fault_runs`` (one row per phase, keyed
+by a random run id), so a test can count how often a job really ran, on
+which process, and whether its ``finally`` ran. The inserts go through their
+own small pool, made lazily from ``$PG_SCHEDULER_TEST_DB_URL``, and retry on
+connection errors (a run id makes a retried insert idempotent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import uuid
+from typing import Any
+
+import asyncpg
+
+from pg_scheduler import task
+from pg_scheduler.reconnect import retry_on_disconnect
+
+RUNS_DDL = """
+CREATE TABLE IF NOT EXISTS fault_runs (
+    run_id  text PRIMARY KEY,
+    job_key text NOT NULL,
+    pid     integer NOT NULL,
+    phase   text NOT NULL,
+    at      timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS fault_runs_key_idx ON fault_runs (job_key, phase);
+"""
+
+# Scheduler options for `pg-scheduler worker fault_tasks:CLI_OPTIONS`.
+CLI_OPTIONS: dict[str, Any] = {
+    "heartbeat_interval": 0.3,
+    "heartbeat_threshold": 2.0,
+    "lease_duration": 3.0,
+    "rescue_interval": 0.5,
+    "listener_health_interval": 0.5,
+    "vacuum_enabled": False,
+    "run_periodic_jobs": False,
+}
+
+_pool: asyncpg.Pool | None = None
+_pool_lock: asyncio.Lock | None = None
+
+
+async def _get_pool() -> asyncpg.Pool:
+    global _pool, _pool_lock
+    if _pool is not None:
+        return _pool
+    if _pool_lock is None:
+        _pool_lock = asyncio.Lock()
+    async with _pool_lock:
+        if _pool is None:
+            url = os.environ["PG_SCHEDULER_TEST_DB_URL"]
+            _pool = await retry_on_disconnect(
+                lambda: asyncpg.create_pool(url, min_size=1, max_size=8),
+                what="fault_tasks pool",
+            )
+    return _pool
+
+
+async def record(key: str, phase: str) -> int:
+    """Insert one ``fault_runs`` row; return how many ``phase`` rows ``key`` now has."""
+    pool = await _get_pool()
+    run_id = uuid.uuid4().hex
+
+    async def insert() -> int:
+        return await pool.fetchval(
+            """
+            WITH ins AS (
+                INSERT INTO fault_runs (run_id, job_key, pid, phase) VALUES ($1, $2, $3, $4)
+                ON CONFLICT (run_id) DO NOTHING
+            )
+            SELECT count(*) + 1 FROM fault_runs WHERE job_key = $2 AND phase = $4
+               AND run_id <> $1
+            """,
+            run_id,
+            key,
+            os.getpid(),
+            phase,
+        )
+
+    return await retry_on_disconnect(insert, what="record run")
+
+
+@task(name="fault.tracked")
+async def tracked(
+    key: str, seconds: float = 0.0, first_seconds: float | None = None, fail_first: bool = False
+) -> dict[str, Any]:
+    """Record 'start', sleep, record 'finally' (also when cancelled).
+
+    The first run of ``key`` sleeps ``first_seconds`` (if given) and, with
+    ``fail_first``, raises afterwards; later runs sleep ``seconds``.
+    """
+    run = await record(key, "start")
+    first = run == 1
+    try:
+        await asyncio.sleep(first_seconds if first and first_seconds is not None else seconds)
+        if first and fail_first:
+            raise RuntimeError(f"first run of {key} fails")
+    finally:
+        await record(key, "finally")
+    return {"pid": os.getpid(), "run": run}
+
+
+@task(name="fault.quick")
+async def quick(key: str, max_sleep: float = 0.02) -> int:
+    """A short job for the throughput-under-faults runs: record, sleep a little."""
+    await record(key, "start")
+    await asyncio.sleep(random.uniform(0, max_sleep))
+    return os.getpid()
+
+
+@task(name="fault.stale")
+async def stale(key: str, first_seconds: float, fail: bool = False) -> dict[str, Any]:
+    """First run: sleep, then fail or succeed with no await in between, so a worker
+    resumed after SIGSTOP tries to write its outcome at once. Later runs return."""
+    run = await record(key, "start")
+    if run == 1:
+        await asyncio.sleep(first_seconds)
+        if fail:
+            raise RuntimeError("outcome of the stale first run")
+        return {"pid": os.getpid(), "run": run, "stale": True}
+    return {"pid": os.getpid(), "run": run}
