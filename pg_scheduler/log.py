@@ -8,10 +8,9 @@ import structlog
 
 
 def get_logger(name: str, **initial: Any) -> Any:
-    """A structlog logger bound to the module name (and any initial fields).
+    """A lazy structlog logger for module ``name``.
 
-    It stays a lazy proxy: modules create their loggers at import time, and
-    an eager ``bind()`` would freeze structlog's configuration of that moment,
-    ignoring the one the application (or the CLI) sets up afterwards.
+    Lazy, so that configuration the application (or the CLI) applies after
+    our modules were imported still takes effect.
     """
-    return structlog.get_logger(name, **initial)
+    return structlog.get_logger(logger=name, **initial)
