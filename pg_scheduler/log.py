@@ -13,4 +13,4 @@ def get_logger(name: str, **initial: Any) -> Any:
     Lazy, so that configuration the application (or the CLI) applies after
     our modules were imported still takes effect.
     """
-    return structlog.get_logger(logger=name, **initial)
+    return structlog.get_logger(name, logger_name=name, **initial)
