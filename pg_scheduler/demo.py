@@ -11,7 +11,7 @@ import asyncpg
 from .config import RetryPolicy
 from .periodic import periodic
 from .scheduler import Scheduler
-from .tasks import task
+from .tasks import task, task_name_of
 
 _attempts: dict[str, int] = {}
 
@@ -41,6 +41,13 @@ async def run_demo(pool: asyncpg.Pool, seconds: float = 12.0) -> None:
         max_concurrent_jobs=10,
         vacuum_enabled=False,
         retry_policy=RetryPolicy(base_delay=1.0, factor=2.0, jitter=0.0),
+    )
+    await scheduler.initialize_db()
+    # Each run starts clean: drop what an earlier demo left unfinished.
+    await pool.execute(
+        "DELETE FROM scheduled_jobs WHERE status IN ('pending', 'running')"
+        " AND task_name = ANY($1::text[])",
+        [task_name_of(f) for f in (greet, flaky, demo_heartbeat)],
     )
     await scheduler.start()
     started = datetime.now(UTC)

@@ -8,6 +8,7 @@ it exits.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,11 @@ class EmbeddedPostgres:
 
     def __init__(self, data_dir: str | Path | None = None, *, cleanup: str | None = "stop") -> None:
         try:
-            import pgserver
+            with warnings.catch_warnings():
+                # pgserver asks platformdirs for a runtime dir; without
+                # XDG_RUNTIME_DIR it warns and uses /tmp, which is fine here.
+                warnings.simplefilter("ignore")
+                import pgserver
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise RuntimeError(
                 "the embedded PostgreSQL needs the 'pgserver' package: "
