@@ -125,9 +125,21 @@ class AckBatcher:
                 if not future.done():
                     future.set_result(completion.job_id in written)
 
-    async def drain(self) -> None:
-        while self._flusher is not None and not self._flusher.done():
-            await asyncio.shield(self._flusher)
+    async def drain(self, timeout: float = 30.0) -> None:
+        """Wait for queued completions to be written, at most ``timeout`` seconds.
+
+        Past that (the database is down), give up: the rows stay ``running``
+        and the rescuer returns them, so the jobs run again (at-least-once).
+        """
+        flusher = self._flusher
+        if flusher is None or flusher.done():
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(flusher), timeout)
+        except TimeoutError:
+            flusher.cancel()
+            log.error("completions not written before shutdown; their jobs will be rescued "
+                      "and run again", jobs=len(self._queue))
 
 
 class Worker:
