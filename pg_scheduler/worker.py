@@ -138,6 +138,9 @@ class AckBatcher:
             await asyncio.wait_for(asyncio.shield(flusher), timeout)
         except TimeoutError:
             flusher.cancel()
+            for _, future in self._queue:
+                if not future.done():
+                    future.set_exception(ConnectionError("completion not written at shutdown"))
             log.error("completions not written before shutdown; their jobs will be rescued "
                       "and run again", jobs=len(self._queue))
 
