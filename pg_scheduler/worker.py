@@ -115,11 +115,15 @@ class AckBatcher:
                     ),
                     what="complete",
                 )
-            except Exception as exc:  # a bug, not an outage: fail loudly, lose nothing
+            except BaseException as exc:
+                # A bug, or shutdown gave up during an outage: the rows stay
+                # 'running' and will be rescued, so nothing is lost.
                 log.error("writing completions failed", error=repr(exc), jobs=len(batch))
                 for _, future in batch:
                     if not future.done():
-                        future.set_exception(exc)
+                        future.set_exception(ConnectionError(f"completion not written: {exc!r}"))
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
                 continue
             for completion, future in batch:
                 if not future.done():
