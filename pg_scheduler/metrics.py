@@ -1,0 +1,214 @@
+"""Prometheus exposition of :class:`pg_scheduler.stats.QueueStats` (extra ``metrics``).
+
+The figures are those of :meth:`Scheduler.stats`. A background task refreshes
+a snapshot every ``interval`` seconds and scrapes read that snapshot, so a
+scrape never waits on (or loads) the database, and any number of scrapers
+cost one query round per interval. ``pip install 'pg-scheduler[metrics]'``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+
+from .log import get_logger
+from .stats import QueueStats, collect_stats
+
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
+
+log = get_logger(__name__)
+
+
+def _require_prometheus() -> Any:
+    try:
+        import prometheus_client
+    except ImportError:
+        raise ImportError(
+            "the Prometheus exporter needs prometheus-client: pip install 'pg-scheduler[metrics]'"
+        ) from None
+    return prometheus_client
+
+
+class _QueueCollector:
+    """Turns the latest snapshot into metric families at scrape time."""
+
+    def __init__(self, exporter: MetricsExporter) -> None:
+        self.exporter = exporter
+
+    def describe(self) -> list[Any]:
+        return []  # families depend on the data; skip the registry's duplicate check
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        stats = self.exporter.snapshot
+        ok = GaugeMetricFamily(
+            "pg_scheduler_stats_up", "1 if the last refresh from the database succeeded"
+        )
+        ok.add_metric([], 1.0 if self.exporter.last_error is None else 0.0)
+        yield ok
+        refreshed = GaugeMetricFamily(
+            "pg_scheduler_stats_refreshed_timestamp_seconds", "When the figures were read"
+        )
+        refreshed.add_metric([], self.exporter.refreshed_at or 0.0)
+        yield refreshed
+        if stats is None:
+            return
+
+        jobs = GaugeMetricFamily(
+            "pg_scheduler_jobs", "Jobs in the table by status and task", labels=["status", "task"]
+        )
+        due = GaugeMetricFamily(
+            "pg_scheduler_jobs_due", "Pending jobs already due, by task", labels=["task"]
+        )
+        for t in stats.by_task:
+            for status in ("pending", "running", "completed", "failed", "cancelled", "expired"):
+                jobs.add_metric([status, t.task_name], getattr(t, status))
+            due.add_metric([t.task_name], t.due)
+        yield jobs
+        yield due
+
+        oldest = GaugeMetricFamily(
+            "pg_scheduler_oldest_pending_age_seconds",
+            "How long the longest-waiting due job has been due (0 if none)",
+        )
+        oldest.add_metric([], stats.oldest_pending_age or 0.0)
+        yield oldest
+
+        running = GaugeMetricFamily(
+            "pg_scheduler_running_jobs", "Running jobs by worker", labels=["worker_id"]
+        )
+        for worker_id, count in stats.running_by_worker.items():
+            running.add_metric([worker_id], count)
+        yield running
+
+        alive = GaugeMetricFamily(
+            "pg_scheduler_worker_alive",
+            "1 for a worker whose heartbeat is recent, 0 for a registered but silent one",
+            labels=["worker_id", "hostname"],
+        )
+        for w in stats.workers:
+            alive.add_metric([w.worker_id, w.hostname], 1.0 if w.alive else 0.0)
+        yield alive
+        live = GaugeMetricFamily("pg_scheduler_live_workers", "Workers with a recent heartbeat")
+        live.add_metric([], stats.live_workers)
+        yield live
+
+        finished = GaugeMetricFamily(
+            "pg_scheduler_finished_jobs",
+            "Jobs that finished within the window, by status",
+            labels=["window_seconds", "status"],
+        )
+        throughput = GaugeMetricFamily(
+            "pg_scheduler_throughput_per_second",
+            "Completed jobs per second over the window",
+            labels=["window_seconds"],
+        )
+        failure = GaugeMetricFamily(
+            "pg_scheduler_failure_rate",
+            "failed / (completed + failed) over the window",
+            labels=["window_seconds"],
+        )
+        for w in stats.windows:
+            label = f"{w.seconds:g}"
+            for status in ("completed", "failed", "cancelled", "expired"):
+                if status == "completed" and stats.completed_deleted:
+                    continue
+                finished.add_metric([label, status], getattr(w, status))
+            if w.throughput is not None:
+                throughput.add_metric([label], w.throughput)
+            if w.failure_rate is not None:
+                failure.add_metric([label], w.failure_rate)
+        yield finished
+        yield throughput
+        yield failure
+
+
+class MetricsExporter:
+    """Serve queue statistics at ``http://addr:port/metrics``.
+
+    ``source`` is a :class:`Scheduler` (its ``stats()``) or an asyncpg pool.
+    ``port=0`` picks a free port (read :attr:`port` after :meth:`start`).
+    """
+
+    def __init__(
+        self,
+        source: Scheduler | asyncpg.Pool,
+        *,
+        port: int,
+        addr: str = "0.0.0.0",
+        interval: float = 15.0,
+    ) -> None:
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"port must be an int in 0..65535, got {port!r}")
+        if isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0:
+            raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
+        if isinstance(source, asyncpg.Pool):
+            pool = source
+            self._read: Callable[[], Awaitable[QueueStats]] = lambda: collect_stats(pool)
+        elif hasattr(source, "stats"):
+            self._read = source.stats
+        else:
+            raise TypeError("source must be a Scheduler or an asyncpg.Pool")
+        self.port = port
+        self.addr = addr
+        self.interval = interval
+        self.snapshot: QueueStats | None = None
+        self.refreshed_at: float | None = None
+        self.last_error: str | None = None
+        self._server: Any = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def refresh(self) -> QueueStats | None:
+        """Read the figures now; on failure keep the last ones and report not-up."""
+        try:
+            self.snapshot = await self._read()
+        except Exception as exc:
+            self.last_error = repr(exc)
+            log.warning("metrics refresh failed", event_type="metrics", error=repr(exc))
+            return None
+        self.last_error = None
+        self.refreshed_at = time.time()
+        return self.snapshot
+
+    async def start(self) -> None:
+        """Read once, then serve and keep refreshing in the background."""
+        prometheus = _require_prometheus()
+        registry = prometheus.CollectorRegistry(auto_describe=False)
+        registry.register(_QueueCollector(self))
+        await self.refresh()
+        server, _thread = prometheus.start_http_server(self.port, self.addr, registry=registry)
+        self._server = server
+        self.port = server.server_port
+        self._task = asyncio.create_task(self._loop(), name="pg_scheduler.metrics")
+        log.info("metrics exporter serving", event_type="metrics", addr=self.addr, port=self.port)
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            await self.refresh()
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        server, self._server = self._server, None
+        if server is not None:
+            await asyncio.to_thread(server.shutdown)
+            server.server_close()
+
+    async def __aenter__(self) -> MetricsExporter:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.stop()
