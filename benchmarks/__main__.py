@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -161,31 +162,47 @@ def run_scaling(server: Server, python: str, cfg: dict[str, Any], procs: int) ->
         enq = run_driver(python, "pg_scheduler", "scale_enqueue", base, 600)
         if "error" in enq:
             return enq
+        RESULTS.mkdir(exist_ok=True)
+        errlog = (RESULTS / "scaling-workers.log").open("a")
         workers = [
             subprocess.Popen(
                 [python, str(DRIVER), "pg_scheduler", "scale_worker", json.dumps(base)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
+                stderr=errlog,
                 text=True,
                 env={**os.environ, "PYTHONWARNINGS": "ignore"},
             )
             for _ in range(procs)
         ]
-        for w in workers:
-            assert w.stdout is not None
-            while (line := w.stdout.readline()) and not line.startswith("READY"):
-                pass
+        # Read every worker's output continuously: a full pipe would stall it.
+        outputs: list[list[str]] = [[] for _ in workers]
+        ready = [threading.Event() for _ in workers]
+
+        def pump(index: int) -> None:
+            stream = workers[index].stdout
+            assert stream is not None
+            for line in stream:
+                if line.startswith("READY"):
+                    ready[index].set()
+                elif line.startswith("RESULT "):
+                    outputs[index].append(line)
+                else:
+                    errlog.write(line)
+
+        readers = [threading.Thread(target=pump, args=(i,), daemon=True) for i in range(procs)]
+        for t in readers:
+            t.start()
+        for event in ready:
+            event.wait(120)
         for w in workers:
             assert w.stdin is not None
             w.stdin.write("go\n")
             w.stdin.flush()
-        results = []
-        for w in workers:
-            out, _ = w.communicate(timeout=600)
-            for line in out.splitlines():
-                if line.startswith("RESULT "):
-                    results.append(json.loads(line[7:]))
+        for w, t in zip(workers, readers, strict=True):
+            w.wait(600)
+            t.join(10)
+        results = [json.loads(line[7:]) for out in outputs for line in out]
         if len(results) != procs:
             return {"error": "a worker process failed"}
         go = min(r["go"] for r in results)
@@ -330,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown contender {n!r}; one of {list(CONTENDERS)}")
     pythons = {n: python_for(n) for n in names}
     server = Server(args.dsn)
+    print(f"[server] {server.dsn}", flush=True)
     meta = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "sizes": sizes,
@@ -363,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
                 cfg = {**scenario_cfg(scenario, sizes, args.concurrency), "dsn": dsn}
                 print(f"[{scenario} {rnd + 1}/{repeat}] {name}...", flush=True)
                 try:
-                    res = run_driver(pythons[name], name, scenario, cfg, timeout=900)
+                    driver_scenario = "backlog" if scenario == "big_backlog" else scenario
+                    res = run_driver(pythons[name], name, driver_scenario, cfg, timeout=900)
                 except subprocess.TimeoutExpired:
                     res = {"error": "timed out"}
                 finally:

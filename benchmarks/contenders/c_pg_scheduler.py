@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
+import structlog
 
 import pg_scheduler
 from pg_scheduler import JobSpec, Scheduler, task
 
 RECORD: Any = None
+
+# The application's logging setup, as in production: warnings and up (the
+# peers' stdlib loggers print nothing below WARNING unconfigured, either).
+structlog.configure(
+    wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+    cache_logger_on_first_use=True,
+)
 
 
 @task(name="bench.job")
