@@ -1,76 +1,405 @@
-"""@periodic: decorator-registered recurring jobs (interval form; cron is being built)."""
+"""@periodic: recurring jobs, each window run once across any number of replicas.
+
+How it works (the README's "Periodic jobs" section is the user's view):
+
+* ``@periodic`` validates its arguments at decoration time, registers the
+  function as a task, and registers a small runner task ``periodic:<dedup_key>``
+  that the window rows route to.
+* Fire times come from a :class:`IntervalSchedule` (aligned to the Unix epoch,
+  so every replica computes the same windows) or a
+  :class:`~pg_scheduler.cron.CronSchedule` (any time zone, DST rule in
+  ``cron.py``).
+* Every Scheduler runs the enqueuer (``services/periodic.py``). There is no
+  leader: each window is enqueued by whichever replica locks the job's row in
+  ``periodic_jobs`` first, in the transaction that advances the row's cursor,
+  as the row ``periodic:<dedup_key>:<fire time>``. Workers then claim it like
+  any job, so it runs once.
+* :func:`plan_windows` decides what to run after an outage (misfire grace
+  time and coalesce policy).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
+import inspect
+import math
+import uuid
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
-from zoneinfo import ZoneInfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from .enums import ConflictResolution, JobPriority
+from .codec import encode_json
+from .config import UNSET
+from .cron import CronError, CronSchedule
+from .enums import JobPriority
 from .log import get_logger
-from .tasks import default_registry, ensure_async, task_name_of
+from .reconnect import Backoff, is_connection_error
+from .store import NewJob, Store
+from .store_periodic import MANUAL_ID_PREFIX, PERIODIC_TASK_PREFIX, WINDOW_ID_PREFIX, PeriodicStore
+from .tasks import default_registry
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler
+    from .services.periodic import PeriodicService
 
 log = get_logger(__name__)
+
+__all__ = [
+    "CoalescePolicy",
+    "CronError",
+    "IntervalSchedule",
+    "PeriodicJobConfig",
+    "PeriodicManager",
+    "coalesced_reason",
+    "periodic",
+    "plan_windows",
+]
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+#: At most this many catch-up windows are enqueued per pass with coalesce="all".
+CATCH_UP_BATCH = 1000
+
+
+class CoalescePolicy(StrEnum):
+    """Which of several overdue windows run when the enqueuer falls behind
+    (every replica was down, or workers left windows pending)."""
+
+    #: Only the most recent overdue window runs (the default).
+    LATEST = "latest"
+    #: Only the oldest overdue window still within the misfire grace time runs.
+    EARLIEST = "earliest"
+    #: Every overdue window within the misfire grace time runs.
+    ALL = "all"
+
+
+class IntervalSchedule:
+    """Fire times ``EPOCH + k * every``: fixed, so every replica agrees on them."""
+
+    def __init__(self, every: timedelta) -> None:
+        self.every = every
+        self._step = every // _MICROSECOND
+
+    def __repr__(self) -> str:
+        return f"IntervalSchedule({self.every!r})"
+
+    def next_after(self, after: datetime) -> datetime:
+        elapsed = (after - EPOCH) // _MICROSECOND
+        return EPOCH + (elapsed // self._step + 1) * self._step * _MICROSECOND
+
+    def describe(self) -> str:
+        seconds = self._step / 1_000_000
+        return f"every {seconds:.6f}".rstrip("0").rstrip(".") + "s"
+
+
+Schedule = IntervalSchedule | CronSchedule
+
+
+def latest_fire_at_or_before(schedule: Schedule, moment: datetime, floor: datetime) -> datetime:
+    """The last fire time in ``[floor, moment]``; ``floor`` must itself be one."""
+    span = timedelta(seconds=1)
+    while True:
+        start = max(floor, moment - span)
+        found = floor if start == floor else schedule.next_after(start - _MICROSECOND)
+        if found is not None and found <= moment:
+            while (following := schedule.next_after(found)) is not None and following <= moment:
+                found = following
+            return found
+        span *= 2
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """What one enqueue pass does for one job."""
+
+    #: Fire times to enqueue now, oldest first.
+    run: list[datetime]
+    #: The new cursor: the first window not enqueued (None: the schedule ended).
+    next_run: datetime | None
+    #: (first, last) due window when more than the one on time was due (the
+    #: enqueuer fell behind), for the log; None in the normal case.
+    overdue: tuple[datetime, datetime] | None = None
+
+
+def plan_windows(
+    schedule: Schedule,
+    cursor: datetime | None,
+    now: datetime,
+    grace: float | None,
+    policy: CoalescePolicy,
+    limit: int = CATCH_UP_BATCH,
+) -> WindowPlan:
+    """Decide which windows to enqueue, given the cursor and the database clock.
+
+    Windows from ``cursor`` up to ``now`` are due. Those older than
+    ``now - grace`` are misfired and dropped; of the rest, ``policy`` keeps the
+    latest, the earliest or all. A ``None`` cursor (new or re-enabled job)
+    starts at the first window after ``now``.
+    """
+    if cursor is None:
+        return WindowPlan([], schedule.next_after(now))
+    if cursor > now:
+        return WindowPlan([], cursor)
+    upcoming = schedule.next_after(now)
+    first = cursor
+    if grace is not None and cursor < now - timedelta(seconds=grace):
+        first = schedule.next_after(now - timedelta(seconds=grace) - _MICROSECOND)
+    if first is None or first > now:
+        overdue = (cursor, latest_fire_at_or_before(schedule, now, cursor))
+        return WindowPlan([], upcoming, overdue)
+    if policy is CoalescePolicy.EARLIEST:
+        run = [first]
+    elif policy is CoalescePolicy.LATEST:
+        run = [latest_fire_at_or_before(schedule, now, first)]
+    else:
+        run = [first]
+        while len(run) < limit:
+            following = schedule.next_after(run[-1])
+            if following is None or following > now:
+                break
+            run.append(following)
+        else:
+            upcoming = schedule.next_after(run[-1])
+    if policy is CoalescePolicy.LATEST:
+        last_due = run[-1]
+    else:
+        last_due = latest_fire_at_or_before(schedule, now, cursor)
+    if last_due == cursor:  # the normal case: one window, on time
+        return WindowPlan(run, upcoming)
+    return WindowPlan(run, upcoming, (cursor, last_due))
+
+
+def coalesced_reason(
+    schedule: Schedule,
+    policy: CoalescePolicy,
+    window: datetime,
+    now: datetime,
+    last_window: datetime | None,
+    last_run: datetime | None,
+) -> str | None:
+    """Why the run of ``window`` starting ``now`` must not run the job body, or None.
+
+    The enqueuer coalesces the windows it finds overdue, but a window already
+    enqueued may start late too (every replica was down, workers were busy), so
+    its run applies the policy again: under ``latest`` it yields if the next
+    window has come; under ``earliest`` if an older window (the run before this
+    one, ``last_window``) started at or after this window's time, i.e. is
+    serving the same backlog.
+    """
+    if policy is CoalescePolicy.LATEST:
+        following = schedule.next_after(window)
+        if following is not None and following <= now:
+            return (
+                f"coalesced: the next window ({following.isoformat()}) had already come "
+                "(coalesce='latest')"
+            )
+    elif policy is CoalescePolicy.EARLIEST:
+        if last_window is not None and last_run is not None and last_window < window <= last_run:
+            return (
+                f"coalesced: the earlier overdue window {last_window.isoformat()} ran at "
+                f"{last_run.isoformat()} (coalesce='earliest')"
+            )
+    return None
+
+
+def _seconds(name: str, value: Any, allow_unset: bool = False) -> float | Any | None:
+    if value is UNSET and allow_unset:
+        return UNSET
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ValueError(f"{name} must be None, a timedelta or seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _zone(value: Any) -> tzinfo:
+    if isinstance(value, tzinfo):
+        return value
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"timezone must be a zone name or a ZoneInfo, got {value!r}")
+    try:
+        return ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(
+            f"unknown timezone {value!r}: use an IANA name such as 'Europe/London'"
+        ) from None
 
 
 @dataclass
 class PeriodicJobConfig:
+    """A periodic job as declared by ``@periodic`` (validated on construction).
+
+    ``enabled`` is the declared default; a Scheduler's view of the shared,
+    runtime value is in :meth:`Scheduler.get_periodic_jobs`.
+    """
+
     func: Callable[..., Any]
     interval: timedelta | None = None
     cron: str | None = None
-    timezone: str | ZoneInfo | None = None
+    timezone: str | tzinfo | None = None
     use_advisory_lock: bool = False
     priority: JobPriority = JobPriority.NORMAL
     max_retries: int = 0
     job_name: str | None = None
     dedup_key: str | None = None
     enabled: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
+    coalesce: CoalescePolicy | str = CoalescePolicy.LATEST
+    #: Seconds a window may start late; UNSET: the Scheduler's misfire_grace_time.
+    misfire_grace_time: float | timedelta | Any | None = UNSET
+    #: Maximum random delay (seconds) added to each window's run.
+    jitter: float | timedelta | None = None
+    schedule: Schedule = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        func = self.func
+        if not inspect.iscoroutinefunction(func):
+            raise TypeError(f"@periodic needs an async function (async def), got {func!r}")
+        try:
+            inspect.signature(func).bind()
+        except TypeError as exc:
+            raise TypeError(
+                f"@periodic function {func.__qualname__} must be callable without arguments: {exc}"
+            ) from None
         if (self.interval is None) == (self.cron is None):
-            raise ValueError("@periodic needs exactly one of every= or cron=")
-        if self.interval is not None and self.interval.total_seconds() <= 0:
-            raise ValueError("every= must be a positive timedelta")
-        if self.timezone is not None and self.cron is None:
-            raise ValueError("timezone= can only be used with cron=")
-        if self.job_name is None:
-            self.job_name = f"periodic_{self.func.__name__}"
-        if self.dedup_key is None:
-            schedule = (
-                f"interval:{self.interval.total_seconds()}"
-                if self.interval
-                else f"cron:{self.cron}:tz:{self.timezone or 'UTC'}"
+            raise ValueError(
+                "@periodic needs exactly one of every= (a timedelta) or cron= (an expression)"
             )
-            material = f"{task_name_of(self.func)}:{schedule}"
+        if self.interval is not None:
+            if not isinstance(self.interval, timedelta):
+                raise TypeError(f"every= must be a timedelta, got {self.interval!r}")
+            if self.interval < _MICROSECOND:
+                raise ValueError(f"every= must be positive, got {self.interval!r}")
+            if self.timezone is not None:
+                raise ValueError(
+                    "timezone= only applies to cron= (intervals are aligned to the Unix epoch)"
+                )
+            self.schedule = IntervalSchedule(self.interval)
+        else:
+            if not isinstance(self.cron, str):
+                raise TypeError(f"cron= must be a string, got {self.cron!r}")
+            if self.timezone is not None:
+                self.timezone = _zone(self.timezone)
+            self.schedule = CronSchedule(self.cron, self.timezone)  # raises CronError
+        for name in ("use_advisory_lock", "enabled"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}= must be True or False, got {getattr(self, name)!r}")
+        if not isinstance(self.priority, JobPriority):
+            raise TypeError(f"priority= must be a JobPriority, got {self.priority!r}")
+        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int):
+            raise TypeError(f"max_retries= must be an int, got {self.max_retries!r}")
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries= must be >= 0, got {self.max_retries}")
+        for name in ("job_name", "dedup_key"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ValueError(f"{name}= must be a non-empty string or None, got {value!r}")
+        try:
+            self.coalesce = CoalescePolicy(self.coalesce)
+        except ValueError:
+            raise ValueError(
+                f"coalesce= must be one of {[p.value for p in CoalescePolicy]}, "
+                f"got {self.coalesce!r}"
+            ) from None
+        self.misfire_grace_time = _seconds(
+            "misfire_grace_time", self.misfire_grace_time, allow_unset=True
+        )
+        self.jitter = _seconds("jitter", self.jitter) or None
+        if self.job_name is None:
+            self.job_name = f"periodic_{func.__name__}"
+        if self.dedup_key is None:
+            # The 0.2.x derivation, so keys (and what operators saved of them) carry over.
+            if self.interval is not None:
+                described = f"interval:{self.interval.total_seconds()}"
+            else:
+                described = f"cron:{self.cron}:tz:{self.timezone or 'UTC'}"
+            material = f"{func.__module__}.{func.__name__}:{described}"
             self.dedup_key = hashlib.sha256(material.encode()).hexdigest()[:16]
+
+    @property
+    def task_name(self) -> str:
+        """The task the window rows route to (a runner around :attr:`func`)."""
+        return f"{PERIODIC_TASK_PREFIX}{self.dedup_key}"
+
+    @property
+    def lock_key(self) -> int:
+        """The 64-bit advisory lock key of ``use_advisory_lock``."""
+        digest = hashlib.sha256(f"pg_scheduler.periodic:{self.dedup_key}".encode()).digest()
+        return int.from_bytes(digest[:8], "big", signed=True)
+
+    def describe(self) -> str:
+        """The schedule as stored in ``periodic_jobs.schedule``."""
+        return self.schedule.describe()
 
 
 _registry: dict[str, PeriodicJobConfig] = {}
 
 
+def registered_periodic_jobs() -> dict[str, PeriodicJobConfig]:
+    """Every ``@periodic`` declaration of this process, by dedup key."""
+    return dict(_registry)
+
+
+def unregister_periodic(dedup_key: str) -> bool:
+    """Forget a declaration (schedulers of this process stop enqueuing it)."""
+    return _registry.pop(dedup_key, None) is not None
+
+
+def _make_runner(config: PeriodicJobConfig) -> Callable[..., Any]:
+    key = config.dedup_key
+    assert key is not None
+
+    async def run_periodic(job_id: str, window: str | None = None) -> Any:
+        current = _registry.get(key, config)
+        manager = PeriodicManager.running(job_id)
+        if manager is None:
+            raise RuntimeError(f"periodic job {key!r} run outside of a Scheduler")
+        return await manager.run(current, job_id, window)
+
+    # A unique bare name, so this runner never makes a user function's bare
+    # (0.2.x) name ambiguous.
+    run_periodic.__name__ = run_periodic.__qualname__ = config.task_name
+    return run_periodic
+
+
 def periodic(
     every: timedelta | None = None,
     cron: str | None = None,
-    timezone: str | ZoneInfo | None = None,
+    timezone: str | tzinfo | None = None,
     use_advisory_lock: bool = False,
     priority: JobPriority = JobPriority.NORMAL,
     max_retries: int = 0,
     job_name: str | None = None,
     dedup_key: str | None = None,
     enabled: bool = True,
+    *,
+    coalesce: CoalescePolicy | str = CoalescePolicy.LATEST,
+    misfire_grace_time: float | timedelta | Any | None = UNSET,
+    jitter: float | timedelta | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Run the decorated async function on a schedule, once per window across replicas."""
+    """Run the decorated ``async def`` (taking no arguments) on a schedule, once per
+    window across every Scheduler sharing the database.
+
+    Exactly one of ``every`` (a timedelta; windows are aligned to the Unix
+    epoch) or ``cron`` (5 fields, or 6 with seconds last; ``timezone`` names the
+    zone it is read in, UTC by default). ``use_advisory_lock``: a run never
+    overlaps another run of the same job anywhere (a window whose run finds the
+    lock held is skipped). ``coalesce`` and ``misfire_grace_time`` decide what
+    runs after every replica was down (default: only the latest overdue window,
+    if within the Scheduler's misfire_grace_time); ``jitter`` adds up to that
+    many seconds of random delay to each window, never past the next window.
+    Invalid arguments raise here, at decoration time. Returns the function
+    unchanged.
+    """
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        ensure_async(func)
         config = PeriodicJobConfig(
             func,
             every,
@@ -82,88 +411,354 @@ def periodic(
             job_name,
             dedup_key,
             enabled,
+            coalesce,
+            misfire_grace_time,
+            jitter,
         )
+        key = config.dedup_key
+        assert key is not None
+        existing = _registry.get(key)
+        if existing is not None and (
+            existing.func.__module__,
+            existing.func.__qualname__,
+        ) != (func.__module__, func.__qualname__):
+            raise ValueError(
+                f"dedup_key {key!r} is already used by {existing.func.__module__}."
+                f"{existing.func.__qualname__}; give each periodic job its own dedup_key"
+            )
         default_registry.register(func)
-        _registry[config.dedup_key] = config  # type: ignore[index]
+        default_registry.register(_make_runner(config), name=config.task_name)
+        _registry[key] = config
+        log.debug(
+            "periodic job registered",
+            dedup_key=key,
+            job=config.job_name,
+            schedule=config.describe(),
+        )
         return func
 
     return decorate
 
 
+def window_job_id(dedup_key: str, fire_time: datetime) -> str:
+    """The id of a window's row: the same on every replica."""
+    stamp = fire_time.astimezone(UTC)
+    text = stamp.strftime("%Y-%m-%dT%H:%M:%S")
+    if stamp.microsecond:
+        text += f".{stamp.microsecond:06d}"
+    return f"{WINDOW_ID_PREFIX}{dedup_key}:{text}Z"
+
+
+_managers: weakref.WeakSet[PeriodicManager] = weakref.WeakSet()
+
+
 class PeriodicManager:
-    """Enqueues each window's run; the job id makes it one row across replicas."""
+    """One Scheduler's side of periodic jobs: the enqueuer, the shared
+    enable/disable state, status, manual triggers, and the runs themselves."""
+
+    #: How often the enqueuer re-reads the shared state (enable/disable made by
+    #: other replicas, status) when no window is due sooner.
+    refresh_interval = 0.5
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
-        self._task: asyncio.Task[None] | None = None
+        self.store = PeriodicStore(scheduler.db_pool)
+        self.jobs_store = Store(scheduler.db_pool)
+        #: Last state read from ``periodic_jobs``, by dedup key.
+        self.state: dict[str, dict[str, Any]] = {}
+        self.state_read_at: datetime | None = None
+        #: enable/disable calls not yet stored (the value here wins meanwhile).
+        self._desired: dict[str, bool] = {}
+        self._enable_lock = asyncio.Lock()
+        self._flusher: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._service: PeriodicService | None = None
+        _managers.add(self)
+
+    # -- declarations --------------------------------------------------------
 
     def get_jobs(self) -> dict[str, PeriodicJobConfig]:
-        return dict(_registry)
+        """Registered jobs with ``enabled`` as this Scheduler currently sees it."""
+        jobs = {}
+        for key, config in _registry.items():
+            view = copy.copy(config)
+            view.enabled = self.is_enabled(key)
+            jobs[key] = view
+        return jobs
+
+    def is_enabled(self, dedup_key: str) -> bool:
+        if dedup_key in self._desired:
+            return self._desired[dedup_key]
+        stored = self.state.get(dedup_key)
+        if stored is not None:
+            return bool(stored["enabled"])
+        config = _registry.get(dedup_key)
+        return bool(config and config.enabled)
+
+    def grace_for(self, config: PeriodicJobConfig) -> float | None:
+        """The misfire grace time that applies to ``config``'s windows."""
+        if config.misfire_grace_time is UNSET:
+            return self.scheduler.misfire_grace_time
+        return config.misfire_grace_time
+
+    # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._loop())
+        from .services.periodic import PeriodicService
+
+        self._loop = asyncio.get_running_loop()
+        if self._service is None:
+            self._service = PeriodicService(self, self.refresh_interval)
+        self._service.start()
+        if self._desired:
+            self._kick_flusher()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        if self._service is not None:
+            await self._service.stop()
+        flusher = self._flusher
+        if flusher is not None and not flusher.done():
+            # Changes made just before shutdown still reach the database.
+            done, _ = await asyncio.wait({flusher}, timeout=5.0)
+            if not done:
+                flusher.cancel()
+                log.warning(
+                    "periodic enable/disable not stored before shutdown", jobs=sorted(self._desired)
+                )
 
-    async def _loop(self) -> None:
-        while True:
-            for config in list(_registry.values()):
-                if config.enabled and config.interval is not None:
-                    try:
-                        await self._enqueue_next(config)
-                    except Exception:
-                        log.exception("periodic enqueue failed", dedup_key=config.dedup_key)
-            await asyncio.sleep(1.0)
+    def wake(self) -> None:
+        """Make the enqueuer look at the shared state now."""
+        if self._service is not None:
+            self._service.wake()
 
-    async def _enqueue_next(self, config: PeriodicJobConfig) -> None:
-        assert config.interval is not None
-        step = config.interval.total_seconds()
-        now = datetime.now(UTC).timestamp()
-        window = int(now // step) + 1
-        await self.scheduler.schedule(
-            config.func,
-            execution_time=datetime.fromtimestamp(window * step, UTC),
-            job_id=f"periodic:{config.dedup_key}:{window}",
-            priority=config.priority,
-            max_retries=config.max_retries,
-            conflict_resolution=ConflictResolution.IGNORE,
-        )
+    # -- enable / disable --------------------------------------------------------
 
     def set_enabled_soon(self, dedup_key: str, enabled: bool) -> bool:
-        config = _registry.get(dedup_key)
-        if config is None:
+        """Apply at once here, store in the background (every replica follows
+        within about ``refresh_interval``). False if no such job is registered."""
+        if dedup_key not in _registry:
             return False
-        config.enabled = enabled
+        self._desired[dedup_key] = bool(enabled)
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not None:
+            self._kick_flusher()
+        elif self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._kick_flusher)
+        # else: not started yet; start() stores it.
         return True
 
     async def set_enabled(self, dedup_key: str, enabled: bool) -> bool:
-        return self.set_enabled_soon(dedup_key, enabled)
+        """Store the change and return once it is stored. Works for any job stored
+        in the database, registered in this process or not."""
+        if dedup_key in _registry:
+            self._desired[dedup_key] = bool(enabled)
+        async with self._enable_lock:
+            return await self._store_enabled(dedup_key, bool(enabled))
 
-    async def trigger(self, dedup_key: str) -> str | None:
-        config = _registry.get(dedup_key)
-        if config is None:
-            return None
-        return await self.scheduler.schedule(
-            config.func,
-            execution_time=datetime.now(UTC),
-            priority=config.priority,
+    def _kick_flusher(self) -> None:
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(
+                self._flush_enabled(), name="pg_scheduler.periodic.enable"
+            )
+
+    async def _flush_enabled(self) -> None:
+        backoff = Backoff(initial=0.05, maximum=2.0)
+        while self._desired:
+            key, enabled = next(iter(self._desired.items()))
+            try:
+                async with self._enable_lock:
+                    if self._desired.get(key) == enabled:
+                        await self._store_enabled(key, enabled)
+            except Exception as exc:
+                level = log.warning if is_connection_error(exc) else log.exception
+                level(
+                    "storing periodic enable/disable failed; retrying",
+                    dedup_key=key,
+                    error=repr(exc),
+                )
+                await asyncio.sleep(backoff.next_delay())
+                continue
+            backoff.reset()
+
+    async def _store_enabled(self, key: str, enabled: bool) -> bool:
+        reason = "periodic job disabled"
+        stored = await self.store.set_enabled(key, enabled, reason)
+        config = _registry.get(key)
+        if not stored and config is not None:
+            # Not in the database yet (this Scheduler never ran the enqueuer).
+            await self.register([config])
+            stored = await self.store.set_enabled(key, enabled, reason)
+        if self._desired.get(key) == enabled:
+            del self._desired[key]
+        if stored:
+            row = self.state.setdefault(key, {"dedup_key": key})
+            if row.get("enabled") != enabled:
+                row["next_run"] = None
+            row["enabled"] = enabled
+            log.info("periodic job enabled" if enabled else "periodic job disabled", dedup_key=key)
+            self.wake()
+        return stored
+
+    async def register(self, configs: list[PeriodicJobConfig]) -> list[Any]:
+        """Create or update the shared rows of ``configs``; returns the rows written."""
+        written = await self.store.register(
+            [c.dedup_key for c in configs],  # type: ignore[misc]
+            [c.job_name for c in configs],  # type: ignore[misc]
+            [c.task_name for c in configs],
+            [c.describe() for c in configs],
+            [c.enabled for c in configs],
+        )
+        for row in written:
+            if not row["enabled"]:
+                await self.store.set_enabled(row["dedup_key"], False, "periodic job disabled")
+        return written
+
+    # -- manual runs and status ------------------------------------------------
+
+    def new_row(
+        self,
+        config: PeriodicJobConfig,
+        job_id: str,
+        execution_time: datetime,
+        window: datetime | None,
+    ) -> NewJob:
+        """The ``scheduled_jobs`` row of one run of ``config``."""
+        grace = self.grace_for(config)
+        kwargs: dict[str, Any] = {"job_id": job_id}
+        if window is not None:
+            kwargs["window"] = window.isoformat()
+        return NewJob(
+            job_id=job_id,
+            job_name=config.job_name,  # type: ignore[arg-type]
+            task_name=config.task_name,
+            execution_time=execution_time,
+            task_data=encode_json({"args": [], "kwargs": kwargs}),
+            priority=config.priority.db_value,
             max_retries=config.max_retries,
+            misfire_grace_time=None if grace is None else math.ceil(grace),
+            timeout=None,
+            retry_policy=None,
         )
 
-    def status(self, dedup_key: str) -> dict[str, Any] | None:
+    async def trigger(self, dedup_key: str) -> str | None:
+        """Enqueue one run now, outside the windows (the cursor is untouched, and the
+        run takes the advisory lock like any other). None if not registered here."""
         config = _registry.get(dedup_key)
         if config is None:
             return None
+        job_id = f"{MANUAL_ID_PREFIX}{dedup_key}:{uuid.uuid4().hex}"
+        row = self.new_row(config, job_id, datetime.now(UTC), None)
+        await self.jobs_store.insert(self.scheduler.db_pool, [row])
+        log.info("periodic job triggered", dedup_key=dedup_key, job_id=job_id)
+        return job_id
+
+    def status(self, dedup_key: str) -> dict[str, Any] | None:
+        """Configuration and shared state (as of the last refresh, at most about
+        ``refresh_interval`` old while the enqueuer runs). None if not registered."""
+        config = _registry.get(dedup_key)
+        if config is None:
+            return None
+        stored = self.state.get(dedup_key, {})
         return {
             "job_name": config.job_name,
-            "enabled": config.enabled,
-            "dedup_key": config.dedup_key,
+            "dedup_key": dedup_key,
+            "enabled": self.is_enabled(dedup_key),
+            "schedule": config.describe(),
+            "interval": None if config.interval is None else config.interval.total_seconds(),
+            "cron": config.cron,
+            "timezone": None if config.timezone is None else str(config.timezone),
             "priority": config.priority.value,
+            "max_retries": config.max_retries,
+            "use_advisory_lock": config.use_advisory_lock,
+            "coalesce": str(config.coalesce),
+            "misfire_grace_time": self.grace_for(config),
+            "jitter": config.jitter,
+            "function_name": config.func.__name__,
+            "function_module": config.func.__module__,
+            "next_run": stored.get("next_run"),
+            "last_run": stored.get("last_run"),
+            "last_window": stored.get("last_window"),
+            "last_finished_at": stored.get("last_finished_at"),
+            "last_outcome": stored.get("last_outcome"),
+            "last_error": stored.get("last_error"),
+            "last_job_id": stored.get("last_job_id"),
+            "state_read_at": self.state_read_at,
         }
+
+    async def fetch_status(self, dedup_key: str) -> dict[str, Any] | None:
+        """:meth:`status`, read from the database now."""
+        await self.refresh([dedup_key])
+        return self.status(dedup_key)
+
+    async def refresh(self, keys: list[str]) -> datetime:
+        """Read the shared state of ``keys`` into :attr:`state`; returns the db clock."""
+        db_now, rows = await self.store.load(keys)
+        for key in keys:
+            self.state.pop(key, None)
+        for row in rows:
+            self.state[row["dedup_key"]] = dict(row)
+        self.state_read_at = db_now
+        return db_now
+
+    # -- running a window ------------------------------------------------------
+
+    @staticmethod
+    def running(job_id: str) -> PeriodicManager | None:
+        """The manager whose worker runs ``job_id`` in the current task."""
+        current = asyncio.current_task()
+        for manager in list(_managers):
+            entry = manager.scheduler.worker.running.get(job_id)
+            if entry is not None and entry.task is current:
+                return manager
+        return None
+
+    async def _record(self, what: str, *args: Any) -> Any:
+        try:
+            return await getattr(self.store, what)(*args)
+        except Exception as exc:  # the run matters more than its bookkeeping
+            log.warning("periodic status not recorded", what=what, error=repr(exc))
+            return None
+
+    async def _skip(self, key: str | None, job_id: str, why: str) -> dict[str, str]:
+        log.info("periodic run skipped", dedup_key=key, job_id=job_id, reason=why)
+        await self._record("run_finished", key, job_id, "skipped", why)
+        return {"skipped": why}
+
+    async def run(self, config: PeriodicJobConfig, job_id: str, window: str | None) -> Any:
+        """Run one window (or manual run) of ``config``; called by its runner task."""
+        key = config.dedup_key
+        fire_time = None if window is None else datetime.fromisoformat(window)
+        previous = await self._record("run_started", key, job_id, fire_time)
+        entry = self.scheduler.worker.running.get(job_id)
+        first_attempt = entry is None or entry.job.attempt == 1
+        if fire_time is not None and previous is not None and first_attempt:
+            # Retries are not coalesced: they follow a failure, not lateness.
+            why = coalesced_reason(
+                config.schedule,
+                config.coalesce,  # type: ignore[arg-type]
+                fire_time,
+                previous["db_now"],
+                previous["last_window"],
+                previous["last_run"],
+            )
+            if why is not None:
+                return await self._skip(key, job_id, why)
+        try:
+            if config.use_advisory_lock:
+                async with self.scheduler.db_pool.acquire() as conn, conn.transaction():
+                    if not await self.store.try_xact_lock(conn, config.lock_key):
+                        why = "skipped: another run of this job holds its advisory lock"
+                        return await self._skip(key, job_id, why)
+                    result = await config.func()
+            else:
+                result = await config.func()
+        except Exception as exc:
+            await self._record(
+                "run_finished", key, job_id, "failed", f"{type(exc).__name__}: {exc}"
+            )
+            raise
+        await self._record("run_finished", key, job_id, "completed", None)
+        return result
