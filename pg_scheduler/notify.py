@@ -83,11 +83,12 @@ class Listener:
         first = True
         while not self._stopped.is_set():
             try:
-                await self._connect()
+                # Bounded: LISTEN on a backend that stopped answering never returns.
+                await asyncio.wait_for(self._connect(), self._health_interval + 10)
             except Exception as exc:
                 self.live = False
                 log.warning("listener cannot connect; polling meanwhile", error=repr(exc))
-                await self._close()
+                await self._close(healthy=False)
                 await self._sleep(backoff.next_delay())
                 continue
             backoff.reset()
@@ -101,10 +102,10 @@ class Listener:
             if not first:
                 log.info("listener reconnected")
             first = False
-            await self._watch()
+            healthy = await self._watch()
             self.live = False
             self.connected.clear()
-            await self._close()
+            await self._close(healthy)
             if not self._stopped.is_set():
                 log.warning("listener connection lost; polling until it is back")
 
@@ -116,12 +117,12 @@ class Listener:
         for channel in self._handlers:
             await conn.add_listener(channel, self._dispatch)
 
-    async def _watch(self) -> None:
-        """Return when the connection is lost or the listener stops."""
+    async def _watch(self) -> bool:
+        """Return when the connection is lost (False) or the listener stops (True)."""
         while not self._stopped.is_set():
             try:
                 await asyncio.wait_for(self._lost.wait(), self._health_interval)
-                return
+                return False
             except TimeoutError:
                 pass
             try:
@@ -129,26 +130,35 @@ class Listener:
                 await self._conn.fetchval("SELECT 1", timeout=self._health_interval)
             except Exception as exc:
                 log.warning("listener health check failed", error=repr(exc))
-                return
+                return False
+        return True
 
-    async def _close(self) -> None:
+    async def _close(self, healthy: bool = True) -> None:
         conn, self._conn = self._conn, None
         if conn is None:
             return
         # A connection that died is detached from its proxy and returned by the
         # pool itself (every call on the proxy then raises InterfaceError), so
         # nothing here may let an exception escape: that would end the listener
-        # for good and leave the worker polling forever.
+        # for good and leave the worker polling forever. One that failed its
+        # health check is not asked to UNLISTEN (it would never answer): it is
+        # terminated.
         try:
-            for channel in self._handlers:
-                await conn.remove_listener(channel, self._dispatch)
-            await self._pool.release(conn, timeout=5)
+            if healthy:
+                await asyncio.wait_for(self._unlisten_and_release(conn), 10)
+                return
         except Exception:
-            try:
-                conn.terminate()
-                await self._pool.release(conn)
-            except Exception:
-                pass
+            pass
+        try:
+            conn.terminate()
+            await self._pool.release(conn)
+        except Exception:
+            pass
+
+    async def _unlisten_and_release(self, conn: asyncpg.Connection) -> None:
+        for channel in self._handlers:
+            await conn.remove_listener(channel, self._dispatch)
+        await self._pool.release(conn, timeout=5)
 
     async def _sleep(self, delay: float) -> None:
         try:

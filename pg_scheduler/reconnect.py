@@ -31,6 +31,11 @@ def is_connection_error(exc: BaseException) -> bool:
     """True when ``exc`` means the database went away, not that the statement is wrong."""
     if isinstance(exc, _TRANSIENT):
         return True
+    if isinstance(exc, asyncpg.InternalClientError):
+        # The client's protocol state broke, seen on connections the server
+        # terminated mid-statement (a restart): like a lost connection, the
+        # statement may or may not have run, and another connection works.
+        return True
     if isinstance(exc, asyncpg.InterfaceError):
         text = str(exc).lower()
         return "connection" in text and "pool" not in text

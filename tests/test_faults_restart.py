@@ -1,0 +1,228 @@
+"""Faults of the database itself, on a private embedded PostgreSQL of this module.
+
+The server is restarted (pg_ctl restart -m fast) while 2,000 jobs run over two
+worker processes, and a LISTEN backend is frozen with SIGSTOP (a connection
+that died silently); neither may disturb the shared test database, so this
+module starts its own server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import fault_tasks
+import pytest
+from conftest import wait_until
+from fault_worker import WorkerProcess, restart_postgres
+
+from pg_scheduler import JobSpec, Scheduler
+from pg_scheduler.migrate import migrate
+from pg_scheduler.reconnect import is_connection_error
+
+pytestmark = pytest.mark.slow
+
+FAULT: dict[str, Any] = dict(
+    heartbeat_interval=0.3,
+    heartbeat_threshold=2.0,
+    lease_duration=3.0,
+    rescue_interval=0.5,
+    listener_health_interval=0.5,
+    vacuum_enabled=False,
+    run_periodic_jobs=False,
+)
+SLACK = 1.5
+
+
+def metric(name: str, value: float) -> None:
+    print(f"FAULT-METRIC {name}={value:.3f}")
+
+
+@pytest.fixture(scope="module")
+async def private_server() -> AsyncIterator[Any]:
+    pytest.importorskip("pgserver")
+    from pg_scheduler.embedded import start
+
+    data_dir = Path(tempfile.mkdtemp(prefix="pgs-fault-")) / "pgdata"
+    server = await asyncio.to_thread(start, data_dir, cleanup="delete")
+    conn = await asyncpg.connect(server.dsn)
+    try:
+        await migrate(conn)
+        await conn.execute(fault_tasks.RUNS_DDL)
+    finally:
+        await conn.close()
+    yield server
+    await asyncio.to_thread(server.stop)
+
+
+@pytest.fixture
+async def private(private_server: Any) -> AsyncIterator[tuple[Any, asyncpg.Pool]]:
+    """The private server and a pool on it, with the tables emptied."""
+    pool = await asyncpg.create_pool(private_server.dsn, min_size=1, max_size=5)
+    await pool.execute("TRUNCATE scheduled_jobs, scheduler_workers, fault_runs")
+    yield private_server, pool
+    await pool.close()
+
+
+@pytest.fixture
+async def spawn_private(
+    private_server: Any, tmp_path: Path
+) -> AsyncIterator[Callable[..., Awaitable[WorkerProcess]]]:
+    started: list[WorkerProcess] = []
+
+    async def start(name: str, **options: Any) -> WorkerProcess:
+        worker = await WorkerProcess.start(
+            private_server.dsn, tmp_path, name, **{**FAULT, **options}
+        )
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        await worker.close()
+        print(f"----- {worker.name} (pid {worker.proc.pid}) -----\n{worker.log_tail(6000)}")
+
+
+async def fetchval_or_none(pool: asyncpg.Pool, sql: str, *args: Any) -> Any:
+    """None while the server is restarting."""
+    try:
+        return await pool.fetchval(sql, *args)
+    except Exception as exc:
+        if is_connection_error(exc):
+            return None
+        raise
+
+
+async def test_postgres_restart_loses_no_job(private, spawn_private):
+    server, pool = private
+    total = 2000
+    workers = await asyncio.gather(
+        spawn_private("w1", max_concurrent_jobs=40, pool_size=12),
+        spawn_private("w2", max_concurrent_jobs=40, pool_size=12),
+    )
+    await asyncio.gather(*(w.ready() for w in workers))
+    producer = Scheduler(pool, **FAULT)
+    now = await pool.fetchval("SELECT now()")
+    specs = [
+        JobSpec(
+            func=fault_tasks.quick,
+            execution_time=now,
+            kwargs={"key": f"job-{i}", "max_sleep": 0.05},
+            job_id=f"job-{i}",
+        )
+        for i in range(total)
+    ]
+    await producer.schedule_bulk(specs)
+
+    async def some_done() -> bool:
+        n = await pool.fetchval("SELECT count(*) FROM scheduled_jobs WHERE status = 'completed'")
+        return n >= total // 5
+
+    await wait_until(some_done, timeout=60, interval=0.01, message="a fifth done")
+    running = await pool.fetchval("SELECT count(*) FROM scheduled_jobs WHERE status = 'running'")
+    began = time.monotonic()
+    await asyncio.to_thread(restart_postgres, server)
+    downtime = time.monotonic() - began
+    metric("restart.pg_ctl_restart_s", downtime)
+    metric("restart.running_at_restart", running)
+    assert running > 0
+
+    async def all_done() -> bool:
+        n = await fetchval_or_none(
+            pool, "SELECT count(*) FROM scheduled_jobs WHERE status = 'completed'"
+        )
+        return n == total
+
+    try:
+        await wait_until(all_done, timeout=60, interval=0.1, message="every job completed")
+    except AssertionError:
+        stuck = await pool.fetch(
+            "SELECT job_id, status, worker_id, attempts, rescue_count, error_message,"
+            " lease_until - now() AS lease_left FROM scheduled_jobs"
+            " WHERE status <> 'completed' LIMIT 20"
+        )
+        workers_now = await pool.fetch(
+            "SELECT worker_id, now() - last_seen AS age FROM scheduler_workers"
+        )
+        raise AssertionError(
+            f"not completed: {[dict(r) for r in stuck]}; workers {workers_now}"
+        ) from None
+    recovered = time.monotonic() - began
+    metric("restart.all_completed_after_restart_s", recovered)
+    statuses = dict(await pool.fetch("SELECT status, count(*) FROM scheduled_jobs GROUP BY status"))
+    assert statuses == {"completed": total}
+    run_counts = await pool.fetch(
+        "SELECT job_key, count(*) AS n FROM fault_runs WHERE phase = 'start' GROUP BY job_key"
+    )
+    assert len(run_counts) == total  # every job really ran
+    twice = sum(1 for r in run_counts if r["n"] > 1)
+    metric("restart.jobs_run_more_than_once", twice)
+    for worker in workers:
+        assert worker.proc.returncode is None  # survived the outage
+        assert "database unreachable" in worker.log_text() or "claim failed" in worker.log_text()
+
+
+async def test_silently_dead_listen_connection_is_detected_by_health_check(private, spawn_private):
+    """A LISTEN backend that stops answering (SIGSTOP: like a half-open TCP link)
+    raises nothing; the health check must notice, and polling covers the gap."""
+    _server, pool = private
+    polling = {"max_interval": 3.0, "idle_start_interval": 0.25, "min_interval": 0.05}
+    worker = await spawn_private("frozen", polling=polling)
+    await worker.ready()
+    await wait_until(lambda: worker.listener_pid is not None, message="listener up")
+    frozen = worker.listener_pid
+    assert frozen is not None
+    producer = Scheduler(pool, **FAULT)
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        due = await pool.fetchval("SELECT now()")
+        job_id = await producer.schedule(
+            fault_tasks.tracked, execution_time=due, args=("while-frozen",)
+        )
+
+        async def started() -> bool:
+            status = await pool.fetchval(
+                "SELECT status FROM scheduled_jobs WHERE job_id = $1", job_id
+            )
+            return status == "completed"
+
+        await wait_until(started, timeout=polling["max_interval"] + 10, message="job done")
+        latency = await pool.fetchval(
+            "SELECT EXTRACT(EPOCH FROM started_at - created_at)::float8 FROM scheduled_jobs"
+            " WHERE job_id = $1",
+            job_id,
+        )
+        metric("frozen_listener.start_latency_s", latency)
+        assert latency <= polling["max_interval"] + SLACK
+        await wait_until(
+            lambda: worker.listener_pid not in (None, frozen), timeout=10, message="re-LISTEN"
+        )
+        assert "listener health check failed" in worker.log_text()
+    finally:
+        os.kill(frozen, signal.SIGCONT)
+        await pool.fetchval("SELECT pg_terminate_backend($1)", frozen)
+
+    # Notifications work again on the new connection.
+    due = await pool.fetchval("SELECT now()")
+    job_id = await producer.schedule(fault_tasks.tracked, execution_time=due, args=("after",))
+    await wait_until(
+        lambda: fetchval_or_none(
+            pool, "SELECT status = 'completed' FROM scheduled_jobs WHERE job_id = $1", job_id
+        ),
+        timeout=10,
+        message="job after re-LISTEN",
+    )
+    latency = await pool.fetchval(
+        "SELECT EXTRACT(EPOCH FROM started_at - created_at)::float8 FROM scheduled_jobs"
+        " WHERE job_id = $1",
+        job_id,
+    )
+    metric("frozen_listener.after_relisten_latency_s", latency)
+    assert latency < 0.75
