@@ -510,6 +510,8 @@ class Scheduler:
             written |= await self._write(
                 batch, conflict_resolution, connection, user_ids=bool(user_ids)
             )
+        # One line per call, not per job: a bulk call may carry a million rows.
+        log.debug("jobs scheduled", event_type="scheduled", count=len(written), bulk=True)
         if conflict_resolution is ConflictResolution.IGNORE:
             result: list[str | None] = []
             claimed: set[str] = set()
@@ -606,6 +608,7 @@ class Scheduler:
             None,
         )
         await self._write([row], conflict_resolution, None, user_ids=job_id is not None)
+        log.debug("job scheduled", event_type="scheduled", job_id=row.job_id, task=job_name)
         return row.job_id
 
     # -- jobs ------------------------------------------------------------------------

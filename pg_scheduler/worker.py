@@ -269,9 +269,18 @@ class Worker:
                     job_id=row["job_id"],
                     task=row["task_name"],
                     worker_id=self.worker_id,
+                    attempt=row["attempts"],
                     event_type="expired",
                 )
                 continue
+            log.debug(
+                "job claimed",
+                event_type="claimed",
+                job_id=row["job_id"],
+                task=row["task_name"],
+                worker_id=self.worker_id,
+                attempt=row["attempts"],
+            )
             self._in_flight += 1
             self.owned.add(row["job_id"])
             task = asyncio.create_task(self.execute_job_with_concurrency_control(row))
