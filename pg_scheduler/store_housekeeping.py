@@ -286,3 +286,17 @@ class OpsStore:
     async def failed_ids(self, task: str | None) -> list[str]:
         rows = await self.pool.fetch(_FAILED_IDS, task)
         return [r["job_id"] for r in rows]
+
+    async def periodic_jobs(self, key: str | None = None) -> list[asyncpg.Record]:
+        """Rows of ``periodic_jobs`` (migration 0002): all, or those whose dedup key
+        or job name is ``key``."""
+        return await self.pool.fetch(
+            """
+            SELECT dedup_key, job_name, task_name, schedule, enabled, next_run, last_run,
+                   last_finished_at, last_outcome, last_error, last_job_id
+              FROM periodic_jobs
+             WHERE $1::text IS NULL OR dedup_key = $1 OR job_name = $1
+             ORDER BY job_name, dedup_key
+            """,
+            key,
+        )

@@ -349,3 +349,101 @@ def test_entry_point_exit_codes(dsn):
     assert unknown.returncode == 1 and unknown.stderr.strip() == "error: no job with id 'nope'"
     usage = subprocess.run([*command, "retry"], env=env, capture_output=True, text=True)
     assert usage.returncode == 2
+
+
+# -- periodic ------------------------------------------------------------------------------
+
+
+async def add_periodic(pool, key: str, name: str, enabled: bool = True) -> None:
+    await pool.execute(
+        """
+        INSERT INTO periodic_jobs (dedup_key, job_name, task_name, schedule, enabled,
+                                   code_enabled, next_run)
+        VALUES ($1, $2, 'periodic:' || $1, 'every 3600s', $3, true, now() + interval '1 hour')
+        """,
+        key,
+        name,
+        enabled,
+    )
+
+
+async def test_periodic_list_enable_disable(pool, dsn):
+    empty = await cli(dsn, "periodic", "list")
+    assert empty.code == 0 and "No periodic jobs stored" in empty.out
+    await add_periodic(pool, "key-a", "report")
+    await add_periodic(pool, "key-b", "cleanup", enabled=False)
+    await add_periodic(pool, "key-c", "cleanup")
+
+    listing = await cli(dsn, "periodic", "list")
+    assert listing.code == 0, listing.err
+    assert "key-a" in listing.out and "every 3600s" in listing.out
+    row_b = next(line for line in listing.out.splitlines() if "key-b" in line)
+    assert "NO" in row_b
+
+    disabled = await cli(dsn, "periodic", "disable", "report")  # by unique job name
+    assert disabled.code == 0 and disabled.out.strip() == "disabled report (key-a)"
+    assert (
+        await pool.fetchval("SELECT enabled FROM periodic_jobs WHERE dedup_key = 'key-a'") is False
+    )
+    enabled = await cli(dsn, "periodic", "enable", "key-b", "--json")
+    assert enabled.code == 0 and enabled.json()["enabled"] is True
+    data = (await cli(dsn, "periodic", "list", "--json")).json()
+    assert {r["dedup_key"]: r["enabled"] for r in data} == {
+        "key-a": False,
+        "key-b": True,
+        "key-c": True,
+    }
+
+    unknown = await cli(dsn, "periodic", "enable", "nope")
+    assert unknown.code == 1 and "no periodic job with dedup key or job name 'nope'" in unknown.err
+    ambiguous = await cli(dsn, "periodic", "disable", "cleanup")
+    assert ambiguous.code == 1 and "ambiguous" in ambiguous.err and "key-b" in ambiguous.err
+    no_action = await cli(dsn, "periodic")
+    assert no_action.code == 2
+    no_key = await cli(dsn, "periodic", "enable")
+    assert no_key.code == 2
+
+
+def test_periodic_trigger_needs_the_app(dsn):
+    env = {**os.environ, "PG_SCHEDULER_DSN": dsn, "PYTHONPATH": os.path.dirname(__file__)}
+    command = [sys.executable, "-m", "pg_scheduler.cli", "--log-level", "warning", "periodic"]
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*command, *args], env=env, capture_output=True, text=True)
+
+    async def store_row() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute("DELETE FROM periodic_jobs WHERE dedup_key = 'cli-ops-hourly'")
+            await conn.execute(
+                """
+                INSERT INTO periodic_jobs (dedup_key, job_name, task_name, schedule)
+                VALUES ('cli-ops-hourly', 'cli_ops_hourly', 'periodic:cli-ops-hourly',
+                        'every 3600s')
+                """
+            )
+        finally:
+            await conn.close()
+
+    asyncio.run(store_row())
+    without = run("trigger", "cli-ops-hourly")
+    assert without.returncode == 2 and "pass --app MODULE" in without.stderr
+    triggered = run("trigger", "cli_ops_hourly", "--app", "cli_ops_periodic_app", "--json")
+    assert triggered.returncode == 0, triggered.stderr
+    job_id = json.loads(triggered.stdout)["job_id"]
+    assert "cli-ops-hourly" in job_id
+
+    async def job_row() -> asyncpg.Record:
+        conn = await asyncpg.connect(dsn)
+        try:
+            return await conn.fetchrow(
+                "SELECT status, task_name, execution_time <= now() AS due "
+                "FROM scheduled_jobs WHERE job_id = $1",
+                job_id,
+            )
+        finally:
+            await conn.close()
+
+    row = asyncio.run(job_row())
+    assert row["status"] == "pending" and row["due"]
+    assert row["task_name"] == "periodic:cli-ops-hourly"

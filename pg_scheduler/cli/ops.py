@@ -171,6 +171,31 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     vacuum.set_defaults(handler=_handler(_vacuum))
 
+    periodic = commands.add_parser(
+        "periodic",
+        help="list, enable, disable or trigger periodic jobs",
+        description="KEY is a periodic job's dedup key, or its job name when that is "
+        "unique. enable/disable are stored in the database: every replica follows within "
+        "about a second (disabling also cancels its pending windows).",
+    )
+    actions = periodic.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", parents=[json_flag], help="every stored periodic job")
+    listing.set_defaults(handler=_handler(_periodic_list))
+    for action, text in (("enable", "enable"), ("disable", "disable")):
+        sub = actions.add_parser(action, parents=[json_flag], help=f"{text} a periodic job")
+        sub.add_argument("key", metavar="KEY")
+        sub.set_defaults(handler=_handler(_periodic_enable), enable=action == "enable")
+    trigger = actions.add_parser(
+        "trigger",
+        parents=[json_flag],
+        help="run a periodic job once now",
+        description="Enqueue one run now, outside its windows. The job's function must be "
+        "registered in this process: --app imports the module that declares it.",
+    )
+    trigger.add_argument("key", metavar="KEY")
+    trigger.add_argument("--app", metavar="MODULE", help="module declaring the @periodic job")
+    trigger.set_defaults(handler=_handler(_periodic_trigger))
+
     metrics = commands.add_parser(
         "metrics",
         help="serve the queue statistics for Prometheus until interrupted",
@@ -547,6 +572,97 @@ async def _vacuum(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
         emit_json({"deleted": counts})
     else:
         console().print(table("Deleted", ("status", "deleted"), list(counts.items())))
+    return 0
+
+
+# -- periodic ---------------------------------------------------------------------------------
+
+
+async def _resolve_periodic(pool: asyncpg.Pool, key: str) -> asyncpg.Record:
+    rows = await OpsStore(pool).periodic_jobs(key)
+    exact = [r for r in rows if r["dedup_key"] == key]
+    if exact:
+        return exact[0]
+    if not rows:
+        raise CommandError(f"no periodic job with dedup key or job name {key!r}")
+    if len(rows) > 1:
+        keys = ", ".join(r["dedup_key"] for r in rows)
+        raise CommandError(f"job name {key!r} is ambiguous; use a dedup key: {keys}")
+    return rows[0]
+
+
+def _periodic_dict(row: asyncpg.Record) -> dict[str, Any]:
+    return dict(row)
+
+
+async def _periodic_list(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
+    rows = await OpsStore(pool).periodic_jobs()
+    if args.json:
+        emit_json([_periodic_dict(r) for r in rows])
+        return 0
+    if not rows:
+        console().print("No periodic jobs stored (a worker stores them when it starts).")
+        return 0
+    console().print(
+        table(
+            None,
+            ("dedup key", "job name", "schedule", "enabled", "next run", "last run", "outcome"),
+            [
+                (
+                    r["dedup_key"],
+                    r["job_name"],
+                    r["schedule"],
+                    "yes" if r["enabled"] else "NO",
+                    when(r["next_run"]) if r["enabled"] else None,
+                    when(r["last_run"]),
+                    r["last_outcome"],
+                )
+                for r in rows
+            ],
+        )
+    )
+    return 0
+
+
+def _scheduler(pool: asyncpg.Pool) -> Any:
+    from ..scheduler import Scheduler
+
+    # Never started: only its public periodic methods are used.
+    return Scheduler(pool, vacuum_enabled=False, run_periodic_jobs=False)
+
+
+async def _periodic_enable(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
+    row = await _resolve_periodic(pool, args.key)
+    key = row["dedup_key"]
+    if not await _scheduler(pool).set_periodic_job_enabled(key, args.enable):
+        raise CommandError(f"no periodic job with dedup key {key!r}")
+    state = "enabled" if args.enable else "disabled"
+    if args.json:
+        emit_json({"dedup_key": key, "job_name": row["job_name"], "enabled": args.enable})
+    else:
+        print(f"{state} {row['job_name']} ({key})")
+    return 0
+
+
+async def _periodic_trigger(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
+    row = await _resolve_periodic(pool, args.key)
+    key = row["dedup_key"]
+    if args.app:
+        from .run import load_app
+
+        sys.path.insert(0, "")
+        load_app(args.app.partition(":")[0])
+    job_id = await _scheduler(pool).trigger_periodic_job(key)
+    if job_id is None:
+        raise CommandError(
+            f"periodic job {row['job_name']} ({key}) is not registered in this process: "
+            "pass --app MODULE, the module that declares it",
+            EXIT_USAGE,
+        )
+    if args.json:
+        emit_json({"dedup_key": key, "job_id": job_id})
+    else:
+        print(f"triggered {row['job_name']} ({key}): job {job_id}")
     return 0
 
 
