@@ -11,6 +11,7 @@ so a worker that lost a job to the rescuer can never overwrite its outcome.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import traceback as tb
 from collections.abc import Callable, Mapping
@@ -25,6 +26,22 @@ from .store import Completion, Store
 from .tasks import TaskRegistry
 
 log = get_logger(__name__)
+
+
+def _enabled(level: int) -> bool:
+    # Per-job log calls cost even when filtered (the keyword dict is built):
+    # skip them when the application's structlog level drops them anyway.
+    check = getattr(log, "is_enabled_for", None)
+    return True if check is None else bool(check(level))
+
+
+def _debug_enabled() -> bool:
+    return _enabled(logging.DEBUG)
+
+
+def _info_enabled() -> bool:
+    return _enabled(logging.INFO)
+
 
 # Why a running job's task was cancelled by us (as opposed to by the job itself).
 CANCELLED_REMOTELY = "cancelled"  # cancel_job(): the row is already 'cancelled'
@@ -96,14 +113,26 @@ class AckBatcher:
         self._queue: list[tuple[Completion, asyncio.Future[bool]]] = []
         self._flusher: asyncio.Task[None] | None = None
         self.stopping = False
+        self._unwritten = 0
+
+    def _written(self, _future: asyncio.Future[bool]) -> None:
+        self._unwritten -= 1
+
+    @property
+    def pending(self) -> int:
+        """Completions queued or being written."""
+        return self._unwritten
 
     async def submit(self, completion: Completion) -> bool:
         """Queue a completion; True once written, False if the lease was already lost."""
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._unwritten += 1
+        future.add_done_callback(self._written)
         self._queue.append((completion, future))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_all())
-        return await asyncio.shield(future)
+        # No shield needed: a cancelled waiter leaves its completion queued and written.
+        return await future
 
     async def _flush_all(self) -> None:
         while self._queue:
@@ -145,8 +174,10 @@ class AckBatcher:
             for _, future in self._queue:
                 if not future.done():
                     future.set_exception(ConnectionError("completion not written at shutdown"))
-            log.error("completions not written before shutdown; their jobs will be rescued "
-                      "and run again", jobs=len(self._queue))
+            log.error(
+                "completions not written before shutdown; their jobs will be rescued and run again",
+                jobs=len(self._queue),
+            )
 
 
 class Worker:
@@ -184,6 +215,12 @@ class Worker:
         self.owned: set[str] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
         self._in_flight = 0
+        # Jobs holding a semaphore slot: freed when the function returns, not
+        # when its outcome is written, so the next job starts during the write.
+        self._slots: set[str] = set()
+        # Unwritten completions beyond this stop the claim loop (memory stays bounded).
+        self.max_pending_acks = max(1000, 4 * max_concurrent_jobs)
+        self._log_debug = self._log_info = True
         self._wake = asyncio.Event()
         self._capacity = asyncio.Event()
         self._claiming = True
@@ -210,7 +247,7 @@ class Worker:
         errors = Backoff(initial=0.1, maximum=5.0)
         while self._claiming:
             free = self.max_concurrent_jobs - self._in_flight
-            if free <= 0:
+            if free <= 0 or self.acks.pending >= self.max_pending_acks:
                 self._capacity.clear()
                 await self._wait(self._capacity, self.polling.semaphore_full_interval)
                 continue
@@ -262,6 +299,9 @@ class Worker:
 
     def dispatch(self, rows: list[Any]) -> None:
         """Start a task per claimed row; rows the claim expired are only logged."""
+        # Checked once per claim, not per job.
+        self._log_debug = debug = _debug_enabled()
+        self._log_info = _info_enabled()
         for row in sorted(rows, key=lambda r: (r["priority"], r["execution_time"])):
             if row["status"] == "expired":
                 log.warning(
@@ -273,14 +313,15 @@ class Worker:
                     event_type="expired",
                 )
                 continue
-            log.debug(
-                "job claimed",
-                event_type="claimed",
-                job_id=row["job_id"],
-                task=row["task_name"],
-                worker_id=self.worker_id,
-                attempt=row["attempts"],
-            )
+            if debug:
+                log.debug(
+                    "job claimed",
+                    event_type="claimed",
+                    job_id=row["job_id"],
+                    task=row["task_name"],
+                    worker_id=self.worker_id,
+                    attempt=row["attempts"],
+                )
             self._in_flight += 1
             self.owned.add(row["job_id"])
             task = asyncio.create_task(self.execute_job_with_concurrency_control(row))
@@ -295,12 +336,29 @@ class Worker:
     # -- execution ------------------------------------------------------------
 
     async def execute_job_with_concurrency_control(self, job_row: Mapping[str, Any]) -> None:
-        """Run one claimed job under the concurrency semaphore."""
+        """Run one claimed job under the concurrency semaphore.
+
+        The slot is freed as soon as the function returns (see :meth:`_free_slot`);
+        the job stays owned until its outcome is written.
+        """
+        job_id = job_row["job_id"]
         try:
-            async with self.semaphore:
-                await self.execute_job(job_row)
+            await self.semaphore.acquire()
+            self._slots.add(job_id)
+            await self.execute_job(job_row)
         finally:
-            self.owned.discard(job_row["job_id"])
+            if job_id in self._slots:
+                self._free_slot(job_id)
+            else:
+                self._in_flight = max(0, self._in_flight - 1)
+            self.owned.discard(job_id)
+            self._capacity.set()
+
+    def _free_slot(self, job_id: str) -> None:
+        """The job's function has returned: let the next job run while its outcome is written."""
+        if job_id in self._slots:
+            self._slots.discard(job_id)
+            self.semaphore.release()
             self._in_flight = max(0, self._in_flight - 1)
             self._capacity.set()
 
@@ -330,12 +388,16 @@ class Worker:
             "worker_id": self.worker_id,
             "attempt": job.attempt,
         }
-        log.debug("job started", event_type="started", **fields)
+        if self._log_debug:
+            log.debug("job started", event_type="started", **fields)
         timer = None
         try:
             args, kwargs = decode_task_data(job.task_data)
-            async with asyncio.timeout(timeout) as timer:
+            if timeout is None:
                 result = await func(*args, **kwargs)
+            else:
+                async with asyncio.timeout(timeout) as timer:
+                    result = await func(*args, **kwargs)
         except asyncio.CancelledError:
             reason = running.cancel_reason
             if reason is None:
@@ -362,6 +424,7 @@ class Worker:
             return
         except Exception as exc:
             self.running.pop(job.job_id, None)
+            self._free_slot(job.job_id)
             duration = time.perf_counter() - started
             if timer is not None and timer.expired():
                 message = f"timed out after {timeout:g} s"
@@ -370,6 +433,7 @@ class Worker:
             await self._failed(job, message, tb.format_exc(), duration, fields)
             return
         self.running.pop(job.job_id, None)
+        self._free_slot(job.job_id)
         duration = time.perf_counter() - started
         encoded, note = encode_result(result)
         if note:
@@ -384,7 +448,8 @@ class Worker:
             )
             return
         if written:
-            log.info("job completed", event_type="completed", duration=duration, **fields)
+            if self._log_info:
+                log.info("job completed", event_type="completed", duration=duration, **fields)
         else:
             log.warning(
                 "job finished but its lease was lost; outcome not written",
@@ -469,16 +534,21 @@ class Worker:
         deadline = loop.time() + grace_period
         while self.tasks and not self._force.is_set() and loop.time() < deadline:
             forced = asyncio.create_task(self._force.wait())
-            await asyncio.wait({*self.tasks, forced}, timeout=deadline - loop.time(),
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {*self.tasks, forced},
+                timeout=deadline - loop.time(),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
             forced.cancel()
         if self.tasks:
             for job_id in list(self.running):
                 self.cancel_local(job_id, SHUTDOWN)
             _, stubborn = await asyncio.wait(set(self.tasks), timeout=10.0)
             if stubborn:
-                log.error("jobs ignored cancellation; their leases will expire and they "
-                          "will be rescued", jobs=len(stubborn))
+                log.error(
+                    "jobs ignored cancellation; their leases will expire and they will be rescued",
+                    jobs=len(stubborn),
+                )
         await self.acks.drain()
         if self._retry_timer is not None:
             self._retry_timer.cancel()
