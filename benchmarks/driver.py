@@ -121,6 +121,24 @@ def pct(values: list[float], q: float) -> float:
     return ordered[index]
 
 
+def start_profiler(cfg: dict[str, Any]) -> Any:
+    """With ``"profile": PATH`` in the config, profile the timed phase (pyinstrument)."""
+    if not cfg.get("profile"):
+        return None
+    from pyinstrument import Profiler
+
+    profiler = Profiler(interval=0.0005, async_mode="disabled")
+    profiler.start()
+    return profiler
+
+
+def stop_profiler(profiler: Any, cfg: dict[str, Any]) -> None:
+    if profiler is None:
+        return
+    profiler.stop()
+    Path(cfg["profile"]).write_text(profiler.output_text(unicode=False, show_all=False))
+
+
 async def wait_all_done(timeout: float) -> bool:
     assert RECORD.all_done is not None
     try:
@@ -140,11 +158,15 @@ async def drain(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     t = time.perf_counter()
     await c.enqueue_due(range(n))
     enqueue_s = time.perf_counter() - t
+    profiler = start_profiler(cfg)
     with RssSampler() as rss:
         t0 = time.perf_counter()
+        cpu0 = time.process_time()
         await c.start_worker(cfg["concurrency"])
         finished = await wait_all_done(cfg["timeout"])
         elapsed = time.perf_counter() - t0
+        cpu = time.process_time() - cpu0
+    stop_profiler(profiler, cfg)
     await c.stop_worker()
     await asyncio.sleep(cfg.get("settle", 0.3))
     return {
@@ -153,6 +175,8 @@ async def drain(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
         "jobs_per_s": round(RECORD.done / elapsed, 1),
         "finished": finished,
         "bulk_enqueue_per_s": round(n / enqueue_s, 1),
+        # Worker-process CPU per job: less sensitive to a busy machine than jobs/s.
+        "python_cpu_us_per_job": round(cpu / max(1, RECORD.done) * 1e6, 1),
         "rss_start_mb": round(rss.start, 1),
         "rss_peak_mb": round(rss.peak, 1),
         "check": RECORD.verify(n),

@@ -550,8 +550,8 @@ class Scheduler:
             try:
                 if connection is not None:
                     return await on(connection)
-                async with self.db_pool.acquire() as conn:
-                    return await on(conn)
+                # One INSERT statement is atomic on its own: no BEGIN/COMMIT round trips.
+                return await insert(self.db_pool, rows)
             except asyncpg.UniqueViolationError as exc:
                 if attempts > 1 and not user_ids:
                     # Our generated ids are unique: the earlier attempt committed

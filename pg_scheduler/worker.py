@@ -220,6 +220,11 @@ class Worker:
         self._slots: set[str] = set()
         # Unwritten completions beyond this stop the claim loop (memory stays bounded).
         self.max_pending_acks = max(1000, 4 * max_concurrent_jobs)
+        # Claim ahead: up to one batch waits locally for a slot, so the next
+        # claim overlaps the running jobs. While every slot is busy, claim only
+        # once half a batch has room (no one-row claims).
+        self.prefetch = min(batch_claim_limit, max_concurrent_jobs)
+        self._min_claim = max(1, self.prefetch // 2)
         self._log_debug = self._log_info = True
         self._wake = asyncio.Event()
         self._capacity = asyncio.Event()
@@ -246,8 +251,13 @@ class Worker:
         idle_wait = self.polling.idle_start_interval
         errors = Backoff(initial=0.1, maximum=5.0)
         while self._claiming:
-            free = self.max_concurrent_jobs - self._in_flight
-            if free <= 0 or self.acks.pending >= self.max_pending_acks:
+            free = self.max_concurrent_jobs + self.prefetch - self._in_flight
+            slots_idle = self._in_flight < self.max_concurrent_jobs
+            if (
+                free <= 0
+                or (free < self._min_claim and not slots_idle)
+                or self.acks.pending >= self.max_pending_acks
+            ):
                 self._capacity.clear()
                 await self._wait(self._capacity, self.polling.semaphore_full_interval)
                 continue
@@ -324,7 +334,7 @@ class Worker:
                 )
             self._in_flight += 1
             self.owned.add(row["job_id"])
-            task = asyncio.create_task(self.execute_job_with_concurrency_control(row))
+            task = asyncio.create_task(self._run_claimed(row))
             self.tasks.add(task)
             task.add_done_callback(self._job_task_done)
 
@@ -341,9 +351,20 @@ class Worker:
         The slot is freed as soon as the function returns (see :meth:`_free_slot`);
         the job stays owned until its outcome is written.
         """
+        await self._run_claimed(job_row, hand_back_if_stopping=False)
+
+    async def _run_claimed(
+        self, job_row: Mapping[str, Any], hand_back_if_stopping: bool = True
+    ) -> None:
         job_id = job_row["job_id"]
         try:
             await self.semaphore.acquire()
+            if hand_back_if_stopping and not self._claiming:
+                # Claimed ahead, and shutdown began before a slot freed: hand
+                # it back unstarted (attempt not consumed) for another worker.
+                self.semaphore.release()
+                await self._release([job_id])
+                return
             self._slots.add(job_id)
             await self.execute_job(job_row)
         finally:

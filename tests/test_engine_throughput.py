@@ -1,0 +1,62 @@
+"""The throughput engine: claim-ahead, slots freed before the completion is written."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import app_tasks
+from conftest import job_status, wait_for_status, wait_until
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+async def test_prefetched_job_is_handed_back_unstarted_at_shutdown(pool, make_scheduler):
+    # One slot, one batch of one: the second job is claimed ahead and waits locally.
+    scheduler = await make_scheduler(start=False, max_concurrent_jobs=1, batch_claim_limit=1)
+    key = "prefetch-shutdown"
+    app_tasks.calls[key].clear()
+    app_tasks.calls[key + "-2"].clear()
+    t = now() - timedelta(seconds=1)
+    first = await scheduler.schedule(app_tasks.sleep_for, execution_time=t, args=(key, 30))
+    second = await scheduler.schedule(
+        app_tasks.sleep_for, execution_time=t + timedelta(milliseconds=1), args=(key + "-2", 30)
+    )
+    await scheduler.start()
+    await asyncio.wait_for(app_tasks.event(key + ":started").wait(), 10)
+    await wait_until(lambda: second in scheduler.worker.owned, message="second claimed ahead")
+    assert await job_status(pool, second) == "running"
+
+    await scheduler.shutdown(grace_period=0.3)
+
+    # The running job was cancelled and handed back; the prefetched one never started.
+    assert app_tasks.calls[key + "-2"] == []
+    for job_id in (first, second):
+        row = await pool.fetchrow(
+            "SELECT status, attempts, worker_id FROM scheduled_jobs WHERE job_id = $1", job_id
+        )
+        assert row["status"] == "pending" and row["worker_id"] is None
+        assert row["attempts"] == 0
+
+
+async def test_many_quick_jobs_each_complete_once(pool, make_scheduler):
+    scheduler = await make_scheduler(max_concurrent_jobs=5, batch_claim_limit=5)
+    t = now() - timedelta(seconds=1)
+    ids = [
+        await scheduler.schedule(app_tasks.add, execution_time=t, args=(i, 1)) for i in range(60)
+    ]
+
+    async def all_done() -> bool:
+        n = await pool.fetchval(
+            "SELECT count(*) FROM scheduled_jobs WHERE job_id = ANY($1) AND status = 'completed'"
+            " AND attempts = 1",
+            ids,
+        )
+        return n == len(ids)
+
+    await wait_until(all_done, message="every job completed once")
+    await wait_for_status(pool, ids[-1], "completed")
+    assert scheduler.worker.in_flight == 0
+    assert scheduler.worker.acks.pending == 0
