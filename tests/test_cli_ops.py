@@ -447,3 +447,29 @@ def test_periodic_trigger_needs_the_app(dsn):
     row = asyncio.run(job_row())
     assert row["status"] == "pending" and row["due"]
     assert row["task_name"] == "periodic:cli-ops-hourly"
+
+
+def test_metrics_command_serves_until_interrupted(dsn):
+    import signal
+    import urllib.request
+
+    env = {**os.environ, "PG_SCHEDULER_DSN": dsn}
+    command = [sys.executable, "-m", "pg_scheduler.cli", "--log-level", "warning", "metrics"]
+    missing = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert missing.returncode == 2 and "--port" in missing.stderr
+    server = subprocess.Popen(
+        [*command, "--port", "0", "--addr", "127.0.0.1"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = server.stdout.readline()
+        assert line.startswith("serving metrics on http://127.0.0.1:"), server.stderr.read()
+        url = line.split()[-1]
+        with urllib.request.urlopen(url, timeout=5) as response:
+            assert "pg_scheduler_stats_up 1.0" in response.read().decode()
+    finally:
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=10) == 0
