@@ -118,13 +118,21 @@ def latest_fire_at_or_before(schedule: Schedule, moment: datetime, floor: dateti
 class WindowPlan:
     """What one enqueue pass does for one job."""
 
-    #: Fire times to enqueue now, oldest first.
-    run: list[datetime]
+    #: Windows already due (at or before now) to enqueue, after the misfire
+    #: grace time and the coalesce policy; oldest first.
+    due: list[datetime]
+    #: Windows not due yet but within the lookahead, enqueued ahead of time.
+    upcoming: list[datetime]
     #: The new cursor: the first window not enqueued (None: the schedule ended).
     next_run: datetime | None
     #: (first, last) due window when more than the one on time was due (the
     #: enqueuer fell behind), for the log; None in the normal case.
     overdue: tuple[datetime, datetime] | None = None
+
+    @property
+    def run(self) -> list[datetime]:
+        """Every window to enqueue in this pass."""
+        return self.due + self.upcoming
 
 
 def plan_windows(
@@ -133,46 +141,49 @@ def plan_windows(
     now: datetime,
     grace: float | None,
     policy: CoalescePolicy,
+    lookahead: float = 0.0,
     limit: int = CATCH_UP_BATCH,
 ) -> WindowPlan:
     """Decide which windows to enqueue, given the cursor and the database clock.
 
     Windows from ``cursor`` up to ``now`` are due. Those older than
     ``now - grace`` are misfired and dropped; of the rest, ``policy`` keeps the
-    latest, the earliest or all. A ``None`` cursor (new or re-enabled job)
-    starts at the first window after ``now``.
+    latest, the earliest or all. Windows up to ``now + lookahead`` are enqueued
+    ahead so that workers start them on time. A ``None`` cursor (new or
+    re-enabled job) starts at the first window after ``now``.
     """
+    due: list[datetime] = []
+    overdue: tuple[datetime, datetime] | None = None
     if cursor is None:
-        return WindowPlan([], schedule.next_after(now))
-    if cursor > now:
-        return WindowPlan([], cursor)
-    upcoming = schedule.next_after(now)
-    first = cursor
-    if grace is not None and cursor < now - timedelta(seconds=grace):
-        first = schedule.next_after(now - timedelta(seconds=grace) - _MICROSECOND)
-    if first is None or first > now:
-        overdue = (cursor, latest_fire_at_or_before(schedule, now, cursor))
-        return WindowPlan([], upcoming, overdue)
-    if policy is CoalescePolicy.EARLIEST:
-        run = [first]
-    elif policy is CoalescePolicy.LATEST:
-        run = [latest_fire_at_or_before(schedule, now, first)]
+        following = schedule.next_after(now)
+    elif cursor > now:
+        following = cursor
     else:
-        run = [first]
-        while len(run) < limit:
-            following = schedule.next_after(run[-1])
-            if following is None or following > now:
-                break
-            run.append(following)
-        else:
-            upcoming = schedule.next_after(run[-1])
-    if policy is CoalescePolicy.LATEST:
-        last_due = run[-1]
-    else:
-        last_due = latest_fire_at_or_before(schedule, now, cursor)
-    if last_due == cursor:  # the normal case: one window, on time
-        return WindowPlan(run, upcoming)
-    return WindowPlan(run, upcoming, (cursor, last_due))
+        first: datetime | None = cursor
+        if grace is not None and cursor < now - timedelta(seconds=grace):
+            first = schedule.next_after(now - timedelta(seconds=grace) - _MICROSECOND)
+        following = schedule.next_after(now)
+        if first is not None and first <= now:
+            if policy is CoalescePolicy.EARLIEST:
+                due = [first]
+            elif policy is CoalescePolicy.LATEST:
+                due = [latest_fire_at_or_before(schedule, now, first)]
+            else:
+                due = [first]
+                while (nxt := schedule.next_after(due[-1])) is not None and nxt <= now:
+                    if len(due) == limit:  # the rest in the next pass
+                        return WindowPlan(due, [], nxt, (cursor, now))
+                    due.append(nxt)
+        last_due = due[-1] if policy is CoalescePolicy.LATEST and due else None
+        last_due = last_due or latest_fire_at_or_before(schedule, now, cursor)
+        if last_due != cursor or not due:
+            overdue = (cursor, last_due)
+    upcoming: list[datetime] = []
+    horizon = now + timedelta(seconds=lookahead)
+    while following is not None and following <= horizon and len(upcoming) < limit:
+        upcoming.append(following)
+        following = schedule.next_after(following)
+    return WindowPlan(due, upcoming, following, overdue)
 
 
 def coalesced_reason(
@@ -459,6 +470,9 @@ class PeriodicManager:
     #: How often the enqueuer re-reads the shared state (enable/disable made by
     #: other replicas, status) when no window is due sooner.
     refresh_interval = 0.5
+    #: Windows are enqueued this many seconds ahead, so that workers, which sleep
+    #: until the earliest due row, start them on time.
+    lookahead = 0.5
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
@@ -612,8 +626,14 @@ class PeriodicManager:
             [c.enabled for c in configs],
         )
         for row in written:
+            # Windows enqueued ahead under the old schedule, or before the code
+            # disabled the job, must not run.
             if not row["enabled"]:
-                await self.store.set_enabled(row["dedup_key"], False, "periodic job disabled")
+                await self.store.cancel_pending_windows(row["task_name"], "periodic job disabled")
+            elif row["rescheduled"]:
+                await self.store.cancel_pending_windows(
+                    row["task_name"], "periodic job rescheduled"
+                )
         return written
 
     # -- manual runs and status ------------------------------------------------
@@ -744,6 +764,13 @@ class PeriodicManager:
                 previous["last_window"],
                 previous["last_run"],
             )
+            if (
+                why is None
+                and config.coalesce is CoalescePolicy.EARLIEST
+                and await self.store.older_window_serving(config.task_name, fire_time)
+            ):
+                # Runs of overdue windows may record their start in any order.
+                why = "coalesced: an earlier overdue window is running (coalesce='earliest')"
             if why is not None:
                 return await self._skip(key, job_id, why)
         try:

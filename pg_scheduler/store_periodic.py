@@ -32,6 +32,9 @@ _STATE_COLUMNS = """
 """
 
 _REGISTER = """
+WITH before AS (
+    SELECT dedup_key, schedule FROM periodic_jobs WHERE dedup_key = ANY($1::text[])
+)
 INSERT INTO periodic_jobs AS p (dedup_key, job_name, task_name, schedule, enabled, code_enabled)
 SELECT d.dedup_key, d.job_name, d.task_name, d.schedule, d.enabled, d.enabled
   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[])
@@ -51,7 +54,9 @@ ON CONFLICT (dedup_key) DO UPDATE SET
  WHERE (p.job_name, p.task_name, p.schedule, p.code_enabled)
        IS DISTINCT FROM (EXCLUDED.job_name, EXCLUDED.task_name, EXCLUDED.schedule,
                          EXCLUDED.code_enabled)
-RETURNING p.dedup_key, p.enabled
+RETURNING p.dedup_key, p.task_name, p.enabled,
+          p.schedule IS DISTINCT FROM (SELECT b.schedule FROM before b
+                                        WHERE b.dedup_key = p.dedup_key) AS rescheduled
 """
 
 # One row even when no job is stored yet, so the caller always learns the
@@ -91,6 +96,20 @@ UPDATE scheduled_jobs
  WHERE task_name = $1 AND status = 'pending' AND starts_with(task_name, 'periodic:')
    AND starts_with(job_id, 'periodic:')
 RETURNING job_id
+"""
+
+# coalesce="earliest": is an older window of this job due and not started, or
+# started late (at or after window $2)? Then that one serves the backlog.
+_OLDER_WINDOW_SERVING = """
+SELECT EXISTS (
+           SELECT 1 FROM scheduled_jobs
+            WHERE task_name = $1 AND status = 'pending' AND starts_with(task_name, 'periodic:')
+              AND starts_with(job_id, 'periodic:') AND execution_time < $2
+              AND execution_time <= now())
+    OR EXISTS (
+           SELECT 1 FROM scheduled_jobs
+            WHERE status = 'running' AND task_name = $1 AND starts_with(job_id, 'periodic:')
+              AND execution_time < $2 AND started_at >= $2)
 """
 
 _ADVANCE = "UPDATE periodic_jobs SET next_run = $2 WHERE dedup_key = $1"
@@ -191,6 +210,11 @@ class PeriodicStore:
                 await conn.execute(_CANCEL_PENDING_WINDOWS, task_name, reason)
             return True
 
+    async def cancel_pending_windows(self, task_name: str, reason: str) -> list[str]:
+        """Cancel the job's enqueued windows that have not started."""
+        rows = await self.pool.fetch(_CANCEL_PENDING_WINDOWS, task_name, reason)
+        return [r["job_id"] for r in rows]
+
     async def run_started(
         self, key: str, job_id: str, window: datetime | None
     ) -> asyncpg.Record | None:
@@ -200,6 +224,9 @@ class PeriodicStore:
 
     async def run_finished(self, key: str, job_id: str, outcome: str, error: str | None) -> None:
         await self.pool.execute(_RUN_FINISHED, key, job_id, outcome, error)
+
+    async def older_window_serving(self, task_name: str, window: datetime) -> bool:
+        return await self.pool.fetchval(_OLDER_WINDOW_SERVING, task_name, window)
 
     @staticmethod
     async def try_xact_lock(conn: asyncpg.Connection, lock_key: int) -> bool:

@@ -160,18 +160,27 @@ async def test_three_replicas_run_each_window_once(pool, make_scheduler):
     replicas = [await make_scheduler(**REPLICA) for _ in range(3)]
     started = datetime.now(UTC)
     await asyncio.sleep(2.6)
+    stopped = datetime.now(UTC)
     for scheduler in replicas:
         scheduler.disable_periodic_job("replicas")
     await asyncio.sleep(0.5)
     rows = await job_rows(pool, "replicas")
+    # Windows enqueued ahead (0.5 s) are cancelled by the disable.
+    cancelled = [r for r in rows if r["status"] == "cancelled"]
+    assert all(window_of(r["job_id"]) > stopped for r in cancelled)
+    rows = [r for r in rows if r["status"] != "cancelled"]
     windows = [window_of(r["job_id"]) for r in rows]
     assert all(r["status"] == "completed" for r in rows), rows
+    # A run that starts after the next window has come yields to it
+    # (coalesce="latest"); on a loaded machine a 250 ms window can be that late.
+    yielded = [r for r in rows if "coalesced" in (r["result"] or "")]
+    assert len(yielded) <= 2, yielded
     # Consecutive windows on the epoch-aligned 250 ms grid, each run once.
     assert len(windows) >= 9
     assert all(w.microsecond % 250_000 == 0 for w in windows)
     assert all(b - a == timedelta(milliseconds=250) for a, b in itertools.pairwise(windows))
     assert windows[0] - started < timedelta(milliseconds=600)
-    assert len(periodic_tasks.runs["tick"]) == len(windows)
+    assert len(periodic_tasks.runs["tick"]) == len(windows) - len(yielded)
     # Each ran at (not before) its window.
     for row in rows:
         assert row["execution_time"] == window_of(row["job_id"])
@@ -239,33 +248,43 @@ async def test_runtime_change_survives_restart_until_the_code_default_changes(po
 
 
 async def test_status_shows_next_and_last_run_and_outcome_from_any_replica(pool, make_scheduler):
-    calls = []
+    failing = [True]
 
-    @periodic(every=timedelta(milliseconds=400), dedup_key="flaky-status", max_retries=0)
+    @periodic(every=timedelta(milliseconds=400), dedup_key="flaky-status")
     async def flaky() -> str:
-        calls.append(1)
-        if len(calls) % 2 == 1:
-            raise RuntimeError(f"planned failure {len(calls)}")
+        if failing[0]:
+            raise RuntimeError("planned failure")
         return "ok"
 
     runner = await make_scheduler(**REPLICA)
     observer = await make_scheduler(start=False)  # never runs it, only reads status
-    await wait_until(lambda: len(calls) >= 1, timeout=5)
-    status = await observer.periodic.fetch_status("flaky-status")
     await wait_until(
         lambda: runner.get_periodic_job_status("flaky-status")["last_outcome"] == "failed",
-        timeout=3,
+        timeout=5,
     )
-    status = await observer.periodic.fetch_status("flaky-status")
-    assert status["last_outcome"] == "failed"
-    assert status["last_error"].startswith("RuntimeError: planned failure")
+
+    seen: list[dict] = []
+
+    async def observed(outcome: str) -> bool:
+        seen.append(await observer.periodic.fetch_status("flaky-status"))
+        return seen[-1]["last_outcome"] == outcome
+
+    # Read between two windows (a new window's run is "running" for a moment).
+    await wait_until(lambda: observed("failed"), timeout=3)
+    status = seen[-1]
+    assert status["last_error"] == "RuntimeError: planned failure"
     assert status["last_window"] is not None and status["last_run"] >= status["last_window"]
+    assert status["last_job_id"] == window_job_id("flaky-status", status["last_window"])
     assert status["next_run"] > status["last_window"]
+    assert status["state_read_at"] >= status["last_run"]
+
+    failing[0] = False
     await wait_until(
         lambda: runner.get_periodic_job_status("flaky-status")["last_outcome"] == "completed",
-        timeout=3,
+        timeout=5,
     )
-    status = runner.get_periodic_job_status("flaky-status")
+    await wait_until(lambda: observed("completed"), timeout=3)
+    status = seen[-1]
     assert status["last_error"] is None and status["last_finished_at"] >= status["last_run"]
     assert status["schedule"] == "every 0.4s" and status["coalesce"] == "latest"
 

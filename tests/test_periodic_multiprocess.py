@@ -112,17 +112,30 @@ async def test_five_processes_run_each_window_once_and_disabling_in_one_stops_al
     disabled_at = datetime.fromtimestamp(disabled["at"], UTC)
 
     rows = await pool.fetch(
-        "SELECT job_id, status, execution_time, worker_id FROM scheduled_jobs "
+        "SELECT job_id, status, execution_time, result::text AS result FROM scheduled_jobs "
         "WHERE task_name = 'periodic:five' ORDER BY execution_time"
     )
-    windows = [r["execution_time"] for r in rows if r["status"] == "completed"]
+    # A run that starts after the next window has come yields to it (at most one
+    # on a loaded machine); every other completed window ran its body.
+    yielded = [r for r in rows if "coalesced" in (r["result"] or "")]
+    assert len(yielded) <= 1, yielded
+    windows = [r["execution_time"] for r in rows if r["status"] == "completed" and r not in yielded]
     runs = await pool.fetch("SELECT pid, started FROM periodic_runs ORDER BY started")
-    # One run per window: as many body executions as completed windows, each
+    # One run per window: as many body executions as windows that ran, each
     # starting within its own one-second window.
     assert len(runs) == len(windows)
     for window, run in zip(windows, runs, strict=True):
         assert window <= run["started"] < window + timedelta(seconds=1)
-    assert len(set(windows)) == len(windows)
+    assert len({r["execution_time"] for r in rows}) == len(rows)
+    delays = sorted(
+        (run["started"] - w).total_seconds() * 1000 for w, run in zip(windows, runs, strict=True)
+    )
+    print(
+        f"\nfive replicas: {len(rows)} windows enqueued, {len(runs)} runs, "
+        f"{len(yielded)} yielded, {len({r['pid'] for r in runs})} processes ran them; "
+        f"window-to-start ms: median {delays[len(delays) // 2]:.1f}, "
+        f"p90 {delays[int(len(delays) * 0.9)]:.1f}, max {delays[-1]:.1f}"
+    )
     # Every window while all five were up, before the disable, ran: none
     # missed (windows at the edges may be).
     expected = []
@@ -131,7 +144,9 @@ async def test_five_processes_run_each_window_once_and_disabling_in_one_stops_al
         expected.append(w)
         w += timedelta(seconds=1)
     assert len(expected) >= 9
-    assert set(expected) <= set(windows), sorted(set(expected) - set(windows))
+    enqueued = {r["execution_time"] for r in rows}
+    assert set(expected) <= enqueued, sorted(set(expected) - enqueued)
+    assert len(set(expected) - set(windows)) <= 1  # at most one yielded
     # The work was shared by the replicas, not done by a leader.
     assert len(Counter(r["pid"] for r in runs)) >= 2
     # Disabled from one process: no window later than the change reached the

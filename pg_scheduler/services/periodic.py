@@ -100,8 +100,9 @@ class PeriodicService(Service):
             if row is None or not manager.is_enabled(key) or not self._owns_schedule(config, row):
                 continue
             next_run = row["next_run"]
-            if next_run is not None and next_run > db_now:
-                delay = min(delay, (next_run - db_now).total_seconds())
+            ahead = manager.lookahead
+            if next_run is not None and next_run > db_now + timedelta(seconds=ahead):
+                delay = min(delay, (next_run - db_now).total_seconds() - ahead)
                 continue
             result = await self.enqueue(config)
             if result is BUSY:  # another replica holds the row right now
@@ -109,7 +110,7 @@ class PeriodicService(Service):
                 continue
             row["next_run"] = result
             if result is not None:
-                delay = min(delay, max(0.0, (result - db_now).total_seconds()))
+                delay = min(delay, max(0.0, (result - db_now).total_seconds() - ahead))
         return max(0.0, delay)
 
     def _owns_schedule(self, config: PeriodicJobConfig, row: dict[str, Any]) -> bool:
@@ -146,8 +147,15 @@ class PeriodicService(Service):
                 return row["next_run"]
             now: datetime = row["db_now"]
             grace = manager.grace_for(config)
-            plan = plan_windows(config.schedule, row["next_run"], now, grace, config.coalesce)  # type: ignore[arg-type]
-            run = plan.run
+            plan = plan_windows(
+                config.schedule,
+                row["next_run"],
+                now,
+                grace,
+                config.coalesce,  # type: ignore[arg-type]
+                lookahead=manager.lookahead,
+            )
+            run = plan.due
             cancel: list[str] = []
             if run and config.coalesce is not CoalescePolicy.ALL:
                 pending = await self.store.pending_due_windows(conn, config.task_name)
@@ -173,6 +181,7 @@ class PeriodicService(Service):
                 await self.store.cancel_jobs(
                     conn, cancel, f"coalesced: newer windows were due (coalesce={config.coalesce})"
                 )
+            run = run + plan.upcoming
             if run:
                 rows = [
                     manager.new_row(config, window_job_id(key, f), self._jittered(config, f), f)
@@ -181,13 +190,13 @@ class PeriodicService(Service):
                 await manager.jobs_store.insert_ignore(conn, rows)
             if plan.next_run != row["next_run"]:
                 await self.store.advance(conn, key, plan.next_run)
-        if plan.overdue is not None or cancel:
+        if plan.overdue is not None:
             log.info(
                 "periodic job was behind; coalesced its overdue windows",
                 dedup_key=key,
                 overdue_from=plan.overdue[0].isoformat() if plan.overdue else None,
                 overdue_to=plan.overdue[1].isoformat() if plan.overdue else None,
-                running=[f.isoformat() for f in run],
+                running=[f.isoformat() for f in run if f <= now],
                 cancelled=len(cancel),
                 coalesce=str(config.coalesce),
                 misfire_grace_time=grace,
