@@ -63,6 +63,14 @@ async def current_version(conn: asyncpg.Connection) -> int:
     return await conn.fetchval("SELECT COALESCE(max(version), 0) FROM pg_scheduler_migrations")
 
 
+async def _applied_versions(conn: asyncpg.Connection) -> set[int]:
+    exists = await conn.fetchval("SELECT to_regclass('pg_scheduler_migrations') IS NOT NULL")
+    if not exists:
+        return set()
+    rows = await conn.fetch("SELECT version FROM pg_scheduler_migrations")
+    return {r["version"] for r in rows}
+
+
 async def migrate(pool_or_conn: asyncpg.Pool | asyncpg.Connection) -> list[int]:
     """Bring the schema up to date; returns the versions this call applied."""
     if isinstance(pool_or_conn, asyncpg.Pool):
@@ -78,13 +86,16 @@ async def _migrate(conn: asyncpg.Connection) -> list[int]:
     await conn.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
     try:
         version = await current_version(conn)
+        done = await _applied_versions(conn)
         if version > known:
             raise MigrationError(
                 f"database schema is at version {version}, newer than this pg_scheduler "
                 f"knows ({known}); upgrade pg_scheduler. The database was not changed."
             )
         for migration in migrations:
-            if migration.version <= version:
+            # Any file not yet applied, even below the newest applied one: areas
+            # reserve numbers, so files can land out of order.
+            if migration.version in done:
                 continue
             async with conn.transaction():
                 await conn.execute(
