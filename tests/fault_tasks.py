@@ -20,17 +20,6 @@ import asyncpg
 from pg_scheduler import task
 from pg_scheduler.reconnect import retry_on_disconnect
 
-RUNS_DDL = """
-CREATE TABLE IF NOT EXISTS fault_runs (
-    run_id  text PRIMARY KEY,
-    job_key text NOT NULL,
-    pid     integer NOT NULL,
-    phase   text NOT NULL,
-    at      timestamptz NOT NULL DEFAULT clock_timestamp()
-);
-CREATE INDEX IF NOT EXISTS fault_runs_key_idx ON fault_runs (job_key, phase);
-"""
-
 # Scheduler options for `pg-scheduler worker fault_tasks:CLI_OPTIONS`.
 CLI_OPTIONS: dict[str, Any] = {
     "heartbeat_interval": 0.3,

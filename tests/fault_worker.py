@@ -24,6 +24,18 @@ from typing import Any
 
 TESTS_DIR = Path(__file__).resolve().parent
 
+# One row per execution phase of a fault task (see fault_tasks.record).
+RUNS_DDL = """
+CREATE TABLE IF NOT EXISTS fault_runs (
+    run_id  text PRIMARY KEY,
+    job_key text NOT NULL,
+    pid     integer NOT NULL,
+    phase   text NOT NULL,
+    at      timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS fault_runs_key_idx ON fault_runs (job_key, phase);
+"""
+
 # -- the subprocess ------------------------------------------------------------------
 
 
@@ -203,6 +215,38 @@ class WorkerProcess:
 
     def log_tail(self, chars: int = 4000) -> str:
         return self.log_text()[-chars:]
+
+
+def _pg_ctl(server: Any, *args: str) -> None:
+    from pgserver._commands import POSTGRES_BIN_PATH
+
+    inner = server._server
+    subprocess.run(
+        [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(inner.pgdata), "-w", "-t", "60", *args],
+        check=True,
+        user=inner.system_user,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=90,
+    )
+
+
+def stop_postgres(server: Any) -> None:
+    """Stop a private embedded server (fast: sessions are terminated)."""
+    _pg_ctl(server, "-m", "fast", "stop")
+
+
+def start_postgres(server: Any) -> None:
+    """Start it again with the options it last ran with (from postmaster.opts)."""
+    import shlex
+
+    pgdata = Path(server._server.pgdata)
+    words = shlex.split((pgdata / "postmaster.opts").read_text())[1:]
+    if "-D" in words:  # pg_ctl passes -D itself
+        at = words.index("-D")
+        del words[at : at + 2]
+    options = " ".join(shlex.quote(w) for w in words)
+    _pg_ctl(server, "-o", options, "-l", str(pgdata / "restart.log"), "start")
 
 
 def restart_postgres(server: Any, mode: str = "fast") -> None:

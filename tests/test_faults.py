@@ -9,6 +9,7 @@ Measured figures are printed as ``FAULT-METRIC`` lines (see them with ``-s``).
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import fault_tasks
 import pytest
 from conftest import wait_for_status, wait_until
-from fault_worker import WorkerProcess
+from fault_worker import RUNS_DDL, WorkerProcess
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,11 @@ Spawn = Callable[..., Awaitable[WorkerProcess]]
 
 
 def metric(name: str, value: float) -> None:
-    print(f"FAULT-METRIC {name}={value:.3f}")
+    line = f"FAULT-METRIC {name}={value:.3f}"
+    print(line)
+    if os.environ.get("FAULT_METRICS_FILE"):  # collected across repeated runs
+        with open(os.environ["FAULT_METRICS_FILE"], "a") as out:
+            out.write(line + "\n")
 
 
 def now() -> datetime:
@@ -49,7 +53,7 @@ def now() -> datetime:
 
 @pytest.fixture
 async def runs_table(pool: asyncpg.Pool) -> None:
-    await pool.execute(fault_tasks.RUNS_DDL)
+    await pool.execute(RUNS_DDL)
     await pool.execute("TRUNCATE fault_runs")
 
 
@@ -75,6 +79,12 @@ async def spawn(dsn: str, tmp_path: Path, runs_table: None) -> AsyncIterator[Spa
 async def producer(make_scheduler: Callable[..., Awaitable[Any]]) -> Any:
     """A scheduler that only enqueues and cancels (never started: it runs nothing)."""
     return await make_scheduler(start=False)
+
+
+async def enqueue(producer: Any, task: str, max_retries: int = 0, **kwargs: Any) -> str:
+    """Schedule a fault task by name: this process never registers the fault tasks,
+    so no scheduler left running in it by another test can take their jobs."""
+    return await producer.schedule_job(task, now(), {"kwargs": kwargs}, max_retries=max_retries)
 
 
 async def runs(pool: asyncpg.Pool, key: str, phase: str = "start") -> list[asyncpg.Record]:
@@ -107,11 +117,7 @@ async def running_on(pool: asyncpg.Pool, job_id: str, worker: WorkerProcess) -> 
 async def test_kill_9_mid_job_is_rescued_and_completed_elsewhere(pool, spawn, producer):
     first, second = await asyncio.gather(spawn("first"), spawn("second"))
     await asyncio.gather(first.ready(), second.ready())
-    job_id = await producer.schedule(
-        fault_tasks.tracked,
-        execution_time=now(),
-        kwargs={"key": "kill9", "seconds": 0.05, "first_seconds": 120},
-    )
+    job_id = await enqueue(producer, "fault.tracked", key="kill9", seconds=0.05, first_seconds=120)
     await wait_until(lambda: runs(pool, "kill9"), timeout=15, message="first run to start")
     row = await job_row(pool, job_id)
     victim, survivor = (first, second) if row["worker_id"] == first.worker_id else (second, first)
@@ -147,11 +153,11 @@ async def test_killed_listen_connection_falls_back_to_polling_and_relistens(pool
     await wait_until(lambda: worker.listener_pid is not None, message="listener up")
     old_pid = worker.listener_pid
     # Let the worker go idle (sleeping on notifications, up to max_interval).
-    warm = await producer.schedule(fault_tasks.tracked, execution_time=now(), args=("warm",))
+    warm = await enqueue(producer, "fault.tracked", key="warm")
     await wait_for_status(pool, warm, "completed", timeout=15)
 
     assert await pool.fetchval("SELECT pg_terminate_backend($1)", old_pid)
-    during = await producer.schedule(fault_tasks.tracked, execution_time=now(), args=("during",))
+    during = await enqueue(producer, "fault.tracked", key="during")
     await wait_for_status(pool, during, "completed", timeout=polling["max_interval"] + 10)
     latency = (await job_row(pool, during))["start_latency"]
     metric("listener_killed.start_latency_s", latency)
@@ -162,9 +168,7 @@ async def test_killed_listen_connection_falls_back_to_polling_and_relistens(pool
     )
     latencies = []
     for i in range(3):
-        job_id = await producer.schedule(
-            fault_tasks.tracked, execution_time=now(), args=(f"after-{i}",)
-        )
+        job_id = await enqueue(producer, "fault.tracked", key=f"after-{i}")
         await wait_for_status(pool, job_id, "completed", timeout=10)
         latencies.append((await job_row(pool, job_id))["start_latency"])
     metric("listener_back.start_latency_max_s", max(latencies))
@@ -180,10 +184,12 @@ async def test_killed_listen_connection_falls_back_to_polling_and_relistens(pool
 async def test_stale_worker_cannot_overwrite_rescued_outcome(pool, spawn, producer, outcome):
     stale = await spawn("stale")
     await stale.ready()
-    job_id = await producer.schedule(
-        fault_tasks.stale,
-        execution_time=now(),
-        kwargs={"key": "stale", "first_seconds": 0.8, "fail": outcome == "fail"},
+    job_id = await enqueue(
+        producer,
+        "fault.stale",
+        key="stale",
+        first_seconds=0.8,
+        fail=outcome == "fail",
         max_retries=1,  # the stale failure would put it back to pending
     )
     await wait_until(lambda: runs(pool, "stale"), timeout=15, message="first run")
@@ -222,9 +228,7 @@ async def test_stale_worker_cannot_overwrite_rescued_outcome(pool, spawn, produc
 async def test_cancel_stops_the_running_coroutine_in_its_worker(pool, spawn, producer):
     worker = await spawn("cancel")
     await worker.ready()
-    job_id = await producer.schedule(
-        fault_tasks.tracked, execution_time=now(), kwargs={"key": "cancel", "seconds": 120}
-    )
+    job_id = await enqueue(producer, "fault.tracked", key="cancel", seconds=120)
     await wait_until(lambda: runs(pool, "cancel"), timeout=15, message="job to start")
     assert await running_on(pool, job_id, worker)
 
@@ -246,10 +250,8 @@ async def test_cancel_stops_the_running_coroutine_in_its_worker(pool, spawn, pro
 
 async def _three_long_jobs(pool: asyncpg.Pool, producer: Any, prefix: str) -> list[str]:
     ids = [
-        await producer.schedule(
-            fault_tasks.tracked,
-            execution_time=now(),
-            kwargs={"key": f"{prefix}-{i}", "seconds": 0.05, "first_seconds": 120},
+        await enqueue(
+            producer, "fault.tracked", key=f"{prefix}-{i}", seconds=0.05, first_seconds=120
         )
         for i in range(3)
     ]

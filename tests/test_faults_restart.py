@@ -21,7 +21,7 @@ import asyncpg
 import fault_tasks
 import pytest
 from conftest import wait_until
-from fault_worker import WorkerProcess, restart_postgres
+from fault_worker import RUNS_DDL, WorkerProcess, restart_postgres, start_postgres, stop_postgres
 
 from pg_scheduler import JobSpec, Scheduler
 from pg_scheduler.migrate import migrate
@@ -42,7 +42,11 @@ SLACK = 1.5
 
 
 def metric(name: str, value: float) -> None:
-    print(f"FAULT-METRIC {name}={value:.3f}")
+    line = f"FAULT-METRIC {name}={value:.3f}"
+    print(line)
+    if os.environ.get("FAULT_METRICS_FILE"):  # collected across repeated runs
+        with open(os.environ["FAULT_METRICS_FILE"], "a") as out:
+            out.write(line + "\n")
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +59,7 @@ async def private_server() -> AsyncIterator[Any]:
     conn = await asyncpg.connect(server.dsn)
     try:
         await migrate(conn)
-        await conn.execute(fault_tasks.RUNS_DDL)
+        await conn.execute(RUNS_DDL)
     finally:
         await conn.close()
     yield server
@@ -226,3 +230,47 @@ async def test_silently_dead_listen_connection_is_detected_by_health_check(priva
     )
     metric("frozen_listener.after_relisten_latency_s", latency)
     assert latency < 0.75
+
+
+async def test_outage_longer_than_the_lease_rescues_nothing_from_live_workers(
+    private, spawn_private
+):
+    """When PostgreSQL is gone for longer than the lease, every lease has expired
+    by the time it is back; a rescuer that runs before the owners' heartbeats
+    must not take the jobs of workers that are alive."""
+    server, pool = private
+    workers = await asyncio.gather(spawn_private("w1"), spawn_private("w2"))
+    await asyncio.gather(*(w.ready() for w in workers))
+    producer = Scheduler(pool, **FAULT)
+    due = await pool.fetchval("SELECT now()")
+    outage = FAULT["lease_duration"] + 1.5
+    ids = [
+        await producer.schedule(
+            fault_tasks.tracked,
+            execution_time=due,
+            kwargs={"key": f"long-{i}", "seconds": outage + 2.0},
+        )
+        for i in range(4)
+    ]
+
+    async def all_running() -> bool:
+        n = await pool.fetchval("SELECT count(*) FROM fault_runs WHERE phase = 'start'")
+        return n == len(ids)
+
+    await wait_until(all_running, timeout=20, message="jobs running")
+    await asyncio.to_thread(stop_postgres, server)
+    await asyncio.sleep(outage)  # the outage itself: nothing to poll
+    await asyncio.to_thread(start_postgres, server)
+
+    async def all_settled() -> bool:
+        n = await fetchval_or_none(
+            pool,
+            "SELECT count(*) FROM scheduled_jobs WHERE status IN ('completed', 'failed')",
+        )
+        return n == len(ids)
+
+    await wait_until(all_settled, timeout=40, interval=0.1, message="jobs settled")
+    rows = await pool.fetch("SELECT status, rescue_count FROM scheduled_jobs")
+    assert [(r["status"], r["rescue_count"]) for r in rows] == [("completed", 0)] * len(ids)
+    starts = await pool.fetchval("SELECT count(*) FROM fault_runs WHERE phase = 'start'")
+    assert starts == len(ids)  # each ran once

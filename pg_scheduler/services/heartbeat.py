@@ -40,6 +40,8 @@ class HeartbeatService(Service):
 
     async def run_once(self) -> int:
         started = time.monotonic()
+        claims_sent = self.worker.claims_sent
+        quiet = self.worker.claims_in_flight == 0
         rows = await self.store.heartbeat(
             self.worker.worker_id,
             self.lease_seconds(),
@@ -57,10 +59,15 @@ class HeartbeatService(Service):
                         job_id=job_id,
                         worker_id=self.worker.worker_id,
                     )
+        # No claim overlapped this statement: every claim that it can see was
+        # answered before it was sent, so a row not owned here is a ghost now
+        # (after a database restart, say), without waiting for the grace.
+        settled = quiet and self.worker.claims_sent == claims_sent
         ghosts = [
             job_id
             for job_id, r in held.items()
-            if job_id not in self.worker.owned and (r["running_for"] or 0) > self.ghost_grace
+            if job_id not in self.worker.owned
+            and (settled or (r["running_for"] or 0) > self.ghost_grace)
         ]
         if ghosts:
             released = await self.store.release(self.worker.worker_id, ghosts)

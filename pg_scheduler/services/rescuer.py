@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 
 from ..log import get_logger
+from ..reconnect import is_connection_error
 from ..store import Store
 from .base import Service
 
@@ -31,9 +32,21 @@ class RescuerService(Service):
         self.local_tasks = local_tasks
         self.report_every = report_every
         self._last_report = float("-inf")
+        # After losing the database, this rescuer holds off for a heartbeat
+        # threshold: if everyone lost it (a restart, an outage), every lease
+        # expired meanwhile, and live workers need a round to heartbeat again
+        # before their jobs may be called orphans.
+        self._hold_until = float("-inf")
 
     async def run_once(self) -> int:
-        rows = await self.store.rescue_orphans(self.heartbeat_threshold(), self.max_rescues)
+        if time.monotonic() < self._hold_until:
+            return 0
+        try:
+            rows = await self.store.rescue_orphans(self.heartbeat_threshold(), self.max_rescues)
+        except Exception as exc:
+            if is_connection_error(exc):
+                self._hold_until = time.monotonic() + self.heartbeat_threshold()
+            raise
         for row in rows:
             event = "rescued" if row["status"] == "pending" else "failed"
             log.warning(
