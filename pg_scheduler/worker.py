@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 import traceback as tb
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -214,10 +215,6 @@ class Worker:
         # Claimed here and not yet settled (queued, running, or awaiting its write).
         self.owned: set[str] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
-        # Claims sent and not answered yet, and claims ever sent: the heartbeat
-        # tells a claim whose answer was lost from one still in flight by them.
-        self.claims_in_flight = 0
-        self.claims_sent = 0
         self._in_flight = 0
         # Jobs holding a semaphore slot: freed when the function returns, not
         # when its outcome is written, so the next job starts during the write.
@@ -229,6 +226,15 @@ class Worker:
         # once half a batch has room (no one-row claims).
         self.prefetch = min(batch_claim_limit, max_concurrent_jobs)
         self._min_claim = max(1, self.prefetch // 2)
+        # Claimed-ahead rows waiting for a slot (no task yet), with the time they arrived.
+        self._buffer: deque[tuple[float, Mapping[str, Any]]] = deque()
+        # Claimed jobs started (each holds, or is about to take, a semaphore slot).
+        self._active = 0
+        # Rows that wait longer than this for a slot are handed back (long jobs:
+        # claiming ahead would only keep them from idle workers), and claiming
+        # ahead pauses for a while.
+        self.max_buffer_wait = 1.0
+        self._prefetch_paused_until = 0.0
         self._log_debug = self._log_info = True
         self._wake = asyncio.Event()
         self._capacity = asyncio.Event()
@@ -255,7 +261,10 @@ class Worker:
         idle_wait = self.polling.idle_start_interval
         errors = Backoff(initial=0.1, maximum=5.0)
         while self._claiming:
-            free = self.max_concurrent_jobs + self.prefetch - self._in_flight
+            if self._buffer:
+                await self._hand_back_stale()
+            prefetch = self.prefetch if time.monotonic() >= self._prefetch_paused_until else 0
+            free = self.max_concurrent_jobs + prefetch - self._in_flight
             slots_idle = self._in_flight < self.max_concurrent_jobs
             if (
                 free <= 0
@@ -269,14 +278,7 @@ class Worker:
             self._wake.clear()
             try:
                 names = self.registry.names()
-                self.claims_in_flight += 1
-                self.claims_sent += 1
-                try:
-                    rows = await self.store.claim(
-                        self.worker_id, names, limit, self.lease_seconds()
-                    )
-                finally:
-                    self.claims_in_flight -= 1
+                rows = await self.store.claim(self.worker_id, names, limit, self.lease_seconds())
                 if len(rows) >= limit:
                     self.dispatch(rows)
                     idle_wait = self.polling.idle_start_interval
@@ -345,9 +347,35 @@ class Worker:
                 )
             self._in_flight += 1
             self.owned.add(row["job_id"])
-            task = asyncio.create_task(self._run_claimed(row))
-            self.tasks.add(task)
-            task.add_done_callback(self._job_task_done)
+            if self._active < self.max_concurrent_jobs:
+                self._start(row)
+            else:
+                self._buffer.append((time.monotonic(), row))
+
+    def _start(self, row: Mapping[str, Any]) -> None:
+        self._active += 1
+        task = asyncio.create_task(self._run_claimed(row))
+        self.tasks.add(task)
+        task.add_done_callback(self._job_task_done)
+
+    async def _hand_back_stale(self) -> None:
+        if self._buffer and time.monotonic() - self._buffer[0][0] > self.max_buffer_wait:
+            self._prefetch_paused_until = time.monotonic() + 30.0
+            await self.hand_back_buffer()
+
+    async def hand_back_buffer(self) -> None:
+        """Return every claimed-ahead row that has not started (one statement)."""
+        if not self._buffer:
+            return
+        ids = [row["job_id"] for _, row in self._buffer]
+        self._buffer.clear()
+        try:
+            await self._release(ids)
+        finally:
+            for job_id in ids:
+                self.owned.discard(job_id)
+            self._in_flight = max(0, self._in_flight - len(ids))
+            self._capacity.set()
 
     def _job_task_done(self, task: asyncio.Task[Any]) -> None:
         self.tasks.discard(task)
@@ -362,26 +390,27 @@ class Worker:
         The slot is freed as soon as the function returns (see :meth:`_free_slot`);
         the job stays owned until its outcome is written.
         """
-        await self._run_claimed(job_row, hand_back_if_stopping=False)
+        try:
+            async with self.semaphore:
+                await self.execute_job(job_row)
+        finally:
+            self.owned.discard(job_row["job_id"])
+            self._in_flight = max(0, self._in_flight - 1)
+            self._capacity.set()
 
-    async def _run_claimed(
-        self, job_row: Mapping[str, Any], hand_back_if_stopping: bool = True
-    ) -> None:
+    async def _run_claimed(self, job_row: Mapping[str, Any]) -> None:
+        # Started only when a slot is free, so the acquire does not wait (an
+        # asyncio.Semaphore with many waiters costs O(waiters) per acquire).
         job_id = job_row["job_id"]
         try:
             await self.semaphore.acquire()
-            if hand_back_if_stopping and not self._claiming:
-                # Claimed ahead, and shutdown began before a slot freed: hand
-                # it back unstarted (attempt not consumed) for another worker.
-                self.semaphore.release()
-                await self._release([job_id])
-                return
             self._slots.add(job_id)
             await self.execute_job(job_row)
         finally:
             if job_id in self._slots:
                 self._free_slot(job_id)
-            else:
+            else:  # cancelled before it had its slot
+                self._active -= 1
                 self._in_flight = max(0, self._in_flight - 1)
             self.owned.discard(job_id)
             self._capacity.set()
@@ -391,8 +420,11 @@ class Worker:
         if job_id in self._slots:
             self._slots.discard(job_id)
             self.semaphore.release()
+            self._active -= 1
             self._in_flight = max(0, self._in_flight - 1)
             self._capacity.set()
+            if self._buffer and self._claiming:
+                self._start(self._buffer.popleft()[1])
 
     async def execute_job(self, job_row: Mapping[str, Any]) -> None:
         """Run a claimed job and record its outcome under the lease guard."""
@@ -550,11 +582,24 @@ class Worker:
     def cancel_local(self, job_id: str, reason: str) -> bool:
         """Cancel the task running ``job_id`` here, if any."""
         running = self.running.get(job_id)
-        if running is None or running.cancel_reason is not None:
+        if running is None:
+            return self._drop_buffered(job_id)
+        if running.cancel_reason is not None:
             return False
         running.cancel_reason = reason
         running.task.cancel()
         return True
+
+    def _drop_buffered(self, job_id: str) -> bool:
+        # A claimed-ahead row cancelled (or lost) before it started: never start it.
+        for entry in self._buffer:
+            if entry[1]["job_id"] == job_id:
+                self._buffer.remove(entry)
+                self.owned.discard(job_id)
+                self._in_flight = max(0, self._in_flight - 1)
+                self._capacity.set()
+                return True
+        return False
 
     def force_shutdown(self) -> None:
         """Cut the grace period short: running jobs are handed back now."""
@@ -562,6 +607,13 @@ class Worker:
 
     async def drain(self, grace_period: float) -> None:
         """Wait up to ``grace_period`` for running jobs, then cancel and hand back the rest."""
+        # Claimed ahead but not started: back to pending at once, for other workers.
+        try:
+            await self.hand_back_buffer()
+        except Exception as exc:
+            log.warning(
+                "could not hand back claimed-ahead jobs; they will be rescued", error=repr(exc)
+            )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_period
         while self.tasks and not self._force.is_set() and loop.time() < deadline:
