@@ -215,6 +215,10 @@ class Worker:
         # Claimed here and not yet settled (queued, running, or awaiting its write).
         self.owned: set[str] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
+        # Claims sent and not answered yet, and claims ever sent: the heartbeat
+        # tells a claim whose answer was lost from one still in flight by them.
+        self.claims_in_flight = 0
+        self.claims_sent = 0
         self._in_flight = 0
         # Jobs holding a semaphore slot: freed when the function returns, not
         # when its outcome is written, so the next job starts during the write.
@@ -278,7 +282,14 @@ class Worker:
             self._wake.clear()
             try:
                 names = self.registry.names()
-                rows = await self.store.claim(self.worker_id, names, limit, self.lease_seconds())
+                self.claims_in_flight += 1
+                self.claims_sent += 1
+                try:
+                    rows = await self.store.claim(
+                        self.worker_id, names, limit, self.lease_seconds()
+                    )
+                finally:
+                    self.claims_in_flight -= 1
                 if len(rows) >= limit:
                     self.dispatch(rows)
                     idle_wait = self.polling.idle_start_interval
