@@ -554,13 +554,14 @@ class PeriodicManager:
             return False
         self._desired[dedup_key] = bool(enabled)
         try:
-            running = asyncio.get_running_loop()
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             running = None
-        if running is not None:
+        home = self._loop
+        if home is not None and running is not home and not home.is_closed():
+            home.call_soon_threadsafe(self._kick_flusher)  # called from another thread
+        elif running is not None:
             self._kick_flusher()
-        elif self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._kick_flusher)
         # else: not started yet; start() stores it.
         return True
 

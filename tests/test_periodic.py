@@ -8,6 +8,7 @@ import asyncio
 import importlib
 import io
 import itertools
+import os
 import struct
 import time
 from datetime import UTC, datetime, timedelta
@@ -495,3 +496,62 @@ async def test_cron_in_a_time_zone_across_a_live_dst_change(pool, make_scheduler
         (change_at - timedelta(seconds=2), "completed")
     ]
     assert len(periodic_tasks.runs["tick"]) == 2
+
+
+async def test_sync_enable_disable_from_another_thread(pool, make_scheduler):
+    periodic_tasks.declare_tick("threaded", 3600)
+    scheduler = await make_scheduler(**REPLICA)
+
+    async def stored_enabled() -> bool | None:
+        return await pool.fetchval("SELECT enabled FROM periodic_jobs WHERE dedup_key = 'threaded'")
+
+    await wait_until(lambda: stored_enabled(), timeout=3, message="the job's row")
+    assert await asyncio.to_thread(scheduler.disable_periodic_job, "threaded") is True
+    await wait_until(lambda: _is(stored_enabled(), False), timeout=2, message="stored")
+    assert await asyncio.to_thread(scheduler.enable_periodic_job, "threaded") is True
+    await wait_until(lambda: _is(stored_enabled(), True), timeout=2, message="stored")
+
+
+async def _is(value, expected) -> bool:
+    return (await value) is expected
+
+
+async def test_migration_retires_pending_windows_of_0_2_x(server_dsn):
+    import asyncpg
+    from conftest import _with_database
+    from test_migrations import LEGACY_SCHEMA
+
+    from pg_scheduler.migrate import migrate
+
+    name = f"pgs_periodic_legacy_{os.getpid()}"
+    admin = await asyncpg.connect(server_dsn)
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    conn = await asyncpg.connect(_with_database(server_dsn, name))
+    try:
+        await conn.execute(LEGACY_SCHEMA)
+        # 0.2.x: the next window of a periodic job (routed to its wrapper
+        # "periodic_tick"), a manual run (routed to the function itself) and a
+        # finished window.
+        await conn.execute(
+            """INSERT INTO scheduled_jobs (job_id, job_name, execution_time, status) VALUES
+               ('periodic:0123456789abcdef:28911111', 'periodic_tick', now(), 'pending'),
+               ('manual_periodic:0123456789abcdef:ab12cd34', 'tick', now(), 'pending'),
+               ('periodic:0123456789abcdef:28911110', 'periodic_tick', now(), 'completed')"""
+        )
+        await migrate(conn)
+        rows = {
+            r["job_id"].split(":")[0] + ":" + r["job_id"].split(":")[-1]: r
+            for r in await conn.fetch("SELECT job_id, status, error_message FROM scheduled_jobs")
+        }
+        assert rows["periodic:28911111"]["status"] == "cancelled"
+        assert "superseded" in rows["periodic:28911111"]["error_message"]
+        assert rows["manual_periodic:ab12cd34"]["status"] == "pending"
+        assert rows["periodic:28911110"]["status"] == "completed"
+        assert await conn.fetchval("SELECT to_regclass('periodic_jobs') IS NOT NULL")
+    finally:
+        await conn.close()
+        admin = await asyncpg.connect(server_dsn)
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()

@@ -67,11 +67,11 @@ class PeriodicService(Service):
                 else:
                     log.exception("periodic enqueuer pass failed")
                 delay = errors.next_delay()
-            if delay > 0:
-                try:
-                    await asyncio.wait_for(self._wake.wait(), min(delay, self.interval))
-                except TimeoutError:
-                    pass
+            try:
+                # A floor, so that a state this pass could not change never spins.
+                await asyncio.wait_for(self._wake.wait(), min(max(delay, 0.005), self.interval))
+            except TimeoutError:
+                pass
 
     @staticmethod
     def _signature(config: PeriodicJobConfig) -> tuple[Any, ...]:
