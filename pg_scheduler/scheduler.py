@@ -29,6 +29,8 @@ from .worker import CANCELLED_REMOTELY, Worker
 
 log = get_logger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
+# schedule_bulk batches at least this large are written with COPY (generated ids only).
+_COPY_THRESHOLD = 100
 
 
 def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
@@ -336,10 +338,16 @@ class Scheduler:
         timeout: Any,
         retry_policy: Any,
         job_name: str | None = None,
+        known: dict[Any, str] | None = None,
     ) -> NewJob:
-        ensure_async(func)
-        self.registry.register(func)
-        task_name = task_name_of(func)
+        # ``known``: functions already checked and registered in this bulk call.
+        task_name = known.get(func) if known is not None else None
+        if task_name is None:
+            ensure_async(func)
+            self.registry.register(func)
+            task_name = task_name_of(func)
+            if known is not None:
+                known[func] = task_name
         return self._validated_row(
             job_name or func.__name__,
             task_name,
@@ -471,6 +479,7 @@ class Scheduler:
         if not isinstance(jobs, Sequence):
             raise TypeError("jobs must be a list of JobSpec")
         rows: list[NewJob] = []
+        known: dict[Any, str] = {}
         for index, spec in enumerate(jobs):
             if not isinstance(spec, JobSpec):
                 raise TypeError(f"jobs[{index}] must be a JobSpec, got {type(spec).__name__}")
@@ -486,6 +495,7 @@ class Scheduler:
                     spec.misfire_grace_time,
                     spec.timeout,
                     spec.retry_policy,
+                    known=known,
                 )
             )
         if not rows:
@@ -535,6 +545,9 @@ class Scheduler:
             ConflictResolution.IGNORE: self.store.insert_ignore,
             ConflictResolution.REPLACE: self.store.insert_replace,
         }[conflict]
+        if not user_ids and len(rows) >= _COPY_THRESHOLD:
+            # Generated ids cannot collide, so no conflict handling is needed: COPY.
+            insert = self.store.copy_insert
 
         async def on(conn: asyncpg.Connection) -> set[str]:
             # A savepoint inside the caller's transaction: a duplicate must not

@@ -60,6 +60,19 @@ _INSERT_FROM_ARRAYS = f"""
         AS d(job_id, job_name, task_name, execution_time, task_data, priority,
              max_retries, misfire_grace_time, timeout, retry_policy)
 """
+_COPY_COLUMNS = [
+    "job_id",
+    "job_name",
+    "task_name",
+    "execution_time",
+    "status",
+    "task_data",
+    "priority",
+    "max_retries",
+    "misfire_grace_time",
+    "timeout",
+    "retry_policy",
+]
 # REPLACE overwrites a pending or finished job and makes it pending with fresh
 # counters; a running attempt is never touched (its lease stays valid).
 _REPLACE_SET = """
@@ -285,6 +298,33 @@ class Store:
         rows = await db.fetch(sql, *self._arrays(jobs))
         return {r["job_id"] for r in rows}
 
+    async def copy_insert(self, db: Executor, jobs: Sequence[NewJob]) -> set[str]:
+        """Bulk insert through COPY (binary): several times faster than INSERT for
+        large batches. Only for ids that cannot collide (generated); a duplicate
+        still raises asyncpg.UniqueViolationError and writes nothing. COPY fires
+        the statement-level INSERT trigger, so workers are woken once."""
+        await db.copy_records_to_table(
+            "scheduled_jobs",
+            records=[
+                (
+                    j.job_id,
+                    j.job_name,
+                    j.task_name,
+                    j.execution_time,
+                    "pending",
+                    j.task_data,
+                    j.priority,
+                    j.max_retries,
+                    j.misfire_grace_time,
+                    j.timeout,
+                    j.retry_policy,
+                )
+                for j in jobs
+            ],
+            columns=_COPY_COLUMNS,
+        )
+        return {j.job_id for j in jobs}
+
     async def insert_replace(self, db: Executor, jobs: Sequence[NewJob]) -> set[str]:
         """Insert or overwrite non-running rows; returns the ids written."""
         sql = _INSERT_FROM_ARRAYS + " ON CONFLICT (job_id) " + _REPLACE_SET + " RETURNING job_id"
@@ -432,4 +472,3 @@ class Store:
             status,
         )
         return value is not None
-

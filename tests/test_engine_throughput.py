@@ -60,3 +60,24 @@ async def test_many_quick_jobs_each_complete_once(pool, make_scheduler):
     await wait_for_status(pool, ids[-1], "completed")
     assert scheduler.worker.in_flight == 0
     assert scheduler.worker.acks.pending == 0
+
+
+async def test_large_bulk_uses_copy_and_wakes_workers(pool, make_scheduler):
+    from pg_scheduler import JobSpec
+
+    scheduler = await make_scheduler(max_concurrent_jobs=20, batch_claim_limit=20)
+    t = now() - timedelta(seconds=1)
+    specs = [JobSpec(func=app_tasks.add, execution_time=t, args=(i, 1)) for i in range(250)]
+    ids = await scheduler.schedule_bulk(specs, batch_size=200)
+    assert len(set(ids)) == 250 and None not in ids
+
+    async def all_done() -> bool:
+        n = await pool.fetchval(
+            "SELECT count(*) FROM scheduled_jobs WHERE job_id = ANY($1) AND status = 'completed'",
+            ids,
+        )
+        return n == 250
+
+    await wait_until(all_done, message="bulk jobs completed")
+    job = await scheduler.get_job(ids[7])
+    assert job.result == 8 and job.task_name == "app_tasks:add" and job.job_name == "add"
