@@ -105,7 +105,6 @@ class CronExpression:
                 "(minute hour day-of-month month day-of-week) or 6 (with seconds last), "
                 f"got {len(parts)}"
             )
-        self._expr = expression
         minute, hour, dom, month, dow = parts[:5]
         self.minutes = self._parse(minute, _MINUTE)
         self.hours = self._parse(hour, _HOUR)
@@ -127,7 +126,9 @@ class CronExpression:
     # -- parsing -------------------------------------------------------------
 
     def _error(self, field: _Field, item: str, why: str) -> CronError:
-        return CronError(f"invalid cron expression {self._expr!r}: {field.name} {item!r}: {why}")
+        return CronError(
+            f"invalid cron expression {self.expression!r}: {field.name} {item!r}: {why}"
+        )
 
     def _value(self, field: _Field, item: str, token: str) -> int:
         if field.names and token.upper() in field.names:

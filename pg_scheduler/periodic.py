@@ -358,11 +358,6 @@ def registered_periodic_jobs() -> dict[str, PeriodicJobConfig]:
     return dict(_registry)
 
 
-def unregister_periodic(dedup_key: str) -> bool:
-    """Forget a declaration (schedulers of this process stop enqueuing it)."""
-    return _registry.pop(dedup_key, None) is not None
-
-
 def _make_runner(config: PeriodicJobConfig) -> Callable[..., Any]:
     key = config.dedup_key
     assert key is not None

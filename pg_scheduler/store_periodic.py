@@ -160,10 +160,9 @@ class PeriodicStore:
         task_names: Sequence[str],
         schedules: Sequence[str],
         enabled: Sequence[bool],
-        db: asyncpg.Pool | asyncpg.Connection | None = None,
     ) -> list[asyncpg.Record]:
         """Create or update the rows; returns those written (changed or new)."""
-        return await (db or self.pool).fetch(
+        return await self.pool.fetch(
             _REGISTER,
             list(keys),
             list(job_names),
