@@ -475,8 +475,19 @@ class Worker:
                     result = await func(*args, **kwargs)
         except asyncio.CancelledError:
             reason = running.cancel_reason
-            if reason is None:
+            if reason is None and current.cancelling():
                 raise  # the worker itself is being torn down
+            if reason is None:
+                # Raised by the job's own code (it awaited something that was
+                # cancelled): a failed attempt like any other exception. Left
+                # to propagate, the row would stay running here, be handed
+                # back and run again, forever.
+                self.running.pop(job.job_id, None)
+                self._free_slot(job.job_id)
+                message = "CancelledError: raised inside the job (not a cancel_job())"
+                duration = time.perf_counter() - started
+                await self._failed(job, message, tb.format_exc(), duration, fields)
+                return
             current.uncancel()
             self.running.pop(job.job_id, None)
             duration = time.perf_counter() - started

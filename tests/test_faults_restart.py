@@ -23,7 +23,7 @@ import pytest
 from conftest import wait_until
 from fault_worker import RUNS_DDL, WorkerProcess, restart_postgres, start_postgres, stop_postgres
 
-from pg_scheduler import JobSpec, Scheduler
+from pg_scheduler import JobSpec, PollingConfig, Scheduler
 from pg_scheduler.migrate import migrate
 from pg_scheduler.reconnect import is_connection_error
 
@@ -274,3 +274,59 @@ async def test_outage_longer_than_the_lease_rescues_nothing_from_live_workers(
     assert [(r["status"], r["rescue_count"]) for r in rows] == [("completed", 0)] * len(ids)
     starts = await pool.fetchval("SELECT count(*) FROM fault_runs WHERE phase = 'start'")
     assert starts == len(ids)  # each ran once
+
+
+async def test_cancel_reaches_the_worker_through_the_heartbeat_when_notify_is_lost(
+    private, spawn_private
+):
+    """The cancel NOTIFY never arrives (the LISTEN backend is frozen and the health
+    check is slow): the next heartbeat finds the row no longer running here and
+    stops the coroutine."""
+    _server, pool = private
+    worker = await spawn_private("deaf", listener_health_interval=30.0)
+    await worker.ready()
+    await wait_until(lambda: worker.listener_pid is not None, message="listener up")
+    producer = Scheduler(pool, **FAULT)
+    due = await pool.fetchval("SELECT now()")
+    job_id = await producer.schedule(
+        fault_tasks.tracked, execution_time=due, kwargs={"key": "deaf", "seconds": 120}
+    )
+
+    async def phase(name: str) -> bool:
+        return bool(
+            await pool.fetchval(
+                "SELECT count(*) FROM fault_runs WHERE job_key = 'deaf' AND phase = $1", name
+            )
+        )
+
+    await wait_until(lambda: phase("start"), timeout=15, message="job running")
+    deaf = worker.listener_pid
+    assert deaf is not None
+    os.kill(deaf, signal.SIGSTOP)
+    try:
+        asked = time.monotonic()
+        assert await producer.cancel_job(job_id) is True
+        await wait_until(lambda: phase("finally"), timeout=10, message="coroutine stopped")
+        took = time.monotonic() - asked
+        metric("cancel_without_notify.stopped_after_s", took)
+        assert took <= FAULT["heartbeat_interval"] + SLACK
+        assert "job no longer held by this worker; stopped it" in worker.log_text()
+        status = await pool.fetchval("SELECT status FROM scheduled_jobs WHERE job_id = $1", job_id)
+        assert status == "cancelled"
+
+        # Its wake-ups are lost too: a new job is still found, by polling.
+        due = await pool.fetchval("SELECT now()")
+        polled = await producer.schedule(
+            fault_tasks.tracked, execution_time=due, kwargs={"key": "deaf-polled"}
+        )
+        latency_sql = (
+            "SELECT EXTRACT(EPOCH FROM started_at - created_at)::float8 FROM scheduled_jobs"
+            " WHERE job_id = $1 AND status = 'completed'"
+        )
+        await wait_until(lambda: pool.fetchval(latency_sql, polled), timeout=15, message="polled")
+        latency = await pool.fetchval(latency_sql, polled)
+        metric("deaf_listener.polled_start_latency_s", latency)
+        assert latency <= PollingConfig().max_interval + SLACK
+    finally:
+        os.kill(deaf, signal.SIGCONT)
+        await pool.fetchval("SELECT pg_terminate_backend($1)", deaf)
