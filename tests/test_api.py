@@ -189,7 +189,7 @@ def test_config_rejects_bad_values(make):
 
 
 async def test_scheduler_rejects_bad_configuration(pool):
-    with pytest.raises(TypeError, match="asyncpg.Pool"):
+    with pytest.raises(TypeError, match=r"asyncpg\.Pool"):
         Scheduler("postgres://nope")
     with pytest.raises(ValueError, match="max_concurrent_jobs"):
         Scheduler(pool, max_concurrent_jobs=0)
