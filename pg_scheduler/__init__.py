@@ -4,13 +4,14 @@ from .config import JobSpec, PollingConfig, RetryPolicy, VacuumConfig, VacuumPol
 from .enums import ConflictResolution, JobPriority, JobStatus, VacuumTrigger
 from .migrate import MigrationError
 from .models import Job, TaskInventory
-from .periodic import PeriodicJobConfig, periodic
+from .periodic import CoalescePolicy, PeriodicJobConfig, periodic
 from .scheduler import Scheduler
 from .tasks import task
 
 __version__ = "0.3.0"
 
 __all__ = [
+    "CoalescePolicy",
     "ConflictResolution",
     "Job",
     "JobPriority",

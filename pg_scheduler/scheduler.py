@@ -728,6 +728,10 @@ class Scheduler:
         """Run a periodic job once now, outside its windows; the new job id or None."""
         return await self.periodic.trigger(dedup_key)
 
+    async def fetch_periodic_job_status(self, dedup_key: str) -> dict[str, Any] | None:
+        """Awaitable form of :meth:`get_periodic_job_status`, read from the database now."""
+        return await self.periodic.fetch_status(dedup_key)
+
     def get_periodic_job_status(self, dedup_key: str) -> dict[str, Any] | None:
         """Configuration and state (enabled, next and last run, last outcome) of one job."""
         return self.periodic.status(dedup_key)
