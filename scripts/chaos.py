@@ -204,6 +204,13 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--json", action="store_true", help="print the summary as JSON only")
     args = parser.parse_args()
+    import logging
+
+    import structlog
+
+    # Only this process's own noise is silenced (its progress queries retry
+    # through the restart); the workers log to files under worker_logs.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
     summary = asyncio.run(run(args))
     if args.json:
         print(json.dumps(summary))
