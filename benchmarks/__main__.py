@@ -35,6 +35,7 @@ DRIVER = HERE / "driver.py"
 # name -> pip requirement (None: this repository, in the current interpreter)
 CONTENDERS: dict[str, str | None] = {
     "pg_scheduler": None,
+    "pg_scheduler_del": None,  # the same, completed rows deleted at once
     "pgqueuer": "pgqueuer==1.6.0",
     "chancy": "chancy==0.26.0",
     "pg_scheduler_023": "pg-scheduler==0.2.3",
@@ -396,6 +397,11 @@ def main(argv: list[str] | None = None) -> int:
     ratios = {}
     if ours and pgq and ours["drain_jobs_per_s"] and pgq["drain_jobs_per_s"]:
         ratios["drain_vs_pgqueuer"] = round(ours["drain_jobs_per_s"] / pgq["drain_jobs_per_s"], 2)
+    dele = next((r for r in rows if r["contender"] == "pg_scheduler_del"), None)
+    if dele and pgq and dele["drain_jobs_per_s"] and pgq["drain_jobs_per_s"]:
+        ratios["drain_del_vs_pgqueuer"] = round(
+            dele["drain_jobs_per_s"] / pgq["drain_jobs_per_s"], 2
+        )
     if ours and ours["drain_jobs_per_s"] and ours["big_backlog_jobs_per_s"]:
         ratios["big_backlog_vs_empty"] = round(
             ours["big_backlog_jobs_per_s"] / ours["drain_jobs_per_s"], 3

@@ -106,6 +106,7 @@ class RssSampler:
 
 
 def load_contender(name: str) -> Any:
+    sys.path.insert(0, str(HERE / "contenders"))  # variants import their base module
     path = HERE / "contenders" / f"c_{name}.py"
     spec = importlib.util.spec_from_file_location(f"c_{name}", path)
     assert spec is not None and spec.loader is not None
@@ -241,6 +242,8 @@ async def latency(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     await asyncio.sleep(cfg.get("idle_before", 1.0))
     loop = asyncio.get_running_loop()
     lat: list[float] = []
+    slow: list[tuple[float, float]] = []  # (seconds into the run, ms) of samples > 20 ms
+    begin = time.perf_counter()
     lost = 0
     for i in range(total):
         waiter: asyncio.Future[float] = loop.create_future()
@@ -254,6 +257,8 @@ async def latency(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
             continue
         if i >= warmup:
             lat.append((started - t) * 1000)
+            if lat[-1] > 20:
+                slow.append((round(t - begin, 2), round(lat[-1], 1)))
         # Let the worker go idle again (its acks written, back to waiting).
         await asyncio.sleep(cfg.get("gap", 0.02))
     await wait_all_done(5.0)
@@ -266,6 +271,7 @@ async def latency(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
         "p99_ms": round(pct(lat, 0.99), 3) if lat else None,
         "max_ms": round(max(lat), 3) if lat else None,
         "timeouts": lost,
+        "slow_samples": slow[:20],
         "check": RECORD.verify(total),
     }
 

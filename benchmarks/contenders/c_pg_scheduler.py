@@ -3,23 +3,32 @@
 from __future__ import annotations
 
 import logging
+import os
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 import structlog
 
-import pg_scheduler
-from pg_scheduler import JobSpec, Scheduler, task
-
-RECORD: Any = None
-
 # The application's logging setup, as in production: warnings and up (the
 # peers' stdlib loggers print nothing below WARNING unconfigured, either).
+# Before importing the library: its module loggers bind at import.
 structlog.configure(
     wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
     cache_logger_on_first_use=True,
 )
+
+import pg_scheduler  # noqa: E402
+from pg_scheduler import (  # noqa: E402
+    JobSpec,
+    Scheduler,
+    VacuumConfig,
+    VacuumPolicy,
+    VacuumTrigger,
+    task,
+)
+
+RECORD: Any = None
 
 
 @task(name="bench.job")
@@ -81,8 +90,12 @@ class Contender:
 
     async def prepare_worker(self, concurrency: int) -> None:
         assert self.pool is not None
+        options: dict[str, Any] = {}
+        if os.environ.get("PGS_BENCH_DELETE_COMPLETED"):
+            # Variant: completed rows deleted at once (VacuumPolicy IMMEDIATE).
+            options["vacuum_config"] = VacuumConfig(completed=VacuumPolicy(VacuumTrigger.IMMEDIATE))
         self.scheduler = Scheduler(
-            self.pool, max_concurrent_jobs=concurrency, batch_claim_limit=concurrency
+            self.pool, max_concurrent_jobs=concurrency, batch_claim_limit=concurrency, **options
         )
 
     async def start_worker(self, concurrency: int) -> None:
