@@ -239,7 +239,8 @@ async def latency(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     total = samples + warmup
     RECORD.reset(total)
     await c.start_worker(cfg["concurrency"])
-    await asyncio.sleep(cfg.get("idle_before", 1.0))
+    # Idle means steady state: past every startup pass (first vacuum, rescue, ...).
+    await asyncio.sleep(cfg.get("idle_before", 3.0))
     loop = asyncio.get_running_loop()
     lat: list[float] = []
     slow: list[tuple[float, float]] = []  # (seconds into the run, ms) of samples > 20 ms
