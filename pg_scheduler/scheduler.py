@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
 import asyncpg
 
-from .codec import encode_json, encode_task_data
+from .codec import encode_task_data
 from .config import UNSET, JobSpec, PollingConfig, RetryPolicy, VacuumConfig
+from .enqueue import Enqueuer, check_conflict_resolution
 from .enums import ConflictResolution, JobPriority, JobStatus
 from .log import get_logger
 from .migrate import migrate
@@ -21,32 +22,14 @@ from .periodic import PeriodicJobConfig, PeriodicManager
 from .reconnect import retry_on_disconnect
 from .services import HeartbeatService, RescuerService, VacuumService
 from .stats import QueueStats, collect_stats
-from .store import CANCEL_CHANNEL, JOBS_CHANNEL, NewJob, Store
+from .store import CANCEL_CHANNEL, JOBS_CHANNEL, Store
 from .store_housekeeping import VacuumStore
-from .tasks import TaskRegistry, default_registry, ensure_async, task_name_of
-from .timeutil import to_aware
+from .tasks import TaskRegistry, default_registry
+from .validation import check_int, check_seconds
 from .worker import CANCELLED_REMOTELY, Worker
 
 log = get_logger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
-# schedule_bulk batches at least this large are written with COPY (generated ids only).
-_COPY_THRESHOLD = 100
-
-
-def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-
-
-def _check_seconds(name: str, value: Any, allow_none: bool = True) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
 
 
 class Scheduler:
@@ -85,12 +68,12 @@ class Scheduler:
     ) -> None:
         if not isinstance(db_pool, asyncpg.Pool):
             raise TypeError(f"db_pool must be an asyncpg.Pool, got {type(db_pool).__name__}")
-        _check_int("max_concurrent_jobs", max_concurrent_jobs, 1)
-        _check_int("misfire_grace_time", misfire_grace_time, 0, allow_none=True)
-        _check_int("batch_claim_limit", batch_claim_limit, 1)
-        _check_int("max_rescues", max_rescues, 0)
-        _check_seconds("job_timeout", job_timeout)
-        _check_seconds("shutdown_grace_period", shutdown_grace_period, allow_none=False)
+        check_int("max_concurrent_jobs", max_concurrent_jobs, 1)
+        check_int("misfire_grace_time", misfire_grace_time, 0, allow_none=True)
+        check_int("batch_claim_limit", batch_claim_limit, 1)
+        check_int("max_rescues", max_rescues, 0)
+        check_seconds("job_timeout", job_timeout)
+        check_seconds("shutdown_grace_period", shutdown_grace_period, allow_none=False)
         for name, value in (
             ("heartbeat_interval", heartbeat_interval),
             ("heartbeat_threshold", heartbeat_threshold),
@@ -98,7 +81,7 @@ class Scheduler:
             ("rescue_interval", rescue_interval),
             ("listener_health_interval", listener_health_interval),
         ):
-            _check_seconds(name, value)
+            check_seconds(name, value)
         if vacuum_config is not None and not isinstance(vacuum_config, VacuumConfig):
             raise TypeError("vacuum_config must be a VacuumConfig")
         if polling_config is not None and not isinstance(polling_config, PollingConfig):
@@ -126,6 +109,9 @@ class Scheduler:
         self.worker_id = uuid.uuid4().hex[: self.WORKER_ID_LENGTH]
         self.registry = TaskRegistry(parent=tasks or default_registry)
         self.store = Store(db_pool)
+        self.enqueuer = Enqueuer(
+            self.store, db_pool, self.registry, lambda: self.misfire_grace_time
+        )
         self.vacuum_store = VacuumStore(db_pool)
         self.listener = Listener(
             db_pool,
@@ -325,90 +311,6 @@ class Scheduler:
 
     # -- enqueue --------------------------------------------------------------------
 
-    def _new_job(
-        self,
-        func: Callable[..., Any],
-        execution_time: Any,
-        args: Any,
-        kwargs: Any,
-        priority: Any,
-        max_retries: Any,
-        job_id: Any,
-        misfire_grace_time: Any,
-        timeout: Any,
-        retry_policy: Any,
-        job_name: str | None = None,
-        known: dict[Any, str] | None = None,
-    ) -> NewJob:
-        # ``known``: functions already checked and registered in this bulk call.
-        task_name = known.get(func) if known is not None else None
-        if task_name is None:
-            ensure_async(func)
-            self.registry.register(func)
-            task_name = task_name_of(func)
-            if known is not None:
-                known[func] = task_name
-        return self._validated_row(
-            job_name or func.__name__,
-            task_name,
-            execution_time,
-            encode_task_data(args, {} if kwargs is None else kwargs, task_name),
-            priority,
-            max_retries,
-            job_id,
-            misfire_grace_time,
-            timeout,
-            retry_policy,
-        )
-
-    def _validated_row(
-        self,
-        job_name: str,
-        task_name: str,
-        execution_time: Any,
-        task_data: str,
-        priority: Any,
-        max_retries: Any,
-        job_id: Any,
-        misfire_grace_time: Any,
-        timeout: Any,
-        retry_policy: Any,
-    ) -> NewJob:
-        if not isinstance(execution_time, datetime):
-            raise TypeError(f"execution_time must be a datetime, got {execution_time!r}")
-        if not isinstance(priority, JobPriority):
-            raise TypeError(f"priority must be a JobPriority, got {priority!r}")
-        _check_int("max_retries", max_retries, 0)
-        if job_id is not None and (not isinstance(job_id, str) or not job_id.strip()):
-            raise ValueError(f"job_id must be a non-empty string or None, got {job_id!r}")
-        if misfire_grace_time is UNSET:
-            misfire_grace_time = self.misfire_grace_time
-        _check_int("misfire_grace_time", misfire_grace_time, 0, allow_none=True)
-        _check_seconds("timeout", timeout)
-        if retry_policy is not None and not isinstance(retry_policy, RetryPolicy):
-            raise TypeError(f"retry_policy must be a RetryPolicy, got {retry_policy!r}")
-        return NewJob(
-            job_id=job_id or str(uuid.uuid4()),
-            job_name=job_name,
-            task_name=task_name,
-            execution_time=to_aware(execution_time),
-            task_data=task_data,
-            priority=priority.db_value,
-            max_retries=max_retries,
-            misfire_grace_time=misfire_grace_time,
-            timeout=None if timeout is None else float(timeout),
-            retry_policy=None
-            if retry_policy is None
-            else encode_json(
-                {
-                    "base_delay": retry_policy.base_delay,
-                    "factor": retry_policy.factor,
-                    "max_delay": retry_policy.max_delay,
-                    "jitter": retry_policy.jitter,
-                }
-            ),
-        )
-
     async def schedule(
         self,
         func: Callable[..., Any],
@@ -431,11 +333,8 @@ class Scheduler:
         (inside its transaction, if one is open): it exists, and wakes workers,
         only if that transaction commits.
         """
-        if not isinstance(conflict_resolution, ConflictResolution):
-            raise TypeError(
-                f"conflict_resolution must be a ConflictResolution, got {conflict_resolution!r}"
-            )
-        row = self._new_job(
+        check_conflict_resolution(conflict_resolution)
+        row = self.enqueuer.build(
             func,
             execution_time,
             args,
@@ -447,7 +346,9 @@ class Scheduler:
             timeout,
             retry_policy,
         )
-        await self._write([row], conflict_resolution, connection, user_ids=job_id is not None)
+        await self.enqueuer.write(
+            [row], conflict_resolution, connection, user_ids=job_id is not None
+        )
         log.debug(
             "job scheduled",
             event_type="scheduled",
@@ -471,113 +372,10 @@ class Scheduler:
         ``batch_size`` rows is one statement in its own transaction (or a
         savepoint inside the caller's transaction when ``connection`` is given).
         """
-        if not isinstance(conflict_resolution, ConflictResolution):
-            raise TypeError(
-                f"conflict_resolution must be a ConflictResolution, got {conflict_resolution!r}"
-            )
-        _check_int("batch_size", batch_size, 1)
-        if not isinstance(jobs, Sequence):
-            raise TypeError("jobs must be a list of JobSpec")
-        rows: list[NewJob] = []
-        known: dict[Any, str] = {}
-        for index, spec in enumerate(jobs):
-            if not isinstance(spec, JobSpec):
-                raise TypeError(f"jobs[{index}] must be a JobSpec, got {type(spec).__name__}")
-            rows.append(
-                self._new_job(
-                    spec.func,
-                    spec.execution_time,
-                    spec.args,
-                    spec.kwargs,
-                    spec.priority,
-                    spec.max_retries,
-                    spec.job_id,
-                    spec.misfire_grace_time,
-                    spec.timeout,
-                    spec.retry_policy,
-                    known=known,
-                )
-            )
-        if not rows:
-            return []
-        seen: set[str] = set()
-        duplicates = {r.job_id for r in rows if r.job_id in seen or seen.add(r.job_id)}
-        if duplicates and conflict_resolution is not ConflictResolution.IGNORE:
-            raise ValueError(
-                f"job ids repeated within one schedule_bulk call: {sorted(duplicates)[:10]}"
-            )
-        user_ids = [spec.job_id for spec in jobs if spec.job_id is not None]
-        if conflict_resolution is ConflictResolution.RAISE and user_ids:
-            existing = await self.store.existing_ids(connection or self.db_pool, user_ids)
-            if existing:
-                raise ValueError(
-                    f"job ids already exist: {sorted(existing)[:10]}; nothing "
-                    "was scheduled (use IGNORE or REPLACE to allow this)"
-                )
-        written: set[str] = set()
-        for start in range(0, len(rows), batch_size):
-            batch = rows[start : start + batch_size]
-            written |= await self._write(
-                batch, conflict_resolution, connection, user_ids=bool(user_ids)
-            )
+        ids, written = await self.enqueuer.bulk(jobs, conflict_resolution, batch_size, connection)
         # One line per call, not per job: a bulk call may carry a million rows.
-        log.debug("jobs scheduled", event_type="scheduled", count=len(written), bulk=True)
-        if conflict_resolution is ConflictResolution.IGNORE:
-            result: list[str | None] = []
-            claimed: set[str] = set()
-            for row in rows:
-                fresh = row.job_id in written and row.job_id not in claimed
-                claimed.add(row.job_id)
-                result.append(row.job_id if fresh else None)
-            return result
-        return [row.job_id for row in rows]
-
-    async def _write(
-        self,
-        rows: list[NewJob],
-        conflict: ConflictResolution,
-        connection: asyncpg.Connection | None,
-        user_ids: bool,
-    ) -> set[str]:
-        """Insert per ``conflict``; returns the ids written. RAISE -> ValueError on a duplicate."""
-        insert = {
-            ConflictResolution.RAISE: self.store.insert,
-            ConflictResolution.IGNORE: self.store.insert_ignore,
-            ConflictResolution.REPLACE: self.store.insert_replace,
-        }[conflict]
-        if not user_ids and len(rows) >= _COPY_THRESHOLD:
-            # Generated ids cannot collide, so no conflict handling is needed: COPY.
-            insert = self.store.copy_insert
-
-        async def on(conn: asyncpg.Connection) -> set[str]:
-            # A savepoint inside the caller's transaction: a duplicate must not
-            # abort the caller's work.
-            async with conn.transaction():
-                return await insert(conn, rows)
-
-        attempts = 0
-
-        async def attempt() -> set[str]:
-            nonlocal attempts
-            attempts += 1
-            try:
-                if connection is not None:
-                    return await on(connection)
-                # One INSERT statement is atomic on its own: no BEGIN/COMMIT round trips.
-                return await insert(self.db_pool, rows)
-            except asyncpg.UniqueViolationError as exc:
-                if attempts > 1 and not user_ids:
-                    # Our generated ids are unique: the earlier attempt committed
-                    # and only its answer was lost.
-                    return {r.job_id for r in rows}
-                raise ValueError(
-                    f"Job ID already exists: {exc.detail or exc}. Choose a different job_id, "
-                    "omit it for auto-generation, or use ConflictResolution.IGNORE/REPLACE"
-                ) from None
-
-        if connection is not None:
-            return await attempt()
-        return await retry_on_disconnect(attempt, what="schedule", give_up_after=10)
+        log.debug("jobs scheduled", event_type="scheduled", count=written, bulk=True)
+        return ids
 
     async def schedule_job(
         self,
@@ -603,12 +401,11 @@ class Scheduler:
         unknown_keys = set(task_data) - {"args", "kwargs"}
         if unknown_keys:
             raise ValueError(f"task_data may hold only 'args' and 'kwargs', got {unknown_keys}")
-        if not isinstance(conflict_resolution, ConflictResolution):
-            raise TypeError("conflict_resolution must be a ConflictResolution")
+        check_conflict_resolution(conflict_resolution)
         encoded = encode_task_data(
             task_data.get("args") or (), task_data.get("kwargs") or {}, job_name
         )
-        row = self._validated_row(
+        row = self.enqueuer.row(
             job_name,
             job_name,
             execution_time,
@@ -620,7 +417,7 @@ class Scheduler:
             None,
             None,
         )
-        await self._write([row], conflict_resolution, None, user_ids=job_id is not None)
+        await self.enqueuer.write([row], conflict_resolution, None, user_ids=job_id is not None)
         log.debug("job scheduled", event_type="scheduled", job_id=row.job_id, task=job_name)
         return row.job_id
 
@@ -687,7 +484,7 @@ class Scheduler:
 
     async def get_vacuum_stats(self, days: int = 7) -> list[dict[str, Any]]:
         """Per-day vacuum counts for the last ``days`` days (needs ``track_metrics=True``)."""
-        _check_int("days", days, 0)
+        check_int("days", days, 0)
         return [dict(r) for r in await self.vacuum_store.stats(days)]
 
     async def get_total_vacuum_stats(self) -> dict[str, Any]:
