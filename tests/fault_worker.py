@@ -22,6 +22,28 @@ import sys
 from pathlib import Path
 from typing import Any
 
+# Fault-test timings: small enough that rescues happen in seconds.
+FAULT: dict[str, Any] = dict(
+    heartbeat_interval=0.3,
+    heartbeat_threshold=2.0,
+    lease_duration=3.0,
+    rescue_interval=0.5,
+    listener_health_interval=0.5,
+    vacuum_enabled=False,
+    run_periodic_jobs=False,
+)
+# Room for a loaded 2-core machine on top of every bound the tests check.
+SLACK = 1.5
+
+
+def metric(name: str, value: float) -> None:
+    line = f"FAULT-METRIC {name}={value:.3f}"
+    print(line)
+    if os.environ.get("FAULT_METRICS_FILE"):  # collected across repeated runs
+        with open(os.environ["FAULT_METRICS_FILE"], "a") as out:
+            out.write(line + "\n")
+
+
 TESTS_DIR = Path(__file__).resolve().parent
 
 # One row per execution phase of a fault task (see fault_tasks.record).

@@ -9,7 +9,6 @@ Measured figures are printed as ``FAULT-METRIC`` lines (see them with ``-s``).
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,31 +19,12 @@ from typing import Any
 import asyncpg
 import pytest
 from conftest import wait_for_status, wait_until
-from fault_worker import RUNS_DDL, WorkerProcess
+from fault_worker import FAULT, RUNS_DDL, SLACK, WorkerProcess, metric
 
 pytestmark = pytest.mark.slow
 
-FAULT: dict[str, Any] = dict(
-    heartbeat_interval=0.3,
-    heartbeat_threshold=2.0,
-    lease_duration=3.0,
-    rescue_interval=0.5,
-    listener_health_interval=0.5,
-    vacuum_enabled=False,
-    run_periodic_jobs=False,
-)
-# Room for a loaded 2-core machine on top of every bound below.
-SLACK = 1.5
 
 Spawn = Callable[..., Awaitable[WorkerProcess]]
-
-
-def metric(name: str, value: float) -> None:
-    line = f"FAULT-METRIC {name}={value:.3f}"
-    print(line)
-    if os.environ.get("FAULT_METRICS_FILE"):  # collected across repeated runs
-        with open(os.environ["FAULT_METRICS_FILE"], "a") as out:
-            out.write(line + "\n")
 
 
 def now() -> datetime:

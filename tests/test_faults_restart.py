@@ -21,32 +21,22 @@ import asyncpg
 import fault_tasks
 import pytest
 from conftest import wait_until
-from fault_worker import RUNS_DDL, WorkerProcess, restart_postgres, start_postgres, stop_postgres
+from fault_worker import (
+    FAULT,
+    RUNS_DDL,
+    SLACK,
+    WorkerProcess,
+    metric,
+    restart_postgres,
+    start_postgres,
+    stop_postgres,
+)
 
 from pg_scheduler import JobSpec, PollingConfig, Scheduler
 from pg_scheduler.migrate import migrate
 from pg_scheduler.reconnect import is_connection_error
 
 pytestmark = pytest.mark.slow
-
-FAULT: dict[str, Any] = dict(
-    heartbeat_interval=0.3,
-    heartbeat_threshold=2.0,
-    lease_duration=3.0,
-    rescue_interval=0.5,
-    listener_health_interval=0.5,
-    vacuum_enabled=False,
-    run_periodic_jobs=False,
-)
-SLACK = 1.5
-
-
-def metric(name: str, value: float) -> None:
-    line = f"FAULT-METRIC {name}={value:.3f}"
-    print(line)
-    if os.environ.get("FAULT_METRICS_FILE"):  # collected across repeated runs
-        with open(os.environ["FAULT_METRICS_FILE"], "a") as out:
-            out.write(line + "\n")
 
 
 @pytest.fixture(scope="module")
