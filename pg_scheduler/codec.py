@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+# One encoder for every call: json.dumps with options builds a new one each time.
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, allow_nan=False, separators=(",", ":"))
+    return _ENCODER.encode(value)
 
 
 def _first_unserializable(value: Any, path: str) -> tuple[str, Any] | None:

@@ -6,7 +6,7 @@ input raises at the call and writes nothing.
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -24,6 +24,16 @@ from .validation import check_int, check_seconds
 
 # schedule_bulk batches at least this large are written with COPY (generated ids only).
 COPY_THRESHOLD = 100
+
+
+def new_job_id() -> str:
+    """A random (version 4) UUID as text, the format 0.2.x's ``gen_random_uuid()`` gave.
+
+    Formatted by hand: ``str(uuid.uuid4())`` costs several microseconds, which
+    shows in bulk enqueues of a hundred thousand jobs.
+    """
+    h = os.urandom(16).hex()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{'89ab'[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}"
 
 
 def check_conflict_resolution(value: Any) -> None:
@@ -112,7 +122,7 @@ class Enqueuer:
         if retry_policy is not None and not isinstance(retry_policy, RetryPolicy):
             raise TypeError(f"retry_policy must be a RetryPolicy, got {retry_policy!r}")
         return NewJob(
-            job_id=job_id or str(uuid.uuid4()),
+            job_id=job_id or new_job_id(),
             job_name=job_name,
             task_name=task_name,
             execution_time=to_aware(execution_time),

@@ -24,7 +24,7 @@ CANCEL_CHANNEL = "pg_scheduler_cancel"
 Executor = asyncpg.Pool | asyncpg.Connection
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen __init__ is slower, and bulk builds many
 class NewJob:
     """A row to insert, already validated and serialized."""
 
