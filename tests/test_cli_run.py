@@ -61,3 +61,28 @@ def test_help_lists_commands():
     assert result.returncode == 0
     for command in ("worker", "migrate", "demo"):
         assert command in result.stdout
+
+
+def test_demo_without_a_dsn_uses_the_embedded_database(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PG_SCHEDULER_DSN"}
+    env["XDG_DATA_HOME"] = str(tmp_path)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pg_scheduler.cli",
+            "--log-level",
+            "warning",
+            "demo",
+            "--seconds",
+            "3",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "greet            completed" in result.stdout
+    # The data stays in the per-user directory for the next run.
+    assert (tmp_path / "pg-scheduler" / "pgdata" / "PG_VERSION").is_file()
