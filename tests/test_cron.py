@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from pg_scheduler.cron import CronError, CronExpression, CronSchedule
-from pg_scheduler.periodic import (
+from pg_scheduler.windows import (
     CoalescePolicy,
     IntervalSchedule,
     latest_fire_at_or_before,

@@ -16,15 +16,9 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..log import get_logger
-from ..periodic import (
-    CoalescePolicy,
-    PeriodicJobConfig,
-    coalesced_reason,
-    plan_windows,
-    registered_periodic_jobs,
-    window_job_id,
-)
+from ..periodic import PeriodicJobConfig, registered_periodic_jobs, window_job_id
 from ..reconnect import Backoff, is_connection_error
+from ..windows import CoalescePolicy, coalesced_reason, plan_windows
 from .base import Service
 
 if TYPE_CHECKING:
