@@ -201,3 +201,11 @@ async def test_scheduler_rejects_bad_configuration(pool):
         Scheduler(pool, job_timeout=0)
     with pytest.raises(TypeError, match="vacuum_config"):
         Scheduler(pool, vacuum_config={"completed": "never"})
+
+
+async def test_awaitable_periodic_forms_answer_for_unknown_keys(make_scheduler):
+    scheduler = await make_scheduler()
+    assert await scheduler.fetch_periodic_job_status("no-such-key") is None
+    assert await scheduler.set_periodic_job_enabled("no-such-key", True) is False
+    assert scheduler.get_periodic_job_status("no-such-key") is None
+    assert scheduler.enable_periodic_job("no-such-key") is False
