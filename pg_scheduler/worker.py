@@ -113,7 +113,6 @@ class AckBatcher:
         self._max_batch = max_batch
         self._queue: list[tuple[Completion, asyncio.Future[bool]]] = []
         self._flusher: asyncio.Task[None] | None = None
-        self.stopping = False
         self._unwritten = 0
 
     def _written(self, _future: asyncio.Future[bool]) -> None:
