@@ -3,7 +3,7 @@
 Each pass reads the shared state of the registered jobs (one statement), then
 for each enabled job whose cursor ``next_run`` is due, locks its row
 (``FOR UPDATE SKIP LOCKED``: a replica that finds it locked leaves it to the
-holder), plans the due windows (:func:`~pg_scheduler.periodic.plan_windows`),
+holder), plans the due windows (:func:`~pg_scheduler.windows.plan_windows`),
 inserts their rows and advances the cursor in the same transaction. It then
 sleeps until the next window or ``refresh_interval``, whichever is sooner.
 """
@@ -22,7 +22,7 @@ from ..windows import CoalescePolicy, coalesced_reason, plan_windows
 from .base import Service
 
 if TYPE_CHECKING:
-    from ..periodic import PeriodicManager
+    from ..periodic_manager import PeriodicManager
 
 log = get_logger(__name__)
 
