@@ -1,7 +1,8 @@
 """pg_scheduler: a PostgreSQL-native job queue and scheduler for asyncio, on asyncpg."""
 
-from .config import JobSpec, PollingConfig, RetryPolicy, VacuumConfig, VacuumPolicy
+from .config import PollingConfig, RetryPolicy, VacuumConfig, VacuumPolicy
 from .enums import ConflictResolution, JobPriority, JobStatus, VacuumTrigger
+from .job_spec import JobSpec
 from .migrate import MigrationError
 from .models import Job, TaskInventory
 from .periodic import CoalescePolicy, PeriodicJobConfig, periodic

@@ -7,16 +7,13 @@ working, while bad values are rejected at construction with a clear message.
 
 from __future__ import annotations
 
-import inspect
 import random
-from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, model_validator
 from pydantic.dataclasses import dataclass
 
-from .enums import JobPriority, VacuumTrigger
+from .enums import VacuumTrigger
 
 
 class _Unset:
@@ -162,49 +159,3 @@ class VacuumConfig:
             "cancelled": self.cancelled,
             "expired": self.expired,
         }  # type: ignore[dict-item]
-
-
-def _check_async_callable(func: Any) -> Any:
-    if not callable(func) or not inspect.iscoroutinefunction(func):
-        raise TypeError(f"Expected an async function, got {func!r}")
-    return func
-
-
-@dataclass(config=_STRICT)
-class JobSpec:
-    """One job for :meth:`Scheduler.schedule_bulk`."""
-
-    func: Callable[..., Any]
-    execution_time: datetime
-    args: tuple = ()
-    kwargs: dict[str, Any] = Field(default_factory=dict)
-    priority: JobPriority = JobPriority.NORMAL
-    max_retries: int = Field(default=0, ge=0)
-    job_id: str | None = None
-    misfire_grace_time: Any = UNSET
-    timeout: float | None = Field(default=None, gt=0)
-    retry_policy: RetryPolicy | None = None
-
-    @field_validator("func", mode="before")
-    @classmethod
-    def _func_is_async(cls, func: Any) -> Any:
-        return _check_async_callable(func)
-
-    @field_validator("args", mode="before")
-    @classmethod
-    def _args_tuple(cls, args: Any) -> Any:
-        return tuple(args) if isinstance(args, list) else args
-
-    @field_validator("kwargs", mode="before")
-    @classmethod
-    def _kwargs_dict(cls, kwargs: Any) -> Any:
-        return {} if kwargs is None else kwargs
-
-    @field_validator("misfire_grace_time", mode="before")
-    @classmethod
-    def _grace(cls, value: Any) -> Any:
-        if value is UNSET or value is None:
-            return value
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError("misfire_grace_time must be a non-negative int, None or unset")
-        return value

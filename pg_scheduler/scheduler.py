@@ -11,9 +11,10 @@ from typing import Any, TypeVar
 import asyncpg
 
 from .codec import encode_task_data
-from .config import UNSET, JobSpec, PollingConfig, RetryPolicy, VacuumConfig
+from .config import UNSET, PollingConfig, RetryPolicy, VacuumConfig
 from .enqueue import Enqueuer, check_conflict_resolution
 from .enums import ConflictResolution, JobPriority, JobStatus
+from .job_spec import JobSpec
 from .log import get_logger
 from .migrate import migrate
 from .models import Job, TaskInventory

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import asyncpg
 
@@ -24,9 +24,11 @@ CANCEL_CHANNEL = "pg_scheduler_cancel"
 Executor = asyncpg.Pool | asyncpg.Connection
 
 
-@dataclass(slots=True)  # not frozen: a frozen __init__ is slower, and bulk builds many
-class NewJob:
-    """A row to insert, already validated and serialized."""
+class NewJob(NamedTuple):
+    """A row to insert, already validated and serialized.
+
+    A tuple in ``scheduled_jobs`` column order, so COPY takes it as it is.
+    """
 
     job_id: str
     job_name: str
@@ -60,19 +62,8 @@ _INSERT_FROM_ARRAYS = f"""
         AS d(job_id, job_name, task_name, execution_time, task_data, priority,
              max_retries, misfire_grace_time, timeout, retry_policy)
 """
-_COPY_COLUMNS = [
-    "job_id",
-    "job_name",
-    "task_name",
-    "execution_time",
-    "status",
-    "task_data",
-    "priority",
-    "max_retries",
-    "misfire_grace_time",
-    "timeout",
-    "retry_policy",
-]
+# status is left to its default, pending.
+_COPY_COLUMNS = list(NewJob._fields)
 # REPLACE overwrites a pending or finished job and makes it pending with fresh
 # counters; a running attempt is never touched (its lease stays valid).
 _REPLACE_SET = """
@@ -274,18 +265,10 @@ class Store:
 
     @staticmethod
     def _arrays(jobs: Sequence[NewJob]) -> list[list[Any]]:
-        return [
-            [j.job_id for j in jobs],
-            [j.job_name for j in jobs],
-            [j.task_name for j in jobs],
-            [j.execution_time for j in jobs],
-            [j.task_data for j in jobs],
-            [j.priority for j in jobs],
-            [j.max_retries for j in jobs],
-            [j.misfire_grace_time for j in jobs],
-            [j.timeout for j in jobs],
-            [j.retry_policy for j in jobs],
-        ]
+        """One array per column, for the unnest() insert."""
+        if not jobs:
+            return [[] for _ in NewJob._fields]
+        return [list(column) for column in zip(*jobs, strict=True)]
 
     async def insert(self, db: Executor, jobs: Sequence[NewJob]) -> set[str]:
         """Insert; a duplicate id raises asyncpg.UniqueViolationError."""
@@ -303,26 +286,7 @@ class Store:
         large batches. Only for ids that cannot collide (generated); a duplicate
         still raises asyncpg.UniqueViolationError and writes nothing. COPY fires
         the statement-level INSERT trigger, so workers are woken once."""
-        await db.copy_records_to_table(
-            "scheduled_jobs",
-            records=[
-                (
-                    j.job_id,
-                    j.job_name,
-                    j.task_name,
-                    j.execution_time,
-                    "pending",
-                    j.task_data,
-                    j.priority,
-                    j.max_retries,
-                    j.misfire_grace_time,
-                    j.timeout,
-                    j.retry_policy,
-                )
-                for j in jobs
-            ],
-            columns=_COPY_COLUMNS,
-        )
+        await db.copy_records_to_table("scheduled_jobs", records=jobs, columns=_COPY_COLUMNS)
         return {j.job_id for j in jobs}
 
     async def insert_replace(self, db: Executor, jobs: Sequence[NewJob]) -> set[str]:

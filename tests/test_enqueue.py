@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+import uuid
 from datetime import UTC, datetime, timedelta, timezone
 
 import app_tasks
@@ -11,6 +13,7 @@ import pytest
 from conftest import wait_for_status
 
 from pg_scheduler import ConflictResolution, JobPriority, JobSpec, RetryPolicy
+from pg_scheduler.enqueue import new_job_ids
 
 
 def later(seconds: float = 3600) -> datetime:
@@ -120,6 +123,71 @@ async def test_bulk_bad_input_writes_nothing(pool, make_scheduler):
     with pytest.raises(ValueError, match="batch_size"):
         await scheduler.schedule_bulk([good], batch_size=0)
     assert await count(pool) == 0
+
+
+@pytest.mark.parametrize(
+    "field, value, error, match",
+    [
+        ("execution_time", "tomorrow", TypeError, "execution_time must be a datetime"),
+        ("priority", 5, TypeError, "priority must be a JobPriority"),
+        ("max_retries", -1, ValueError, "max_retries"),
+        ("max_retries", True, TypeError, "max_retries"),
+        ("job_id", "  ", ValueError, "job_id"),
+        ("misfire_grace_time", 1.5, TypeError, "misfire_grace_time"),
+        ("timeout", -2, ValueError, "timeout"),
+        ("retry_policy", {"base_delay": 1}, TypeError, "RetryPolicy"),
+        ("args", "abc", TypeError, "args must be a tuple or list"),
+        ("kwargs", [("a", 1)], TypeError, "kwargs must be a dict"),
+    ],
+)
+async def test_jobspec_checks_fields_when_built_and_again_in_bulk(
+    pool, make_scheduler, field, value, error, match
+):
+    with pytest.raises(error, match=match):
+        JobSpec(**{"func": app_tasks.noop, "execution_time": later(), field: value})
+    # Changed after it was built: schedule_bulk still refuses it, writing nothing.
+    scheduler = await make_scheduler(start=False)
+    changed = JobSpec(app_tasks.noop, later())
+    setattr(changed, field, value)
+    specs = [JobSpec(app_tasks.noop, later()) for _ in range(300)] + [changed]
+    with pytest.raises(error, match=match):
+        await scheduler.schedule_bulk(specs, batch_size=100)
+    assert await count(pool) == 0
+
+
+def test_jobspec_keeps_its_fields_and_compares_by_value():
+    when = later()
+    spec = JobSpec(app_tasks.record, when, ["k", 1], None, JobPriority.LOW, 2, "id-1")
+    assert spec.args == ("k", 1) and spec.kwargs == {}
+    assert spec.priority is JobPriority.LOW and spec.max_retries == 2 and spec.job_id == "id-1"
+    assert spec == JobSpec(app_tasks.record, when, ("k", 1), {}, JobPriority.LOW, 2, "id-1")
+    assert spec != JobSpec(app_tasks.record, when, ("k", 2), {}, JobPriority.LOW, 2, "id-1")
+    assert repr(spec).startswith("JobSpec(func=<function record")
+
+
+def test_generated_ids_are_version_7_uuids_in_time_order():
+    first = new_job_ids(1000)
+    assert len(set(first)) == 1000
+    parsed = [uuid.UUID(i) for i in first]
+    assert {u.version for u in parsed} == {7}
+    assert {u.variant for u in parsed} == {uuid.RFC_4122}
+    assert all(str(u) == i for u, i in zip(parsed, first, strict=True))
+    # The leading 48 bits are the millisecond clock: later calls never sort earlier.
+    clock = int(first[0][:8] + first[0][9:13], 16)
+    assert abs(clock / 1000 - time.time()) < 5
+    second = new_job_ids(1)[0]
+    assert second[:13] >= first[-1][:13]
+
+
+async def test_bulk_over_many_batches_writes_each_row_once_with_its_own_id(pool, make_scheduler):
+    scheduler = await make_scheduler(start=False)
+    specs = [JobSpec(app_tasks.record, later(), args=(f"k{i}",)) for i in range(2350)]
+    ids = await scheduler.schedule_bulk(specs, batch_size=200)
+    assert len(set(ids)) == 2350
+    rows = await pool.fetch("SELECT job_id, task_data FROM scheduled_jobs")
+    args_by_id = {r["job_id"]: json.loads(r["task_data"])["args"] for r in rows}
+    assert len(args_by_id) == 2350
+    assert all(args_by_id[job_id] == [f"k{i}"] for i, job_id in enumerate(ids))
 
 
 async def test_conflict_resolution_single(pool, make_scheduler):
