@@ -294,13 +294,3 @@ def window_job_id(dedup_key: str, fire_time: datetime) -> str:
     if stamp.microsecond:
         text += f".{stamp.microsecond:06d}"
     return f"{WINDOW_ID_PREFIX}{dedup_key}:{text}Z"
-
-
-def __getattr__(name: str) -> Any:
-    # ``from .periodic import PeriodicManager`` (scheduler.py) keeps working; resolved
-    # lazily because periodic_manager imports this module.
-    if name == "PeriodicManager":
-        from .periodic_manager import PeriodicManager
-
-        return PeriodicManager
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

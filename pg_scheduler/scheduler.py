@@ -19,7 +19,8 @@ from .log import get_logger
 from .migrate import migrate
 from .models import Job, TaskInventory
 from .notify import Listener
-from .periodic import PeriodicJobConfig, PeriodicManager
+from .periodic import PeriodicJobConfig
+from .periodic_manager import PeriodicManager
 from .reconnect import retry_on_disconnect
 from .services import HeartbeatService, RescuerService, VacuumService
 from .stats import QueueStats, collect_stats
