@@ -80,9 +80,13 @@ def encode_task_data(args: tuple | list, kwargs: dict[str, Any], task: str) -> s
         ) from None
 
 
+_loads = json.JSONDecoder().decode
+
+
 def decode_task_data(raw: str | None) -> tuple[list[Any], dict[str, Any]]:
-    data = json.loads(raw) if raw else {}
-    return list(data.get("args") or []), dict(data.get("kwargs") or {})
+    """(args, kwargs) of a stored job; freshly decoded, so the job may change them."""
+    data = _loads(raw) if raw else {}
+    return data.get("args") or [], data.get("kwargs") or {}
 
 
 def encode_result(value: Any) -> tuple[str | None, str | None]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import asyncpg
 
@@ -61,6 +61,11 @@ _INSERT_FROM_ARRAYS = f"""
                   $6::int[], $7::int[], $8::int[], $9::float8[], $10::text[])
         AS d(job_id, job_name, task_name, execution_time, task_data, priority,
              max_retries, misfire_grace_time, timeout, retry_policy)
+"""
+# One row: plain VALUES plans and runs about 0.3 ms faster than unnest().
+_INSERT_ONE = f"""
+    INSERT INTO scheduled_jobs ({_INSERT_COLUMNS})
+    VALUES ($1, $2, $3, $4, 'pending', $5::jsonb, $6, $7, $8, $9, $10::jsonb)
 """
 # status is left to its default, pending.
 _COPY_COLUMNS = list(NewJob._fields)
@@ -264,22 +269,23 @@ class Store:
     # -- enqueue -----------------------------------------------------------
 
     @staticmethod
-    def _arrays(jobs: Sequence[NewJob]) -> list[list[Any]]:
-        """One array per column, for the unnest() insert."""
-        if not jobs:
-            return [[] for _ in NewJob._fields]
-        return [list(column) for column in zip(*jobs, strict=True)]
+    async def _insert(db: Executor, jobs: Sequence[NewJob], suffix: str) -> set[str]:
+        """INSERT ``jobs`` (VALUES for one, unnest() of column arrays for many)
+        followed by ``suffix``; the ids it returns."""
+        if len(jobs) == 1:
+            rows = await db.fetch(_INSERT_ONE + suffix + " RETURNING job_id", *jobs[0])
+        else:
+            arrays = [list(column) for column in zip(*jobs, strict=True)]
+            rows = await db.fetch(_INSERT_FROM_ARRAYS + suffix + " RETURNING job_id", *arrays)
+        return {r["job_id"] for r in rows}
 
     async def insert(self, db: Executor, jobs: Sequence[NewJob]) -> set[str]:
         """Insert; a duplicate id raises asyncpg.UniqueViolationError."""
-        rows = await db.fetch(_INSERT_FROM_ARRAYS + " RETURNING job_id", *self._arrays(jobs))
-        return {r["job_id"] for r in rows}
+        return await self._insert(db, jobs, "")
 
     async def insert_ignore(self, db: Executor, jobs: Sequence[NewJob]) -> set[str]:
         """Insert the new ids, skip existing ones; returns the inserted ids."""
-        sql = _INSERT_FROM_ARRAYS + " ON CONFLICT (job_id) DO NOTHING RETURNING job_id"
-        rows = await db.fetch(sql, *self._arrays(jobs))
-        return {r["job_id"] for r in rows}
+        return await self._insert(db, jobs, " ON CONFLICT (job_id) DO NOTHING")
 
     async def copy_insert(self, db: Executor, jobs: Sequence[NewJob]) -> set[str]:
         """Bulk insert through COPY (binary): several times faster than INSERT for
@@ -291,9 +297,7 @@ class Store:
 
     async def insert_replace(self, db: Executor, jobs: Sequence[NewJob]) -> set[str]:
         """Insert or overwrite non-running rows; returns the ids written."""
-        sql = _INSERT_FROM_ARRAYS + " ON CONFLICT (job_id) " + _REPLACE_SET + " RETURNING job_id"
-        rows = await db.fetch(sql, *self._arrays(jobs))
-        return {r["job_id"] for r in rows}
+        return await self._insert(db, jobs, " ON CONFLICT (job_id) " + _REPLACE_SET)
 
     async def existing_ids(self, db: Executor, job_ids: Sequence[str]) -> list[str]:
         rows = await db.fetch(
@@ -304,25 +308,39 @@ class Store:
     # -- claim and finish ----------------------------------------------------
 
     async def claim(
-        self, worker_id: str, task_names: list[str], limit: int, lease_seconds: float
+        self,
+        worker_id: str,
+        task_names: list[str],
+        limit: int,
+        lease_seconds: float,
+        db: Executor | None = None,
     ) -> list[asyncpg.Record]:
-        return await self.pool.fetch(
+        return await (db or self.pool).fetch(
             _CLAIM, PRIORITY_DB_VALUES, task_names, limit, worker_id, lease_seconds
         )
 
-    async def seconds_until_next_due(self, task_names: list[str]) -> float | None:
+    async def seconds_until_next_due(
+        self, task_names: list[str], db: Executor | None = None
+    ) -> float | None:
         """Seconds until the earliest pending job this worker can run (<= 0: due now)."""
-        return await self.pool.fetchval(_NEXT_DUE, PRIORITY_DB_VALUES, task_names)
+        return await (db or self.pool).fetchval(_NEXT_DUE, PRIORITY_DB_VALUES, task_names)
 
-    async def complete(self, worker_id: str, done: Sequence[Completion], delete: bool) -> set[str]:
+    async def complete(
+        self,
+        worker_id: str,
+        done: Sequence[Completion],
+        delete: bool,
+        db: Executor | None = None,
+    ) -> set[str]:
         """Mark finished jobs completed (or delete them); only rows this attempt still holds."""
         ids = [c.job_id for c in done]
         attempts = [c.attempt for c in done]
+        db = db or self.pool
         if delete:
-            rows = await self.pool.fetch(_COMPLETE_AND_DELETE, ids, attempts, worker_id)
+            rows = await db.fetch(_COMPLETE_AND_DELETE, ids, attempts, worker_id)
         else:
             results = [c.result for c in done]
-            rows = await self.pool.fetch(_COMPLETE, ids, attempts, results, worker_id)
+            rows = await db.fetch(_COMPLETE, ids, attempts, results, worker_id)
         return {r["job_id"] for r in rows}
 
     async def retry(

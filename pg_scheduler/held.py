@@ -1,0 +1,95 @@
+"""A pooled connection kept for one serial hot path (the claim loop, the completion writer)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import asyncpg
+
+from .reconnect import is_connection_error
+
+T = TypeVar("T")
+Executor = asyncpg.Pool | asyncpg.Connection
+
+# Keep connections only when the pool can spare them: the listener already
+# holds one, and heartbeats, the rescuer, vacuum and the application need some.
+MIN_POOL_SIZE_TO_HOLD = 6
+
+
+def _closed(conn: asyncpg.Connection) -> bool:
+    try:
+        return conn.is_closed()
+    except asyncpg.InterfaceError:  # a proxy the pool detached
+        return True
+
+
+class HeldConnection:
+    """One connection of the pool, kept between the statements of a serial path.
+
+    asyncpg resets a connection every time it goes back to the pool, one more
+    round trip per statement; on the claim path that round trip sits between
+    the claim and the start of its jobs. With a small pool, each statement
+    takes a connection from the pool as usual. A connection that may be
+    broken is closed and handed back (the pool replaces it); a statement's own
+    error leaves it in use, since every statement here is its own transaction.
+
+    ``asynchronous_commit``: the session commits without waiting for the WAL
+    flush (``synchronous_commit = off``; the pool's reset undoes it). Only for
+    writes that may be forgotten by a database crash without losing a job.
+    """
+
+    def __init__(self, pool: asyncpg.Pool, *, asynchronous_commit: bool = False) -> None:
+        self._pool = pool
+        self._conn: asyncpg.Connection | None = None
+        self._asynchronous_commit = asynchronous_commit
+        self.enabled = pool.get_max_size() >= MIN_POOL_SIZE_TO_HOLD
+
+    async def run(self, operation: Callable[[Executor], Awaitable[T]]) -> T:
+        if not self.enabled:
+            return await operation(self._pool)
+        if self._conn is not None and _closed(self._conn):
+            # Died while idle; the pool has already taken it back.
+            self._conn = None
+        if self._conn is None:
+            conn = await self._pool.acquire()
+            try:
+                if self._asynchronous_commit:
+                    await conn.execute("SET synchronous_commit = off")
+            except BaseException:
+                await self._give_back(conn)
+                raise
+            self._conn = conn
+        try:
+            return await operation(self._conn)
+        except asyncpg.PostgresError as exc:
+            if is_connection_error(exc):
+                await self._discard()
+            raise
+        except BaseException:
+            # Lost, timed out or cancelled mid-statement: its state is unknown.
+            await self._discard()
+            raise
+
+    async def _discard(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            conn.terminate()
+        except asyncpg.InterfaceError:
+            return  # closed under us: the pool has already taken it back
+        await self._give_back(conn)
+
+    async def _give_back(self, conn: asyncpg.Connection) -> None:
+        try:
+            await asyncio.shield(self._pool.release(conn, timeout=5))
+        except Exception:
+            pass  # the pool replaces a connection it could not reset
+
+    async def release(self) -> None:
+        """Hand the connection back to the pool (at shutdown)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await self._give_back(conn)
