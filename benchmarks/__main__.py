@@ -36,6 +36,7 @@ DRIVER = HERE / "driver.py"
 CONTENDERS: dict[str, str | None] = {
     "pg_scheduler": None,
     "pg_scheduler_del": None,  # the same, completed rows deleted at once
+    "pg_scheduler_notify": None,  # the same, no in-process start (latency only)
     "pgqueuer": "pgqueuer==1.6.0",
     "chancy": "chancy==0.26.0",
     "pg_scheduler_023": "pg-scheduler==0.2.3",
@@ -68,6 +69,8 @@ QUICK = {
 SCENARIOS = ["enqueue", "latency", "drain", "backlog", "big_backlog", "scaling"]
 # Scenarios run for this library only (the peers take minutes per 1M rows).
 OURS_ONLY = {"big_backlog", "scaling"}
+# Variants that differ from pg_scheduler in one scenario only run that one.
+ONLY_IN = {"pg_scheduler_notify": {"latency"}}
 
 
 def python_for(name: str) -> str:
@@ -377,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         for rnd in range(repeat):
             for name in names:
                 if scenario in OURS_ONLY and name != "pg_scheduler":
+                    continue
+                if scenario not in ONLY_IN.get(name, {scenario}):
                     continue
                 db, dsn = server.fresh_database(name)
                 cfg = {**scenario_cfg(scenario, sizes, args.concurrency), "dsn": dsn}

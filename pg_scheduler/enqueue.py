@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
@@ -19,11 +19,14 @@ from .codec import encode_retry_policy, encode_task_data
 from .config import UNSET, RetryPolicy
 from .enums import ConflictResolution, JobPriority
 from .job_spec import JobSpec
-from .reconnect import retry_on_disconnect
+from .reconnect import is_connection_error, retry_on_disconnect
 from .store import NewJob, Store
 from .tasks import TaskRegistry, ensure_async, task_name_of
 from .timeutil import to_aware
 from .validation import check_int, check_job_fields
+
+if TYPE_CHECKING:
+    from .worker import Worker
 
 # schedule_bulk batches at least this large are written with COPY (generated ids only).
 COPY_THRESHOLD = 100
@@ -288,14 +291,47 @@ class Enqueuer:
                 task.cancel()
         return written
 
+    async def write_started(self, row: NewJob, worker: Worker) -> bool | None:
+        """Write a due row already claimed by ``worker`` (of this process), which
+        starts it at once. True: written (started, or pending when the database
+        says it is not due yet). False: ``worker`` has no free slot, nothing
+        written. None: the connection was lost, the row may or may not be
+        written; ``write(..., retried=True)`` settles it (and the heartbeat hands
+        back a row that did land)."""
+        if not worker.reserve_local_start():
+            return False
+        claimed = None
+        settled = False
+        try:
+            async with self.pool.acquire() as conn:
+                claimed = await self.store.insert_running(
+                    conn, row, worker.worker_id, worker.lease_seconds()
+                )
+                # Started before the connection goes back to the pool: asyncpg
+                # resets it on the way, a round trip the job need not wait for.
+                settled = True
+                worker.finish_local_start(claimed)
+        except Exception as exc:
+            if not is_connection_error(exc):
+                raise
+            return None if claimed is None else True
+        finally:
+            if not settled:
+                worker.finish_local_start(None)
+        return True
+
     async def write(
         self,
         rows: list[NewJob],
         conflict: ConflictResolution,
         connection: asyncpg.Connection | None,
         user_ids: bool,
+        retried: bool = False,
     ) -> set[str]:
-        """Insert per ``conflict``; returns the ids written. RAISE -> ValueError on a duplicate."""
+        """Insert per ``conflict``; returns the ids written. RAISE -> ValueError on a duplicate.
+
+        ``retried``: an earlier attempt at these rows lost its answer.
+        """
         insert = {
             ConflictResolution.RAISE: self.store.insert,
             ConflictResolution.IGNORE: self.store.insert_ignore,
@@ -322,7 +358,7 @@ class Enqueuer:
                 # One INSERT statement is atomic on its own: no BEGIN/COMMIT round trips.
                 return await insert(self.pool, rows)
             except asyncpg.UniqueViolationError as exc:
-                if attempts > 1 and not user_ids:
+                if (attempts > 1 or retried) and not user_ids:
                     # Our generated ids are unique: the earlier attempt committed
                     # and only its answer was lost.
                     return {r.job_id for r in rows}

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+import weakref
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import asyncpg
@@ -24,13 +25,18 @@ from .periodic_manager import PeriodicManager
 from .reconnect import retry_on_disconnect
 from .services import HeartbeatService, RescuerService, VacuumService
 from .stats import QueueStats, collect_stats
-from .store import CANCEL_CHANNEL, JOBS_CHANNEL, Store
+from .store import CANCEL_CHANNEL, JOBS_CHANNEL, NewJob, Store
 from .store_housekeeping import VacuumStore
 from .tasks import TaskRegistry, default_registry
 from .validation import check_int, check_seconds
 from .worker import CANCELLED_REMOTELY, Worker
 
 log = get_logger(__name__)
+
+# Started Schedulers of this process: schedule() hands them due jobs directly.
+_RUNNING: weakref.WeakSet[Scheduler] = weakref.WeakSet()
+# Jobs due later than this (by this process's clock) are not tried locally.
+_LOCAL_START_HORIZON = timedelta(seconds=1)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -67,6 +73,7 @@ class Scheduler:
         listener_health_interval: float = 5.0,
         tasks: TaskRegistry | None = None,
         run_periodic_jobs: bool = True,
+        start_due_jobs_locally: bool = True,
     ) -> None:
         if not isinstance(db_pool, asyncpg.Pool):
             raise TypeError(f"db_pool must be an asyncpg.Pool, got {type(db_pool).__name__}")
@@ -107,6 +114,7 @@ class Scheduler:
         self._lease_duration = lease_duration
         self._rescue_interval = rescue_interval
         self.run_periodic_jobs = run_periodic_jobs
+        self.start_due_jobs_locally = start_due_jobs_locally
 
         self.worker_id = uuid.uuid4().hex[: self.WORKER_ID_LENGTH]
         self.registry = TaskRegistry(parent=tasks or default_registry)
@@ -206,6 +214,7 @@ class Scheduler:
             self.listener.start()
             self.is_running = True
             self.is_shutting_down = False
+            _RUNNING.add(self)
             self._claim_task = asyncio.create_task(
                 self.listen_for_jobs(), name="pg_scheduler.claim"
             )
@@ -236,6 +245,7 @@ class Scheduler:
             if not self.is_running:
                 return
             self.is_shutting_down = True
+            _RUNNING.discard(self)
             grace = self.shutdown_grace_period if grace_period is None else grace_period
             self.worker.stop_claiming()
             if self._claim_task is not None:
@@ -348,9 +358,19 @@ class Scheduler:
             timeout,
             retry_policy,
         )
-        await self.enqueuer.write(
-            [row], conflict_resolution, connection, user_ids=job_id is not None
-        )
+        # Due now, autocommitted, and a worker of this process has a free slot:
+        # written already claimed by it and started at once. (Not inside the
+        # caller's transaction: the job must not start before that commits.)
+        local = self._local_worker(row) if connection is None and job_id is None else None
+        written = None if local is None else await self.enqueuer.write_started(row, local)
+        if not written:
+            await self.enqueuer.write(
+                [row],
+                conflict_resolution,
+                connection,
+                user_ids=job_id is not None,
+                retried=written is None and local is not None,
+            )
         log.debug(
             "job scheduled",
             event_type="scheduled",
@@ -359,6 +379,20 @@ class Scheduler:
             execution_time=row.execution_time.isoformat(),
         )
         return row.job_id
+
+    def _local_worker(self, row: NewJob) -> Worker | None:
+        """A running worker of this process, on this pool, that runs ``row``'s task."""
+        if row.execution_time > datetime.now(UTC) + _LOCAL_START_HORIZON:
+            return None
+        for scheduler in (self, *_RUNNING):
+            if (
+                scheduler in _RUNNING
+                and scheduler.start_due_jobs_locally
+                and scheduler.db_pool is self.db_pool
+                and scheduler.registry.resolve(row.task_name) is not None
+            ):
+                return scheduler.worker
+        return None
 
     async def schedule_bulk(
         self,

@@ -121,6 +121,26 @@ RETURNING j.job_id, j.job_name, j.task_name, j.task_data::text AS task_data, j.p
           j.timeout, j.retry_policy::text AS retry_policy
 """
 
+# One due job written already claimed by a worker of this process (``$11``),
+# which starts it at once: no NOTIFY hop, no claim. Whether it is due is the
+# database's call; a job that is not, or that is past its misfire grace (the
+# claim expires those), comes back pending like any insert.
+_INSERT_RUNNING = f"""
+INSERT INTO scheduled_jobs ({_INSERT_COLUMNS},
+                            worker_id, attempts, started_at, last_heartbeat, lease_until)
+SELECT $1, $2, $3, $4, CASE WHEN d.due THEN 'running' ELSE 'pending' END, $5::jsonb,
+       $6, $7, $8, $9, $10::jsonb,
+       CASE WHEN d.due THEN $11 END, CASE WHEN d.due THEN 1 ELSE 0 END,
+       CASE WHEN d.due THEN now() END, CASE WHEN d.due THEN now() END,
+       CASE WHEN d.due THEN now() + make_interval(secs => $12) END
+  FROM (SELECT $4::timestamptz <= now()
+               AND ($8::int IS NULL OR $4::timestamptz + make_interval(secs => $8::int) >= now())
+                   AS due) AS d
+RETURNING job_id, job_name, task_name, task_data::text AS task_data, priority,
+          execution_time, status, attempts, retry_count, max_retries,
+          timeout, retry_policy::text AS retry_policy
+"""
+
 _NEXT_DUE = """
 SELECT EXTRACT(EPOCH FROM (min(n.execution_time) - now()))::float8
   FROM unnest($1::int[]) AS p(priority)
@@ -318,6 +338,12 @@ class Store:
         return await (db or self.pool).fetch(
             _CLAIM, PRIORITY_DB_VALUES, task_names, limit, worker_id, lease_seconds
         )
+
+    async def insert_running(
+        self, db: Executor, job: NewJob, worker_id: str, lease_seconds: float
+    ) -> asyncpg.Record:
+        """Insert ``job`` claimed by ``worker_id`` if it is due (status says which)."""
+        return await db.fetchrow(_INSERT_RUNNING, *job, worker_id, lease_seconds)
 
     async def seconds_until_next_due(
         self, task_names: list[str], db: Executor | None = None

@@ -379,11 +379,50 @@ class Worker:
                     attempt=row["attempts"],
                 )
             self._in_flight += 1
-            self.owned.add(row["job_id"])
-            if self._active < self.max_concurrent_jobs:
-                self._start(row)
-            else:
-                self._buffer.append((time.monotonic(), row))
+            self._accept(row)
+
+    def _accept(self, row: Mapping[str, Any]) -> None:
+        """A row claimed here (counted in flight): start it, or keep it for a slot."""
+        self.owned.add(row["job_id"])
+        if self._active < self.max_concurrent_jobs:
+            self._start(row)
+        else:
+            self._buffer.append((time.monotonic(), row))
+
+    # -- jobs enqueued in this process, started here -------------------------
+
+    def reserve_local_start(self) -> bool:
+        """Hold a free slot for a due job this process is enqueueing. It counts as
+        a claim in flight, so the heartbeat hands the row back if the insert's
+        answer is lost."""
+        if not self._claiming or self._in_flight >= self.max_concurrent_jobs:
+            return False
+        self._in_flight += 1
+        self.claims_in_flight += 1
+        self.claims_sent += 1
+        return True
+
+    def finish_local_start(self, row: Mapping[str, Any] | None) -> bool:
+        """Start the inserted row if it came back running here; else free the slot."""
+        self.claims_in_flight -= 1
+        if row is not None and row["status"] == "running":
+            self._log_debug = _debug_enabled()
+            self._log_info = _info_enabled()
+            if self._log_debug:
+                log.debug(
+                    "job claimed",
+                    event_type="claimed",
+                    job_id=row["job_id"],
+                    task=row["task_name"],
+                    worker_id=self.worker_id,
+                    attempt=row["attempts"],
+                    local=True,
+                )
+            self._accept(row)
+            return True
+        self._in_flight = max(0, self._in_flight - 1)
+        self._capacity.set()
+        return False
 
     def _start(self, row: Mapping[str, Any]) -> None:
         self._active += 1

@@ -63,3 +63,12 @@ async def boom() -> None:
 @task
 async def returns_object() -> object:
     return object()
+
+
+@task
+async def wait_for(key: str) -> str:
+    """Runs until ``event(key + ':release')`` is set."""
+    calls[key].append("start")
+    event(key + ":started").set()
+    await event(key + ":release").wait()
+    return "released"

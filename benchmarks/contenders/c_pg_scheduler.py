@@ -94,6 +94,9 @@ class Contender:
         if os.environ.get("PGS_BENCH_DELETE_COMPLETED"):
             # Variant: completed rows deleted at once (VacuumPolicy IMMEDIATE).
             options["vacuum_config"] = VacuumConfig(completed=VacuumPolicy(VacuumTrigger.IMMEDIATE))
+        if os.environ.get("PGS_BENCH_NO_LOCAL_START"):
+            # Variant: jobs reach the worker through NOTIFY + claim, as from another process.
+            options["start_due_jobs_locally"] = False
         self.scheduler = Scheduler(
             self.pool, max_concurrent_jobs=concurrency, batch_claim_limit=concurrency, **options
         )
