@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import asyncpg
 
+from .codec import encode_json
 from .enums import PRIORITY_DB_VALUES
 
 JOBS_CHANNEL = "pg_scheduler_jobs"
@@ -155,19 +156,27 @@ SELECT EXTRACT(EPOCH FROM (min(n.execution_time) - now()))::float8
 
 _LEASE_GUARD = "job_id = $1 AND worker_id = $2 AND attempts = $3 AND status = 'running'"
 
+# Completions: one pkey probe per id, and no join. $2 maps each id to
+# [attempt, result] in one jsonb object (its key lookup is a binary search);
+# the guard is wrapped in IS TRUE so that scheduled_jobs_running_idx is not a
+# candidate. The earlier form joined the rows to unnest() of the id list: its
+# generic plan (a prepared statement) expected one running row and ten ids,
+# chose a nested loop that rescanned the list for every row, and a batch of
+# 750 completions took 377 ms, O(n^2) in the batch size.
 _COMPLETE = """
 UPDATE scheduled_jobs j
-   SET status = 'completed', finished_at = now(), lease_until = NULL, result = d.result::jsonb
-  FROM unnest($1::text[], $2::int[], $3::text[]) AS d(job_id, attempt, result)
- WHERE j.job_id = d.job_id AND j.attempts = d.attempt
-   AND j.worker_id = $4 AND j.status = 'running'
+   SET status = 'completed', finished_at = now(), lease_until = NULL,
+       result = NULLIF($2::jsonb -> j.job_id -> 1, 'null'::jsonb)
+ WHERE j.job_id = ANY($1::text[])
+   AND j.attempts = ($2::jsonb -> j.job_id ->> 0)::int
+   AND (j.worker_id = $3 AND j.status = 'running') IS TRUE
 RETURNING j.job_id
 """
 _COMPLETE_AND_DELETE = """
 DELETE FROM scheduled_jobs j
- USING unnest($1::text[], $2::int[]) AS d(job_id, attempt)
- WHERE j.job_id = d.job_id AND j.attempts = d.attempt
-   AND j.worker_id = $3 AND j.status = 'running'
+ WHERE j.job_id = ANY($1::text[])
+   AND j.attempts = ($2::jsonb -> j.job_id ->> 0)::int
+   AND (j.worker_id = $3 AND j.status = 'running') IS TRUE
 RETURNING j.job_id
 """
 
@@ -360,13 +369,13 @@ class Store:
     ) -> set[str]:
         """Mark finished jobs completed (or delete them); only rows this attempt still holds."""
         ids = [c.job_id for c in done]
-        attempts = [c.attempt for c in done]
-        db = db or self.pool
-        if delete:
-            rows = await db.fetch(_COMPLETE_AND_DELETE, ids, attempts, worker_id)
-        else:
-            results = [c.result for c in done]
-            rows = await db.fetch(_COMPLETE, ids, attempts, results, worker_id)
+        # {"<id>": [attempt, result], ...}; a result is JSON text already.
+        by_id = ",".join(
+            f"{encode_json(c.job_id)}:[{c.attempt},{'null' if c.result is None else c.result}]"
+            for c in done
+        )
+        statement = _COMPLETE_AND_DELETE if delete else _COMPLETE
+        rows = await (db or self.pool).fetch(statement, ids, "{" + by_id + "}", worker_id)
         return {r["job_id"] for r in rows}
 
     async def retry(

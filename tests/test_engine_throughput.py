@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime, timedelta
 
 import app_tasks
 from conftest import job_status, wait_for_status, wait_until
+
+from pg_scheduler.store import Completion
 
 
 def now() -> datetime:
@@ -81,3 +84,34 @@ async def test_large_bulk_uses_copy_and_wakes_workers(pool, make_scheduler):
     await wait_until(all_done, message="bulk jobs completed")
     job = await scheduler.get_job(ids[7])
     assert job.result == 8 and job.task_name == "app_tasks:add" and job.job_name == "add"
+
+
+async def test_batched_completion_keeps_the_lease_guard_and_odd_ids(pool, make_scheduler):
+    """One completion statement for many jobs: only rows this worker's attempt
+    holds are settled, results land as given, and ids need no escaping by hand."""
+    scheduler = await make_scheduler(start=False)
+    store = scheduler.store
+    odd = ['quote"d', "back\\slash", "ünïcode", "spa ce", "x" * 100]
+    when = datetime.now(UTC) - timedelta(seconds=1)
+    for job_id in odd:
+        await scheduler.schedule(app_tasks.noop, execution_time=when, job_id=job_id)
+    claimed = await store.claim("w1", ["app_tasks:noop"], 10, 60.0)
+    assert {r["job_id"] for r in claimed} == set(odd)
+    results = ['{"a": [1, "two"]}', None, '"text with \\"quotes\\""', "3.5", "null"]
+    done = [Completion(job_id, 1, result) for job_id, result in zip(odd, results, strict=True)]
+    stale = Completion(odd[0], 2, "1")  # an attempt that does not hold the row
+    assert await store.complete("w2", done, delete=False) == set()  # not this worker's
+    assert await store.complete("w1", [stale], delete=False) == set()
+    assert await store.complete("w1", done, delete=False) == set(odd)
+    rows = {
+        r["job_id"]: r
+        for r in await pool.fetch(
+            "SELECT job_id, status, result::text AS result FROM scheduled_jobs"
+        )
+    }
+    assert {r["status"] for r in rows.values()} == {"completed"}
+    stored = [rows[job_id]["result"] for job_id in odd]
+    expected = [None if r in (None, "null") else json.dumps(json.loads(r)) for r in results]
+    assert [None if s is None else json.dumps(json.loads(s)) for s in stored] == expected
+    # Settled once: a repeat (a retried write whose first answer was lost) changes nothing.
+    assert await store.complete("w1", done, delete=False) == set()
