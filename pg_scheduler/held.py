@@ -9,9 +9,9 @@ from typing import TypeVar
 import asyncpg
 
 from .reconnect import is_connection_error
+from .store import Executor
 
 T = TypeVar("T")
-Executor = asyncpg.Pool | asyncpg.Connection
 
 # Keep connections only when the pool can spare them: the listener already
 # holds one, and heartbeats, the rescuer, vacuum and the application need some.
