@@ -84,7 +84,11 @@ _REPLACE_SET = """
     WHERE scheduled_jobs.status <> 'running'
 """
 
-_CLAIM = """
+# What the worker reads of a claimed row (the claim and the in-process start).
+_CLAIMED_COLUMNS = """j.job_id, j.job_name, j.task_name, j.task_data::text AS task_data,
+          j.priority, j.execution_time, j.status, j.attempts, j.retry_count,
+          j.max_retries, j.timeout, j.retry_policy::text AS retry_policy"""
+_CLAIM = f"""
 WITH picked AS (
     SELECT c.job_id, c.expired
       FROM unnest($1::int[]) AS p(priority)
@@ -117,9 +121,7 @@ UPDATE scheduled_jobs j
            ELSE j.error_message END
   FROM picked
  WHERE j.job_id = picked.job_id
-RETURNING j.job_id, j.job_name, j.task_name, j.task_data::text AS task_data, j.priority,
-          j.execution_time, j.status, j.attempts, j.retry_count, j.max_retries,
-          j.timeout, j.retry_policy::text AS retry_policy
+RETURNING {_CLAIMED_COLUMNS}
 """
 
 # One due job written already claimed by a worker of this process (``$11``),
@@ -127,8 +129,8 @@ RETURNING j.job_id, j.job_name, j.task_name, j.task_data::text AS task_data, j.p
 # database's call; a job that is not, or that is past its misfire grace (the
 # claim expires those), comes back pending like any insert.
 _INSERT_RUNNING = f"""
-INSERT INTO scheduled_jobs ({_INSERT_COLUMNS},
-                            worker_id, attempts, started_at, last_heartbeat, lease_until)
+INSERT INTO scheduled_jobs AS j ({_INSERT_COLUMNS},
+                                 worker_id, attempts, started_at, last_heartbeat, lease_until)
 SELECT $1, $2, $3, $4, CASE WHEN d.due THEN 'running' ELSE 'pending' END, $5::jsonb,
        $6, $7, $8, $9, $10::jsonb,
        CASE WHEN d.due THEN $11 END, CASE WHEN d.due THEN 1 ELSE 0 END,
@@ -137,9 +139,7 @@ SELECT $1, $2, $3, $4, CASE WHEN d.due THEN 'running' ELSE 'pending' END, $5::js
   FROM (SELECT $4::timestamptz <= now()
                AND ($8::int IS NULL OR $4::timestamptz + make_interval(secs => $8::int) >= now())
                    AS due) AS d
-RETURNING job_id, job_name, task_name, task_data::text AS task_data, priority,
-          execution_time, status, attempts, retry_count, max_retries,
-          timeout, retry_policy::text AS retry_policy
+RETURNING {_CLAIMED_COLUMNS}
 """
 
 _NEXT_DUE = """
