@@ -355,9 +355,7 @@ class Worker:
 
     def dispatch(self, rows: list[Any]) -> None:
         """Start a task per claimed row; rows the claim expired are only logged."""
-        # Checked once per claim, not per job.
-        self._log_debug = debug = _debug_enabled()
-        self._log_info = _info_enabled()
+        self._check_log_levels()
         for row in sorted(rows, key=lambda r: (r["priority"], r["execution_time"])):
             if row["status"] == "expired":
                 log.warning(
@@ -369,20 +367,26 @@ class Worker:
                     event_type="expired",
                 )
                 continue
-            if debug:
-                log.debug(
-                    "job claimed",
-                    event_type="claimed",
-                    job_id=row["job_id"],
-                    task=row["task_name"],
-                    worker_id=self.worker_id,
-                    attempt=row["attempts"],
-                )
             self._in_flight += 1
             self._accept(row)
 
-    def _accept(self, row: Mapping[str, Any]) -> None:
+    def _check_log_levels(self) -> None:
+        # Checked once per claim, not per job.
+        self._log_debug = _debug_enabled()
+        self._log_info = _info_enabled()
+
+    def _accept(self, row: Mapping[str, Any], local: bool = False) -> None:
         """A row claimed here (counted in flight): start it, or keep it for a slot."""
+        if self._log_debug:
+            log.debug(
+                "job claimed",
+                event_type="claimed",
+                job_id=row["job_id"],
+                task=row["task_name"],
+                worker_id=self.worker_id,
+                attempt=row["attempts"],
+                **({"local": True} if local else {}),
+            )
         self.owned.add(row["job_id"])
         if self._active < self.max_concurrent_jobs:
             self._start(row)
@@ -406,19 +410,8 @@ class Worker:
         """Start the inserted row if it came back running here; else free the slot."""
         self.claims_in_flight -= 1
         if row is not None and row["status"] == "running":
-            self._log_debug = _debug_enabled()
-            self._log_info = _info_enabled()
-            if self._log_debug:
-                log.debug(
-                    "job claimed",
-                    event_type="claimed",
-                    job_id=row["job_id"],
-                    task=row["task_name"],
-                    worker_id=self.worker_id,
-                    attempt=row["attempts"],
-                    local=True,
-                )
-            self._accept(row)
+            self._check_log_levels()
+            self._accept(row, local=True)
             return True
         self._in_flight = max(0, self._in_flight - 1)
         self._capacity.set()
