@@ -4,5 +4,6 @@ COPY pyproject.toml README.md ./
 COPY pg_scheduler ./pg_scheduler
 COPY migrations ./migrations
 COPY examples ./examples
-RUN pip install --no-cache-dir .
+# The cli extra: `docker compose exec worker pg-scheduler status` prints rich tables.
+RUN pip install --no-cache-dir '.[cli]'
 ENV PYTHONPATH=/app

@@ -44,7 +44,7 @@ from pg_scheduler.enums import PRIORITY_DB_VALUES
 from pg_scheduler.migrate import migrate
 from pg_scheduler.services.vacuum import VacuumService
 from pg_scheduler.store import Completion, NewJob, Store
-from pg_scheduler.store_housekeeping import VacuumStore
+from pg_scheduler.store.housekeeping import VacuumStore
 
 TASK = "bench:noop"
 WORKER = "bench-worker"

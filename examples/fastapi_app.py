@@ -1,6 +1,7 @@
 """Embedding the Scheduler in a FastAPI app's lifespan.
 
-Run with ``PG_SCHEDULER_DSN=postgresql://... uvicorn examples.fastapi_app:app``.
+``pip install -e '.[examples]'`` (FastAPI and uvicorn), then run with
+``PG_SCHEDULER_DSN=postgresql://... uvicorn examples.fastapi_app:app``.
 """
 
 from __future__ import annotations

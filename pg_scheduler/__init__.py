@@ -1,20 +1,30 @@
 """pg_scheduler: a PostgreSQL-native job queue and scheduler for asyncio, on asyncpg."""
 
 from .config import PollingConfig, RetryPolicy, VacuumConfig, VacuumPolicy
+from .context import JobContext, current_job
 from .enums import ConflictResolution, JobPriority, JobStatus, VacuumTrigger
+from .events import Event, Subscription
 from .job_spec import JobSpec
 from .migrate import MigrationError
-from .models import Job, TaskInventory
+from .models import Attempt, Job, TaskInventory
 from .periodic import CoalescePolicy, PeriodicJobConfig, periodic
+from .results import JobCancelled, JobExpired, JobFailed, JobNotFound
 from .scheduler import Scheduler
 from .tasks import task
 
 __version__ = "0.3.0"
 
 __all__ = [
+    "Attempt",
     "CoalescePolicy",
     "ConflictResolution",
+    "Event",
     "Job",
+    "JobCancelled",
+    "JobContext",
+    "JobExpired",
+    "JobFailed",
+    "JobNotFound",
     "JobPriority",
     "JobSpec",
     "JobStatus",
@@ -23,10 +33,12 @@ __all__ = [
     "PollingConfig",
     "RetryPolicy",
     "Scheduler",
+    "Subscription",
     "TaskInventory",
     "VacuumConfig",
     "VacuumPolicy",
     "VacuumTrigger",
+    "current_job",
     "periodic",
     "task",
 ]

@@ -47,10 +47,11 @@ class RetryPolicy:
     failing together do not retry together.
     """
 
-    base_delay: float = Field(default=60.0, ge=0)
-    factor: float = Field(default=2.0, ge=1.0)
-    max_delay: float = Field(default=300.0, ge=0)
-    jitter: float = Field(default=0.1, ge=0, le=1)
+    # Finite: a job's policy is stored as JSON, which has no NaN or infinity.
+    base_delay: float = Field(default=60.0, ge=0, allow_inf_nan=False)
+    factor: float = Field(default=2.0, ge=1.0, allow_inf_nan=False)
+    max_delay: float = Field(default=300.0, ge=0, allow_inf_nan=False)
+    jitter: float = Field(default=0.1, ge=0, le=1, allow_inf_nan=False)
 
     def delay_for(self, retry_number: int, rng: random.Random | None = None) -> float:
         """Seconds to wait before retry number ``retry_number`` (1-based)."""
@@ -153,9 +154,11 @@ class VacuumConfig:
 
     def policies(self) -> dict[str, VacuumPolicy]:
         """Status name -> policy, for every final status."""
-        return {
+        policies = {
             "completed": self.completed,
             "failed": self.failed,
             "cancelled": self.cancelled,
             "expired": self.expired,
-        }  # type: ignore[dict-item]
+        }
+        # __post_init__ filled every None with its default.
+        return {status: p for status, p in policies.items() if p is not None}

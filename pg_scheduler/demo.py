@@ -11,6 +11,7 @@ import asyncpg
 from .config import RetryPolicy
 from .periodic import periodic
 from .scheduler import Scheduler
+from .store.cli import CliStore
 from .tasks import task, task_name_of
 
 _attempts: dict[str, int] = {}
@@ -30,9 +31,24 @@ async def flaky(key: str, failures: int) -> str:
     return f"succeeded on attempt {_attempts[key]}"
 
 
-@periodic(every=timedelta(seconds=3), job_name="demo_heartbeat", dedup_key="demo-heartbeat")
+@periodic(every=timedelta(seconds=3), job_name="heartbeat", dedup_key="demo-heartbeat")
 async def demo_heartbeat() -> str:
     return datetime.now(UTC).strftime("tick at %H:%M:%S")
+
+
+# One name per job in the table: the job name (the periodic job's, too).
+_HEADER = f"  {'job':<10} {'status':<10} {'attempt':>7} {'ms':>8}  result / error"
+
+
+def _row(row: asyncpg.Record) -> str:
+    ms = row["duration_ms"]
+    duration = "-" if ms is None else f"{ms:.1f}"
+    detail = row["result"] or row["error_message"] or ""
+    if row["status"] == "pending" and row["error_message"]:
+        detail = f"will retry: {row['error_message']}"
+    return (
+        f"  {row['job_name']:<10} {row['status']:<10} {row['attempts']:>7} {duration:>8}  {detail}"
+    ).rstrip()
 
 
 async def run_demo(pool: asyncpg.Pool, seconds: float = 12.0) -> None:
@@ -43,12 +59,9 @@ async def run_demo(pool: asyncpg.Pool, seconds: float = 12.0) -> None:
         retry_policy=RetryPolicy(base_delay=1.0, factor=2.0, jitter=0.0),
     )
     await scheduler.initialize_db()
+    store = CliStore(pool)
     # Each run starts clean: drop what an earlier demo left unfinished.
-    await pool.execute(
-        "DELETE FROM scheduled_jobs WHERE status IN ('pending', 'running')"
-        " AND task_name = ANY($1::text[])",
-        [task_name_of(f) for f in (greet, flaky, demo_heartbeat)],
-    )
+    await store.delete_unfinished([task_name_of(f) for f in (greet, flaky, demo_heartbeat)])
     await scheduler.start()
     started = datetime.now(UTC)
     ids: list[str] = []
@@ -66,33 +79,26 @@ async def run_demo(pool: asyncpg.Pool, seconds: float = 12.0) -> None:
         )
         print(
             f"demo: scheduled {len(ids)} jobs plus a periodic job every 3 s "
-            f"on worker {scheduler.worker_id}; running for {seconds:g} s\n"
+            f"on worker {scheduler.worker_id}; running for {seconds:g} s\n",
+            flush=True,
         )
+        print(_HEADER, flush=True)
         last_seen: dict[str, str] = {}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
         while loop.time() < deadline:
             await asyncio.sleep(0.5)
-            rows = await pool.fetch(
-                """SELECT job_id, job_name, status, attempts, result::text AS result,
-                          error_message
-                     FROM scheduled_jobs
-                    WHERE job_id = ANY($1::text[])
-                       OR (job_name = 'demo_heartbeat' AND created_at >= $2)
-                    ORDER BY execution_time""",
-                ids,
-                started,
-            )
-            for row in rows:
+            for row in await store.demo_rows(ids, "heartbeat", started):
                 state = f"{row['status']}:{row['attempts']}"
                 if last_seen.get(row["job_id"]) == state:
                     continue
                 last_seen[row["job_id"]] = state
-                detail = row["result"] or row["error_message"] or ""
-                print(
-                    f"  {row['job_name']:<16} {row['status']:<10} attempt {row['attempts']}"
-                    f"  {detail}"
-                )
+                print(_row(row), flush=True)
     finally:
         await scheduler.shutdown()
-    print("\ndemo: done")
+    print(
+        "\ndemo: done. The jobs stay in the database: watch the queue with\n"
+        "  pg-scheduler status --watch\n"
+        "list them with `pg-scheduler jobs`, and point your own code at the embedded\n"
+        "database with PG_SCHEDULER_DSN=$(pg-scheduler dsn)."
+    )

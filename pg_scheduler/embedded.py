@@ -48,9 +48,33 @@ class EmbeddedPostgres:
         self._server.cleanup()
 
 
+def is_running(data_dir: str | Path | None = None) -> bool:
+    """Whether a server already runs from ``data_dir`` (default: the CLI's)."""
+    pidfile = (Path(data_dir) if data_dir is not None else default_data_dir()) / "postmaster.pid"
+    try:
+        pid = int(pidfile.read_text().splitlines()[0])
+        os.kill(pid, 0)
+    except (OSError, ValueError, IndexError):
+        return False
+    return True
+
+
 def start(data_dir: str | Path | None = None, *, cleanup: str | None = "stop") -> EmbeddedPostgres:
     """Start (or attach to) the embedded server in ``data_dir``."""
     return EmbeddedPostgres(data_dir, cleanup=cleanup)
+
+
+def default_dsn() -> str:
+    """``$PG_SCHEDULER_DSN`` if set, else the embedded server's DSN.
+
+    The embedded server (``pip install 'pg-scheduler[embedded]'``) uses the
+    CLI's data directory, so ``pg-scheduler status`` sees the same jobs; it is
+    started if needed and, when this process started it, stopped at exit.
+    """
+    configured = os.environ.get("PG_SCHEDULER_DSN")
+    if configured:
+        return configured
+    return start(cleanup=None if is_running() else "stop").dsn
 
 
 async def create_pool(data_dir: str | Path | None = None, **pool_options: Any) -> asyncpg.Pool:

@@ -6,37 +6,29 @@ input raises at the call and writes nothing.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import asyncpg
 
-from .codec import encode_retry_policy, encode_task_data
-from .config import UNSET, RetryPolicy
-from .enums import ConflictResolution, JobPriority
+from .codec import encode_task_data
+from .enums import ConflictResolution
+from .job_fields import JobFields, row_of
 from .job_spec import JobSpec
-from .reconnect import is_connection_error, retry_on_disconnect
+from .reconnect import retry_on_disconnect
 from .store import NewJob, Store
 from .tasks import TaskRegistry, ensure_async, task_name_of
 from .timeutil import to_aware
 from .validation import check_int, check_job_fields
 
-if TYPE_CHECKING:
-    from .worker import Worker
-
 # schedule_bulk batches at least this large are written with COPY (generated ids only).
 COPY_THRESHOLD = 100
-# Generated-id batches written at once, each on its own pooled connection.
-WRITE_LANES = 2
 
 
 # The variant nibble of an RFC 9562 UUID is 8, 9, a or b: two random bits.
 _VARIANT = dict(zip("0123456789abcdef", "89ab" * 4, strict=True))
-_PRIORITY_DB_VALUES = {p: p.db_value for p in JobPriority}
 
 
 def new_job_ids(count: int) -> list[str]:
@@ -82,97 +74,31 @@ class Enqueuer:
         self.registry = registry
         self.default_misfire_grace_time = default_misfire_grace_time
 
-    def build(
-        self,
-        func: Callable[..., Any],
-        execution_time: Any,
-        args: Any,
-        kwargs: Any,
-        priority: Any,
-        max_retries: Any,
-        job_id: Any,
-        misfire_grace_time: Any,
-        timeout: Any,
-        retry_policy: Any,
-    ) -> NewJob:
-        """A row for ``func(*args, **kwargs)``; registers ``func`` so this worker runs it."""
-        task_name = self._register(func)
-        return self.row(
-            func.__name__,
-            task_name,
-            execution_time,
-            encode_task_data(args, {} if kwargs is None else kwargs, task_name),
-            priority,
-            max_retries,
-            job_id,
-            misfire_grace_time,
-            timeout,
-            retry_policy,
-        )
-
-    def row(
-        self,
-        job_name: str,
-        task_name: str,
-        execution_time: Any,
-        task_data: str,
-        priority: Any,
-        max_retries: Any,
-        job_id: Any,
-        misfire_grace_time: Any,
-        timeout: Any,
-        retry_policy: Any,
-    ) -> NewJob:
-        """Validate the remaining fields; ``misfire_grace_time=UNSET`` takes the default."""
-        check_job_fields(
-            execution_time, priority, max_retries, job_id, misfire_grace_time, timeout, retry_policy
-        )
-        return self._new_job(
-            job_id or new_job_id(),
-            job_name,
-            task_name,
-            to_aware(execution_time),
-            task_data,
-            priority,
-            max_retries,
-            misfire_grace_time,
-            timeout,
-            retry_policy,
-        )
-
-    def _register(self, func: Callable[..., Any]) -> str:
+    def register(self, func: Callable[..., Any]) -> str:
         """Check ``func`` and register it so this worker runs it; its task name."""
         ensure_async(func)
         self.registry.register(func)
         return task_name_of(func)
 
-    def _new_job(
+    def fields_for_call(
         self,
-        job_id: str,
-        job_name: str,
-        task_name: str,
-        execution_time: datetime,
-        task_data: str,
-        priority: JobPriority,
-        max_retries: int,
-        misfire_grace_time: int | None,
-        timeout: float | None,
-        retry_policy: RetryPolicy | None,
-    ) -> NewJob:
-        """The row for values already checked (aware ``execution_time``)."""
-        if misfire_grace_time is UNSET:
-            misfire_grace_time = self.default_misfire_grace_time()
-        return NewJob(
-            job_id,
-            job_name,
-            task_name,
-            execution_time,
-            task_data,
-            _PRIORITY_DB_VALUES[priority],
-            max_retries,
-            misfire_grace_time,
-            None if timeout is None else float(timeout),
-            None if retry_policy is None else encode_retry_policy(retry_policy),
+        func: Callable[..., Any],
+        args: Any,
+        kwargs: Any,
+        **fields: Any,
+    ) -> JobFields:
+        """The checked fields of ``func(*args, **kwargs)`` (``fields``: the other
+        keywords of ``schedule()``); registers ``func`` so this worker runs it."""
+        task_name = self.register(func)
+        task_data = encode_task_data(args, {} if kwargs is None else kwargs, task_name)
+        return JobFields.checked(
+            job_name=func.__name__, task_name=task_name, task_data=task_data, **fields
+        )
+
+    def new_row(self, fields: JobFields, job_id: str | None = None) -> NewJob:
+        """The row of checked ``fields``; ``job_id``: one generated beforehand."""
+        return row_of(
+            fields, fields.job_id or job_id or new_job_id(), self.default_misfire_grace_time
         )
 
     async def bulk(
@@ -191,6 +117,7 @@ class Enqueuer:
         # Bulk lists repeat one function and one time: each is looked at once.
         task_names: dict[Any, str] = {}
         fresh_ids = iter(new_job_ids(len(jobs)))
+        default_grace = self.default_misfire_grace_time
         last_time: Any = None
         aware_time: Any = None
         for index, spec in enumerate(jobs):
@@ -209,36 +136,30 @@ class Enqueuer:
             func = spec.func
             task_name = task_names.get(func)
             if task_name is None:
-                task_name = task_names[func] = self._register(func)
+                task_name = task_names[func] = self.register(func)
             if spec.execution_time is not last_time:
                 last_time = spec.execution_time
                 aware_time = to_aware(last_time)
-            rows.append(
-                self._new_job(
-                    next(fresh_ids) if spec.job_id is None else spec.job_id,
-                    func.__name__,
-                    task_name,
-                    aware_time,
-                    encode_task_data(spec.args, spec.kwargs, task_name),
-                    spec.priority,
-                    spec.max_retries,
-                    spec.misfire_grace_time,
-                    spec.timeout,
-                    spec.retry_policy,
-                )
+            fields = JobFields(
+                func.__name__,
+                task_name,
+                aware_time,
+                encode_task_data(spec.args, spec.kwargs, task_name),
+                spec.priority,
+                spec.max_retries,
+                spec.job_id,
+                spec.misfire_grace_time,
+                spec.timeout,
+                spec.retry_policy,
             )
+            row_id = next(fresh_ids) if spec.job_id is None else spec.job_id
+            rows.append(row_of(fields, row_id, default_grace))
         if not rows:
             return [], 0
         user_ids = [spec.job_id for spec in jobs if spec.job_id is not None]
         if user_ids:
             await self._check_user_ids(user_ids, conflict, connection)
-        batches = [rows[start : start + batch_size] for start in range(0, len(rows), batch_size)]
-        if connection is None and not user_ids and len(batches) > 1:
-            written = await self._write_concurrently(batches, conflict)
-        else:
-            written = set()
-            for batch in batches:
-                written |= await self.write(batch, conflict, connection, user_ids=bool(user_ids))
+        written = await self._write_all(rows, conflict, batch_size, connection, bool(user_ids))
         if conflict is not ConflictResolution.IGNORE:
             return [row.job_id for row in rows], len(written)
         result: list[str | None] = []
@@ -257,7 +178,11 @@ class Enqueuer:
     ) -> None:
         """Before any write: no id twice in one call, and for RAISE none already taken."""
         seen: set[str] = set()
-        duplicates = {i for i in user_ids if i in seen or seen.add(i)}
+        duplicates: set[str] = set()
+        for i in user_ids:
+            if i in seen:
+                duplicates.add(i)
+            seen.add(i)
         if duplicates and conflict is not ConflictResolution.IGNORE:
             raise ValueError(
                 f"job ids repeated within one schedule_bulk call: {sorted(duplicates)[:10]}"
@@ -270,55 +195,46 @@ class Enqueuer:
                     "was scheduled (use IGNORE or REPLACE to allow this)"
                 )
 
-    async def _write_concurrently(
-        self, batches: list[list[NewJob]], conflict: ConflictResolution
+    async def _write_all(
+        self,
+        rows: list[NewJob],
+        conflict: ConflictResolution,
+        batch_size: int,
+        connection: asyncpg.Connection | None,
+        user_ids: bool,
     ) -> set[str]:
-        """Generated-id batches over WRITE_LANES pooled connections at once: the
-        server inserts one batch while the next is encoded and sent. Their ids
-        cannot collide, so the order batches commit in does not matter."""
-        pending = iter(batches)
-        written: set[str] = set()
+        """Every row of one schedule_bulk call in one transaction (a savepoint
+        inside the caller's): all are written or none. Generated ids go in one
+        COPY, which streams, so the server inserts while the rest are encoded;
+        caller's ids in INSERT statements of ``batch_size`` rows."""
+        if not user_ids and len(rows) >= COPY_THRESHOLD:
+            steps = [(self.store.copy_insert, rows)]
+        else:
+            insert = self._insert_for(conflict)
+            steps = [
+                (insert, rows[start : start + batch_size])
+                for start in range(0, len(rows), batch_size)
+            ]
 
-        async def lane() -> None:
-            for batch in pending:
-                written.update(await self.write(batch, conflict, None, user_ids=False))
+        async def on(conn: asyncpg.Connection) -> set[str]:
+            written: set[str] = set()
+            async with conn.transaction():
+                for insert, batch in steps:
+                    written |= await insert(conn, batch)
+            return written
 
-        lanes = [asyncio.ensure_future(lane()) for _ in range(min(WRITE_LANES, len(batches)))]
-        try:
-            await asyncio.gather(*lanes)
-        finally:
-            for task in lanes:
-                task.cancel()
-        return written
+        if connection is not None:
+            return await self._attempts(lambda: on(connection), rows, user_ids, False, False)
 
-    async def write_started(self, row: NewJob, worker: Worker) -> bool | None:
-        """Write a due row already claimed by ``worker`` (of this process), which
-        starts it at once. True: written (started, or pending when the database
-        says it is not due yet). False: ``worker`` has no free slot, nothing
-        written. None: the connection was lost, the row may or may not be
-        written; ``write(..., retried=True)`` settles it (and the heartbeat hands
-        back a row that did land)."""
-        if not worker.reserve_local_start():
-            return False
-        claimed = None
-        settled = False
-        try:
+        async def pooled() -> set[str]:
+            if len(steps) == 1:
+                # One statement is atomic on its own: no BEGIN/COMMIT round trips.
+                insert, batch = steps[0]
+                return await insert(self.pool, batch)
             async with self.pool.acquire() as conn:
-                claimed = await self.store.insert_running(
-                    conn, row, worker.worker_id, worker.lease_seconds()
-                )
-                # Started before the connection goes back to the pool: asyncpg
-                # resets it on the way, a round trip the job need not wait for.
-                settled = True
-                worker.finish_local_start(claimed)
-        except Exception as exc:
-            if not is_connection_error(exc):
-                raise
-            return None if claimed is None else True
-        finally:
-            if not settled:
-                worker.finish_local_start(None)
-        return True
+                return await on(conn)
+
+        return await self._attempts(pooled, rows, user_ids, False, True)
 
     async def write(
         self,
@@ -332,31 +248,48 @@ class Enqueuer:
 
         ``retried``: an earlier attempt at these rows lost its answer.
         """
-        insert = {
-            ConflictResolution.RAISE: self.store.insert,
-            ConflictResolution.IGNORE: self.store.insert_ignore,
-            ConflictResolution.REPLACE: self.store.insert_replace,
-        }[conflict]
+        insert = self._insert_for(conflict)
         if not user_ids and len(rows) >= COPY_THRESHOLD:
             # Generated ids cannot collide, so no conflict handling is needed: COPY.
             insert = self.store.copy_insert
 
-        async def on(conn: asyncpg.Connection) -> set[str]:
-            # A savepoint inside the caller's transaction: a duplicate must not
-            # abort the caller's work.
-            async with conn.transaction():
-                return await insert(conn, rows)
+        async def once() -> set[str]:
+            if connection is not None:
+                # A savepoint inside the caller's transaction: a duplicate must not
+                # abort the caller's work.
+                async with connection.transaction():
+                    return await insert(connection, rows)
+            # One INSERT statement is atomic on its own: no BEGIN/COMMIT round trips.
+            return await insert(self.pool, rows)
 
+        return await self._attempts(once, rows, user_ids, retried, connection is None)
+
+    def _insert_for(self, conflict: ConflictResolution) -> Callable[..., Any]:
+        return {
+            ConflictResolution.RAISE: self.store.insert,
+            ConflictResolution.IGNORE: self.store.insert_ignore,
+            ConflictResolution.REPLACE: self.store.insert_replace,
+        }[conflict]
+
+    async def _attempts(
+        self,
+        once: Callable[[], Any],
+        rows: list[NewJob],
+        user_ids: bool,
+        retried: bool,
+        pooled: bool,
+    ) -> set[str]:
+        """Run ``once`` (retried on a lost pooled connection); a duplicate id -> ValueError.
+
+        ``retried``: an earlier attempt at these rows lost its answer.
+        """
         attempts = 0
 
         async def attempt() -> set[str]:
             nonlocal attempts
             attempts += 1
             try:
-                if connection is not None:
-                    return await on(connection)
-                # One INSERT statement is atomic on its own: no BEGIN/COMMIT round trips.
-                return await insert(self.pool, rows)
+                return await once()
             except asyncpg.UniqueViolationError as exc:
                 if (attempts > 1 or retried) and not user_ids:
                     # Our generated ids are unique: the earlier attempt committed
@@ -367,6 +300,6 @@ class Enqueuer:
                     "omit it for auto-generation, or use ConflictResolution.IGNORE/REPLACE"
                 ) from None
 
-        if connection is not None:
+        if not pooled:
             return await attempt()
         return await retry_on_disconnect(attempt, what="schedule", give_up_after=10)

@@ -37,6 +37,10 @@ class JobPriority(Enum):
 
 # Claim order: one index probe per level, most urgent first.
 PRIORITY_DB_VALUES: list[int] = sorted(_PRIORITY_DB_VALUES.values())
+# The same map keyed by member: a dict lookup per row when enqueueing.
+PRIORITY_DB_VALUE_OF: dict[JobPriority, int] = {
+    p: _PRIORITY_DB_VALUES[p.value] for p in JobPriority
+}
 
 
 class ConflictResolution(Enum):

@@ -8,10 +8,13 @@ from typing import Any
 
 from .config import UNSET, RetryPolicy
 from .enums import JobPriority
-from .tasks import ensure_async
 from .validation import as_args, as_kwargs, check_job_fields
 
 __all__ = ["JobSpec"]
+
+#: "Not given" for ``misfire_grace_time`` (the Scheduler's default applies).
+#: Private, but 0.2.x code and tests import it from here: the very same object.
+_UNSET: Any = UNSET
 
 
 class JobSpec:
@@ -22,6 +25,10 @@ class JobSpec:
     afterwards. A plain slotted class, not a pydantic model: bulk callers
     build hundreds of thousands of these, and this costs a microsecond or two
     each where a pydantic model cost about eight.
+
+    ``func`` need only be callable here, as in 0.2.x: ``schedule_bulk`` is
+    where a function that cannot run as a task (not ``async def``) raises
+    TypeError, before anything is written.
     """
 
     __slots__ = (
@@ -37,10 +44,6 @@ class JobSpec:
         "timeout",
     )
 
-    # The last function found async: bulk lists repeat one function, and
-    # inspect.iscoroutinefunction is the costliest check here.
-    _last_async: Any = None
-
     def __init__(
         self,
         func: Callable[..., Any],
@@ -50,13 +53,12 @@ class JobSpec:
         priority: JobPriority = JobPriority.NORMAL,
         max_retries: int = 0,
         job_id: str | None = None,
-        misfire_grace_time: int | None = UNSET,
+        misfire_grace_time: int | None = _UNSET,
         timeout: float | None = None,
         retry_policy: RetryPolicy | None = None,
     ) -> None:
-        if func is not JobSpec._last_async:
-            ensure_async(func)
-            JobSpec._last_async = func
+        if not callable(func):
+            raise TypeError(f"func must be a callable (an async function), got {func!r}")
         check_job_fields(
             execution_time, priority, max_retries, job_id, misfire_grace_time, timeout, retry_policy
         )

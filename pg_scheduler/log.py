@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+import threading
+from collections.abc import Hashable, Iterable
+from typing import Any, TypeVar
 
 import structlog
 
 
 class LibraryLogger:
-    """structlog's lazy logger, quiet below INFO until the application configures structlog.
+    """structlog's lazy logger, quiet below WARNING until the application configures structlog.
 
-    Unconfigured structlog prints every level to stdout; per-job debug events
-    (claimed, started) would flood an application that never asked for them.
-    Once the application (or the CLI) calls ``structlog.configure``, its
-    settings decide everything.
+    Unconfigured structlog prints every level to stdout; per-job events
+    (claimed, started, completed) would flood an application that never asked
+    for them. Once the application (or the CLI) calls ``structlog.configure``,
+    its settings decide everything.
     """
 
     __slots__ = ("_proxy",)
@@ -27,8 +29,13 @@ class LibraryLogger:
             return self._proxy.debug(event, *args, **fields)
         return None
 
+    def info(self, event: str, *args: Any, **fields: Any) -> Any:
+        if structlog.is_configured():
+            return self._proxy.info(event, *args, **fields)
+        return None
+
     def is_enabled_for(self, level: int) -> bool:
-        if level < logging.INFO and not structlog.is_configured():
+        if level < logging.WARNING and not structlog.is_configured():
             return False
         check = getattr(self._proxy, "is_enabled_for", None)
         return True if check is None else bool(check(level))
@@ -40,3 +47,23 @@ class LibraryLogger:
 def get_logger(name: str, **initial: Any) -> Any:
     """A lazy logger for module ``name`` (configuration applied later still takes effect)."""
     return LibraryLogger(structlog.get_logger(name, logger_name=name, **initial))
+
+
+_reported: dict[Hashable, set[Any]] = {}
+H = TypeVar("H", bound=Hashable)
+_reported_lock = threading.Lock()
+
+
+def newly_reported(condition: Hashable, current: Iterable[H]) -> list[H]:
+    """The members of ``current`` not yet reported for ``condition`` in this process.
+
+    A warning about a lasting condition (jobs nobody can run) is worth one line
+    per process, not one per check. Members that are no longer current are
+    forgotten, so a condition that clears and comes back is reported again.
+    """
+    members = list(current)
+    with _reported_lock:
+        seen = _reported.get(condition, set())
+        fresh = [m for m in members if m not in seen]
+        _reported[condition] = set(members)
+    return fresh

@@ -114,16 +114,16 @@ class _QueueCollector:
             "failed / (completed + failed) over the window",
             labels=["window_seconds"],
         )
-        for w in stats.windows:
-            label = f"{w.seconds:g}"
+        for win in stats.windows:
+            label = f"{win.seconds:g}"
             for status in ("completed", "failed", "cancelled", "expired"):
                 if status == "completed" and stats.completed_deleted:
                     continue
-                finished.add_metric([label, status], getattr(w, status))
-            if w.throughput is not None:
-                throughput.add_metric([label], w.throughput)
-            if w.failure_rate is not None:
-                failure.add_metric([label], w.failure_rate)
+                finished.add_metric([label, status], getattr(win, status))
+            if win.throughput is not None:
+                throughput.add_metric([label], win.throughput)
+            if win.failure_rate is not None:
+                failure.add_metric([label], win.failure_rate)
         yield finished
         yield throughput
         yield failure
@@ -143,6 +143,7 @@ class MetricsExporter:
         port: int,
         addr: str = "0.0.0.0",
         interval: float = 15.0,
+        schema: str = "public",
     ) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an int in 0..65535, got {port!r}")
@@ -150,7 +151,9 @@ class MetricsExporter:
             raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
         if isinstance(source, asyncpg.Pool):
             pool = source
-            self._read: Callable[[], Awaitable[QueueStats]] = lambda: collect_stats(pool)
+            self._read: Callable[[], Awaitable[QueueStats]] = lambda: collect_stats(
+                pool, schema=schema
+            )
         elif hasattr(source, "stats"):
             self._read = source.stats
         else:

@@ -12,6 +12,38 @@ from .config import RetryPolicy
 from .enums import JobPriority, JobStatus
 
 
+class Attempt(BaseModel):
+    """One attempt at a job. ``outcome`` is completed, failed, timed_out,
+    cancelled, rescued or handed_back; None while it runs."""
+
+    model_config = ConfigDict(frozen=True)
+
+    attempt: int
+    worker_id: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    outcome: str | None
+    error: str | None = None
+    traceback: str | None = None
+
+
+def _attempt_history(row: Any, status: JobStatus) -> list[Attempt]:
+    # Attempts that did not complete are in job_attempts; the running or
+    # completed one is the job row itself (migration 0006).
+    history = [Attempt(**a) for a in decode_json(row.get("attempt_history")) or ()]
+    if status in (JobStatus.RUNNING, JobStatus.COMPLETED) and row["attempts"]:
+        history.append(
+            Attempt(
+                attempt=row["attempts"],
+                worker_id=row["worker_id"],
+                started_at=row["started_at"],
+                finished_at=row["finished_at"],
+                outcome="completed" if status is JobStatus.COMPLETED else None,
+            )
+        )
+    return history
+
+
 class Job(BaseModel):
     """One job as stored, returned by :meth:`Scheduler.get_job`."""
 
@@ -45,6 +77,12 @@ class Job(BaseModel):
     next_retry_at: datetime | None
     #: Nominal delays (seconds, before jitter) of the retries still allowed.
     planned_retry_delays: list[float]
+    #: Every attempt, oldest first (``attempts`` is their count, as in 0.2.x).
+    attempt_history: list[Attempt] = []
+    #: The latest progress the job reported (current_job().report_progress()).
+    progress: float | None = None
+    progress_message: str | None = None
+    progress_at: datetime | None = None
 
     @classmethod
     def from_record(cls, row: Any, default_retry: RetryPolicy) -> Job:
@@ -85,6 +123,10 @@ class Job(BaseModel):
                 else None
             ),
             planned_retry_delays=[effective.nominal_delay(n) for n in remaining],
+            attempt_history=_attempt_history(row, status),
+            progress=row.get("progress"),
+            progress_message=row.get("progress_message"),
+            progress_at=row.get("progress_at"),
         )
 
 

@@ -1,6 +1,8 @@
 """LISTEN/NOTIFY on a dedicated connection, with health checks and reconnects.
 
-The listener holds one connection from the pool. A connection can die
+The listener holds one connection from the pool, or its own connection to
+``dsn`` when given (behind pgbouncer in transaction mode, LISTEN must bypass
+the pooler: a direct connection to PostgreSQL). A connection can die
 silently (a killed backend, a half-open TCP socket), so besides asyncpg's
 termination callback the listener runs ``SELECT 1`` every
 ``health_interval`` seconds; on failure it reconnects with backoff and
@@ -18,6 +20,7 @@ import asyncpg
 
 from .log import get_logger
 from .reconnect import Backoff
+from .store.session import HEALTH_CHECK
 
 log = get_logger(__name__)
 
@@ -32,8 +35,10 @@ class Listener:
         *,
         health_interval: float = 5.0,
         on_reconnect: Callable[[], None] | None = None,
+        dsn: str | None = None,
     ) -> None:
         self._pool = pool
+        self._dsn = dsn
         self._handlers = handlers
         self._health_interval = health_interval
         self._on_reconnect = on_reconnect
@@ -43,6 +48,28 @@ class Listener:
         self._task: asyncio.Task[None] | None = None
         self.live = False
         self.connected = asyncio.Event()
+        # Channels LISTENed on the current connection.
+        self._listening: set[str] = set()
+
+    @property
+    def started(self) -> bool:
+        return self._task is not None and not self._stopped.is_set()
+
+    async def add_channel(self, channel: str, handler: Handler) -> None:
+        """Listen on one more channel: now if connected, and after every reconnect."""
+        self._handlers.setdefault(channel, handler)
+        conn = self._conn
+        if conn is not None and channel not in self._listening:
+            try:
+                await self._listen(conn, channel)
+            except Exception:
+                self._lost.set()  # the reconnect LISTENs on every channel
+
+    async def _listen(self, conn: asyncpg.Connection, channel: str) -> None:
+        if channel in self._listening:
+            return
+        self._listening.add(channel)
+        await conn.add_listener(channel, self._dispatch)
 
     @property
     def backend_pid(self) -> int | None:
@@ -56,6 +83,8 @@ class Listener:
             return None
 
     def start(self) -> None:
+        if self.started:  # already started for wait_for()/events()
+            return
         self._task = asyncio.create_task(self._run(), name="pg_scheduler.listener")
 
     async def stop(self) -> None:
@@ -111,11 +140,17 @@ class Listener:
 
     async def _connect(self) -> None:
         self._lost.clear()
-        conn = await self._pool.acquire(timeout=10)
+        if self._dsn is not None:
+            conn = await asyncpg.connect(self._dsn, timeout=10, statement_cache_size=0)
+        else:
+            conn = await self._pool.acquire(timeout=10)
         self._conn = conn
+        self._listening = set()
         conn.add_termination_listener(self._terminated)
-        for channel in self._handlers:
-            await conn.add_listener(channel, self._dispatch)
+        # add_channel() may add channels meanwhile: loop until all are LISTENed.
+        while pending := [c for c in self._handlers if c not in self._listening]:
+            for channel in pending:
+                await self._listen(conn, channel)
 
     async def _watch(self) -> bool:
         """Return when the connection is lost (False) or the listener stops (True)."""
@@ -127,7 +162,7 @@ class Listener:
                 pass
             try:
                 assert self._conn is not None
-                await self._conn.fetchval("SELECT 1", timeout=self._health_interval)
+                await self._conn.fetchval(HEALTH_CHECK, timeout=self._health_interval)
             except Exception as exc:
                 log.warning("listener health check failed", error=repr(exc))
                 return False
@@ -151,14 +186,18 @@ class Listener:
             pass
         try:
             conn.terminate()
-            await self._pool.release(conn)
+            if self._dsn is None:
+                await self._pool.release(conn)
         except Exception:
             pass
 
     async def _unlisten_and_release(self, conn: asyncpg.Connection) -> None:
-        for channel in self._handlers:
+        for channel in list(self._listening):
             await conn.remove_listener(channel, self._dispatch)
-        await self._pool.release(conn, timeout=5)
+        if self._dsn is not None:
+            await conn.close(timeout=5)
+        else:
+            await self._pool.release(conn, timeout=5)
 
     async def _sleep(self, delay: float) -> None:
         try:

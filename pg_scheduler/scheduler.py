@@ -4,48 +4,56 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-import weakref
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any, TypeVar
 
 import asyncpg
 
-from .codec import encode_task_data
+from .compat import SchedulerCompat
 from .config import UNSET, PollingConfig, RetryPolicy, VacuumConfig
+from .engine import CANCELLED_REMOTELY, Worker
+from .engine import local as local_start
+from .engine.sync import default_process_pool_size
 from .enqueue import Enqueuer, check_conflict_resolution
-from .enums import ConflictResolution, JobPriority, JobStatus
+from .enums import ConflictResolution, JobPriority
+from .events import Event, EventHub, Subscription
 from .job_spec import JobSpec
 from .log import get_logger
 from .migrate import migrate
 from .models import Job, TaskInventory
 from .notify import Listener
 from .periodic import PeriodicJobConfig
-from .periodic_manager import PeriodicManager
+from .periodic.runtime import PeriodicManager
 from .reconnect import retry_on_disconnect
+from .results import result as result_of
+from .results import run as run_now
+from .results import wait_for as wait_until_final
+from .scheduler_args import check_arguments
 from .services import HeartbeatService, RescuerService, VacuumService
+from .services.watchdog import LoopWatchdog
 from .stats import QueueStats, collect_stats
-from .store import CANCEL_CHANNEL, JOBS_CHANNEL, NewJob, Store
-from .store_housekeeping import VacuumStore
+from .store import CANCEL_CHANNEL, DEFAULT_SCHEMA, JOBS_CHANNEL, Store
+from .store.housekeeping import VacuumStore
 from .tasks import TaskRegistry, default_registry
 from .validation import check_int, check_seconds
-from .worker import CANCELLED_REMOTELY, Worker
 
 log = get_logger(__name__)
 
-# Started Schedulers of this process: schedule() hands them due jobs directly.
-_RUNNING: weakref.WeakSet[Scheduler] = weakref.WeakSet()
-# Jobs due later than this (by this process's clock) are not tried locally.
-_LOCAL_START_HORIZON = timedelta(seconds=1)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Scheduler:
+class Scheduler(SchedulerCompat):
     """Claims and runs due jobs from ``scheduled_jobs``; any number may share one database.
 
     The positional parameters and their defaults are those of pg-scheduler
     0.2.x. The keyword-only ones are additions; ``None`` means "derive from the
     class constants" for the reliability timings.
+
+    ``schema``: the PostgreSQL schema of its tables, locks and channels.
+    ``pgbouncer``: the pool goes through pgbouncer in transaction mode (make it
+    with ``statement_cache_size=0``); ``listen_dsn``: a direct connection for
+    LISTEN, else such a worker polls. See the README's pgbouncer section.
     """
 
     HEARTBEAT_THRESHOLD = 120
@@ -74,29 +82,40 @@ class Scheduler:
         tasks: TaskRegistry | None = None,
         run_periodic_jobs: bool = True,
         start_due_jobs_locally: bool = True,
+        schema: str = DEFAULT_SCHEMA,
+        pgbouncer: bool = False,
+        listen_dsn: str | None = None,
+        thread_pool_size: int | None = None,
+        process_pool_size: int | None = None,
+        loop_stall_warning: float | None = 0.5,
     ) -> None:
-        if not isinstance(db_pool, asyncpg.Pool):
-            raise TypeError(f"db_pool must be an asyncpg.Pool, got {type(db_pool).__name__}")
-        check_int("max_concurrent_jobs", max_concurrent_jobs, 1)
-        check_int("misfire_grace_time", misfire_grace_time, 0, allow_none=True)
-        check_int("batch_claim_limit", batch_claim_limit, 1)
-        check_int("max_rescues", max_rescues, 0)
-        check_seconds("job_timeout", job_timeout)
-        check_seconds("shutdown_grace_period", shutdown_grace_period, allow_none=False)
-        for name, value in (
-            ("heartbeat_interval", heartbeat_interval),
-            ("heartbeat_threshold", heartbeat_threshold),
-            ("lease_duration", lease_duration),
-            ("rescue_interval", rescue_interval),
-            ("listener_health_interval", listener_health_interval),
-        ):
-            check_seconds(name, value)
-        if vacuum_config is not None and not isinstance(vacuum_config, VacuumConfig):
-            raise TypeError("vacuum_config must be a VacuumConfig")
-        if polling_config is not None and not isinstance(polling_config, PollingConfig):
-            raise TypeError("polling_config must be a PollingConfig")
-        if retry_policy is not None and not isinstance(retry_policy, RetryPolicy):
-            raise TypeError("retry_policy must be a RetryPolicy")
+        check_arguments(
+            db_pool=db_pool,
+            schema=schema,
+            pgbouncer=pgbouncer,
+            listen_dsn=listen_dsn,
+            max_concurrent_jobs=max_concurrent_jobs,
+            misfire_grace_time=misfire_grace_time,
+            batch_claim_limit=batch_claim_limit,
+            max_rescues=max_rescues,
+            job_timeout=job_timeout,
+            shutdown_grace_period=shutdown_grace_period,
+            heartbeat_interval=heartbeat_interval,
+            heartbeat_threshold=heartbeat_threshold,
+            lease_duration=lease_duration,
+            rescue_interval=rescue_interval,
+            listener_health_interval=listener_health_interval,
+            vacuum_config=vacuum_config,
+            polling_config=polling_config,
+            retry_policy=retry_policy,
+        )
+        check_int("thread_pool_size", thread_pool_size, 1, allow_none=True)
+        check_int("process_pool_size", process_pool_size, 1, allow_none=True)
+        check_seconds("loop_stall_warning", loop_stall_warning)
+        # One thread per slot by default: a thread job never waits for a thread.
+        self.thread_pool_size = thread_pool_size or max_concurrent_jobs
+        self.process_pool_size = process_pool_size or default_process_pool_size()
+        self.loop_stall_warning = loop_stall_warning
 
         self.db_pool = db_pool
         self.max_concurrent_jobs = max_concurrent_jobs
@@ -115,20 +134,34 @@ class Scheduler:
         self._rescue_interval = rescue_interval
         self.run_periodic_jobs = run_periodic_jobs
         self.start_due_jobs_locally = start_due_jobs_locally
+        self.schema = schema
+        self.pgbouncer = pgbouncer
+        self.listen_dsn = listen_dsn
+        # Behind a transaction pooler LISTEN needs a direct connection; without
+        # one, workers poll every min_interval instead of backing off.
+        self.notifications = listen_dsn is not None or not pgbouncer
+        if polling_config is None and not self.notifications:
+            fast = self.polling_config.min_interval
+            self.polling_config = PollingConfig(idle_start_interval=fast, max_interval=fast)
 
         self.worker_id = uuid.uuid4().hex[: self.WORKER_ID_LENGTH]
         self.registry = TaskRegistry(parent=tasks or default_registry)
-        self.store = Store(db_pool)
+        self.store = Store(db_pool, schema)
         self.enqueuer = Enqueuer(
             self.store, db_pool, self.registry, lambda: self.misfire_grace_time
         )
-        self.vacuum_store = VacuumStore(db_pool)
+        self.vacuum_store = VacuumStore(db_pool, schema)
         self.listener = Listener(
             db_pool,
-            {JOBS_CHANNEL: self._on_jobs_notify, CANCEL_CHANNEL: self._on_cancel_notify},
+            {
+                self.store.qualify.channel(JOBS_CHANNEL): self._on_jobs_notify,
+                self.store.qualify.channel(CANCEL_CHANNEL): self._on_cancel_notify,
+            },
             health_interval=listener_health_interval,
             on_reconnect=self._on_listener_reconnect,
+            dsn=listen_dsn,
         )
+        self.events_hub = EventHub(self.listener, db_pool, schema, enabled=self.notifications)
         self.worker = Worker(
             store=self.store,
             registry=self.registry,
@@ -141,6 +174,9 @@ class Scheduler:
             retry_policy=self.retry_policy,
             delete_completed=self._delete_on_complete,
             notifications_live=lambda: self.listener.live,
+            asynchronous_commit=not pgbouncer,
+            thread_pool_size=self.thread_pool_size,
+            process_pool_size=self.process_pool_size,
         )
         self.job_semaphore = self.worker.semaphore
         self.heartbeat = HeartbeatService(
@@ -153,8 +189,15 @@ class Scheduler:
             max_rescues,
             self.registry.names,
         )
-        self.vacuum = VacuumService(self.vacuum_store, self.vacuum_config, self.worker_id)
+        self.vacuum = VacuumService(
+            self.vacuum_store, self.vacuum_config, self.worker_id, transaction_locks=pgbouncer
+        )
         self.periodic = PeriodicManager(self)
+        self.watchdog = (
+            None
+            if loop_stall_warning is None
+            else LoopWatchdog(loop_stall_warning, lambda: self.worker.running)
+        )
         self.registry.add_listener(lambda _name: self.worker.wake())
 
         self.is_running = False
@@ -184,11 +227,6 @@ class Scheduler:
             return self._rescue_interval
         return max(0.05, min(self.lease_duration, self.heartbeat_threshold) / 4)
 
-    @property
-    def task_map(self) -> dict[str, Callable[..., Any]]:
-        """Task name -> function for every task this scheduler can run."""
-        return {name: self.registry.resolve(name) for name in self.registry}  # type: ignore[misc]
-
     def _delete_on_complete(self) -> bool:
         from .enums import VacuumTrigger
 
@@ -207,18 +245,22 @@ class Scheduler:
             if self.is_running:
                 return
             await self.initialize_db()
+            # Before the worker registers: a missing grant fails start() here,
+            # not halfway through with a worker row left behind.
+            await self.check_privileges()
             await retry_on_disconnect(
                 self.heartbeat.run_once, what="register worker", give_up_after=30
             )
             await self.recover_orphaned_jobs()
-            self.listener.start()
+            if self.notifications:
+                self.listener.start()
             self.is_running = True
             self.is_shutting_down = False
-            _RUNNING.add(self)
-            self._claim_task = asyncio.create_task(
-                self.listen_for_jobs(), name="pg_scheduler.claim"
-            )
+            local_start.offer(self)
+            self._claim_task = asyncio.create_task(self.worker.run(), name="pg_scheduler.claim")
             self.heartbeat.start()
+            if self.watchdog is not None:
+                self.watchdog.start()
             self.rescuer.start()
             if self.vacuum_enabled:
                 self.vacuum.start()
@@ -226,7 +268,8 @@ class Scheduler:
                 await self.periodic.start()
             # Give the listener a moment so the first wake-ups are not missed.
             try:
-                await asyncio.wait_for(self.listener.connected.wait(), 5)
+                if self.notifications:
+                    await asyncio.wait_for(self.listener.connected.wait(), 5)
             except TimeoutError:
                 log.warning("listener not connected yet; polling until it is")
             inventory = await self.load_task_functions()
@@ -242,17 +285,21 @@ class Scheduler:
         (default ``shutdown_grace_period``), cancel and hand back the rest, and
         return once everything this worker owned is released."""
         async with self._lifecycle:
+            await self.events_hub.close()  # subscriptions, waiters, own listener
             if not self.is_running:
                 return
             self.is_shutting_down = True
-            _RUNNING.discard(self)
+            local_start.withdraw(self)
             grace = self.shutdown_grace_period if grace_period is None else grace_period
             self.worker.stop_claiming()
             if self._claim_task is not None:
                 await self._claim_task
             await self.periodic.stop()
             await self.worker.drain(grace)
+            self.worker.executor.sync.close()
             await self.heartbeat.stop()
+            if self.watchdog is not None:
+                await self.watchdog.stop()
             await self.rescuer.stop()
             await self.vacuum.stop()
             await self.listener.stop()
@@ -282,11 +329,39 @@ class Scheduler:
 
     async def initialize_db(self) -> None:
         """Apply pending migrations (serialized across processes by an advisory lock)."""
-        await retry_on_disconnect(lambda: migrate(self.db_pool), what="migrate", give_up_after=30)
+        await retry_on_disconnect(
+            lambda: migrate(self.db_pool, self.schema), what="migrate", give_up_after=30
+        )
 
-    async def listen_for_jobs(self) -> None:
-        """The claim loop: runs until shutdown, woken by NOTIFY, due times and polling."""
-        await self.worker.run()
+    def required_privileges(self) -> dict[str, str]:
+        """Table -> the privileges this worker needs on it (README: schemas and privileges)."""
+        needed = {
+            "pg_scheduler_migrations": "SELECT",
+            # DELETE only for the vacuum (and completed rows deleted at once).
+            "scheduled_jobs": "SELECT,INSERT,UPDATE" + (",DELETE" if self.vacuum_enabled else ""),
+            "scheduler_workers": "SELECT,INSERT,UPDATE,DELETE",
+        }
+        # Migration 0006: attempt history, and the event triggers' flags.
+        needed["job_attempts"] = "SELECT,INSERT" + (",DELETE" if self.vacuum_enabled else "")
+        needed["scheduler_event_flags"] = "SELECT"
+        if self.run_periodic_jobs:
+            needed["periodic_jobs"] = "SELECT,INSERT,UPDATE"
+        if self.vacuum_enabled and self.vacuum_config.track_metrics:
+            needed["vacuum_stats"] = "SELECT,INSERT,UPDATE"
+        return needed
+
+    async def check_privileges(self) -> None:
+        """Raise PermissionError naming every grant this worker lacks."""
+        missing = await retry_on_disconnect(
+            lambda: self.store.missing_privileges(self.required_privileges()),
+            what="check privileges",
+            give_up_after=30,
+        )
+        if missing:
+            raise PermissionError(
+                f"the database role lacks {', '.join(missing)}; the worker did not start "
+                "(README: schemas and privileges)"
+            )
 
     # -- notifications -----------------------------------------------------------
 
@@ -303,11 +378,13 @@ class Scheduler:
 
     # -- tasks --------------------------------------------------------------------
 
-    def task(self, func: F | None = None, *, name: str | None = None) -> Any:
-        """Decorator: register an async function this scheduler can run."""
+    def task(
+        self, func: F | None = None, *, name: str | None = None, executor: str | None = None
+    ) -> Any:
+        """Decorator: register a function this scheduler can run (see :func:`pg_scheduler.task`)."""
 
         def decorate(f: F) -> F:
-            return self.registry.register(f, name=name)
+            return self.registry.register(f, name=name, executor=executor)
 
         return decorate(func) if func is not None else decorate
 
@@ -346,23 +423,30 @@ class Scheduler:
         only if that transaction commits.
         """
         check_conflict_resolution(conflict_resolution)
-        row = self.enqueuer.build(
+        fields = self.enqueuer.fields_for_call(
             func,
-            execution_time,
             args,
             kwargs,
-            priority,
-            max_retries,
-            job_id,
-            misfire_grace_time,
-            timeout,
-            retry_policy,
+            execution_time=execution_time,
+            priority=priority,
+            max_retries=max_retries,
+            job_id=job_id,
+            misfire_grace_time=misfire_grace_time,
+            timeout=timeout,
+            retry_policy=retry_policy,
         )
+        row = self.enqueuer.new_row(fields)
         # Due now, autocommitted, and a worker of this process has a free slot:
         # written already claimed by it and started at once. (Not inside the
         # caller's transaction: the job must not start before that commits.)
-        local = self._local_worker(row) if connection is None and job_id is None else None
-        written = None if local is None else await self.enqueuer.write_started(row, local)
+        local = None
+        if connection is None and job_id is None:
+            local = local_start.local_worker(self, row)
+        written = (
+            None
+            if local is None
+            else await local_start.write_started(self.db_pool, self.store, row, local)
+        )
         if not written:
             await self.enqueuer.write(
                 [row],
@@ -380,20 +464,6 @@ class Scheduler:
         )
         return row.job_id
 
-    def _local_worker(self, row: NewJob) -> Worker | None:
-        """A running worker of this process, on this pool, that runs ``row``'s task."""
-        if row.execution_time > datetime.now(UTC) + _LOCAL_START_HORIZON:
-            return None
-        for scheduler in (self, *_RUNNING):
-            if (
-                scheduler in _RUNNING
-                and scheduler.start_due_jobs_locally
-                and scheduler.db_pool is self.db_pool
-                and scheduler.registry.resolve(row.task_name) is not None
-            ):
-                return scheduler.worker
-        return None
-
     async def schedule_bulk(
         self,
         jobs: list[JobSpec],
@@ -401,61 +471,27 @@ class Scheduler:
         conflict_resolution: ConflictResolution = ConflictResolution.IGNORE,
         batch_size: int = 1000,
         connection: asyncpg.Connection | None = None,
-    ) -> list[str | None]:
-        """Schedule many jobs; ids come back in input order, None where IGNORE skipped one.
+        positional: bool = False,
+    ) -> list[str] | list[str | None]:
+        """Schedule many jobs; returns their ids in input order.
 
-        Every spec is validated before anything is written. Each batch of
-        ``batch_size`` rows is one statement in its own transaction (or a
-        savepoint inside the caller's transaction when ``connection`` is given).
+        With IGNORE, ids that already existed are left out, as pg-scheduler
+        0.2.3 does (a second identical call returns ``[]``). ``positional=True``
+        returns one entry per spec instead, None where IGNORE skipped one.
+
+        All or nothing: every spec is validated before anything is written,
+        and all rows are written in one transaction (a savepoint inside the
+        caller's transaction when ``connection`` is given). Caller-chosen ids
+        go in statements of ``batch_size`` rows; generated ids in one COPY.
         """
+        if not isinstance(positional, bool):
+            raise TypeError(f"positional must be True or False, got {positional!r}")
         ids, written = await self.enqueuer.bulk(jobs, conflict_resolution, batch_size, connection)
         # One line per call, not per job: a bulk call may carry a million rows.
         log.debug("jobs scheduled", event_type="scheduled", count=written, bulk=True)
-        return ids
-
-    async def schedule_job(
-        self,
-        job_name: str,
-        execution_time: datetime,
-        task_data: dict[str, Any],
-        priority: JobPriority = JobPriority.NORMAL,
-        max_retries: int = 0,
-        job_id: str | None = None,
-        conflict_resolution: ConflictResolution = ConflictResolution.RAISE,
-        misfire_grace_time: int | None = None,
-    ) -> str:
-        """Low-level insert by name (0.2.x): ``task_data`` is ``{"args": [...], "kwargs": {...}}``.
-
-        The job runs on a worker that registered a task named ``job_name``
-        (its ``module:qualname``, or its bare ``__name__`` when unambiguous).
-        ``misfire_grace_time=None`` means the scheduler default.
-        """
-        if not isinstance(job_name, str) or not job_name:
-            raise ValueError("job_name must be a non-empty string")
-        if not isinstance(task_data, dict):
-            raise TypeError(f"task_data must be a dict, got {type(task_data).__name__}")
-        unknown_keys = set(task_data) - {"args", "kwargs"}
-        if unknown_keys:
-            raise ValueError(f"task_data may hold only 'args' and 'kwargs', got {unknown_keys}")
-        check_conflict_resolution(conflict_resolution)
-        encoded = encode_task_data(
-            task_data.get("args") or (), task_data.get("kwargs") or {}, job_name
-        )
-        row = self.enqueuer.row(
-            job_name,
-            job_name,
-            execution_time,
-            encoded,
-            priority,
-            max_retries,
-            job_id,
-            UNSET if misfire_grace_time is None else misfire_grace_time,
-            None,
-            None,
-        )
-        await self.enqueuer.write([row], conflict_resolution, None, user_ids=job_id is not None)
-        log.debug("job scheduled", event_type="scheduled", job_id=row.job_id, task=job_name)
-        return row.job_id
+        if positional:
+            return ids
+        return [job_id for job_id in ids if job_id is not None]
 
     # -- jobs ------------------------------------------------------------------------
 
@@ -463,6 +499,35 @@ class Scheduler:
         """The stored job (status, attempts, timestamps, result, error), or None."""
         row = await self.store.get_job(job_id)
         return None if row is None else Job.from_record(row, self.retry_policy)
+
+    # -- results and events (results.py, events.py) ----------------------------------
+
+    async def wait_for(self, job_id: str, timeout: float | None = None) -> Job:
+        """The job once final (completed, failed, cancelled, expired) (see results.wait_for)."""
+        return await wait_until_final(self, job_id, timeout)
+
+    async def result(self, job_id: str, timeout: float | None = None) -> Any:
+        """The job's result, or JobFailed / JobCancelled / JobExpired (see results.result)."""
+        return await result_of(self, job_id, timeout)
+
+    async def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Schedule ``func(*args, **kwargs)`` now and return its result."""
+        return await run_now(self, func, *args, **kwargs)
+
+    def events(
+        self,
+        kinds: Any = None,
+        *,
+        task: str | None = None,
+        queue: str | None = None,
+        maxsize: int = 10_000,
+    ) -> Subscription:
+        """Subscribe to events from every process; see events.Subscription."""
+        return self.events_hub.subscribe(kinds, task=task, queue=queue, maxsize=maxsize)
+
+    def on(self, kind: Any, callback: Callable[[Event], Any], **filters: Any) -> Subscription:
+        """Call ``callback(event)`` for each event of ``kind``; see events.EventHub.on."""
+        return self.events_hub.on(kind, callback, **filters)
 
     async def cancel_job(self, job_id: str) -> bool:
         """Cancel a pending or running job. A running job's coroutine is cancelled on
@@ -476,40 +541,9 @@ class Scheduler:
             log.info("job cancelled", event_type="cancelled", job_id=job_id)
         return cancelled
 
-    async def update_job_status(self, job_id: str, status: JobStatus | str) -> bool:
-        """Force a job's status (an operator's tool; bypasses the lease guard)."""
-        try:
-            value = JobStatus(status)
-        except ValueError:
-            raise ValueError(
-                f"unknown status {status!r}; one of {[s.value for s in JobStatus]}"
-            ) from None
-        return await self.store.set_status(job_id, value.value)
-
-    async def send_heartbeat(self, job_id: str) -> bool:
-        """Renew the lease of one job this worker holds; False if it holds no such job."""
-        return await self.store.renew_lease(job_id, self.worker_id, self.lease_duration)
-
-    async def monitor_heartbeats(self) -> None:
-        """Run the heartbeat loop (started by :meth:`start`): renew this worker's
-        row and all its leases each ``heartbeat_interval``."""
-        await self.heartbeat.run_forever()
-
     async def recover_orphaned_jobs(self) -> int:
         """One rescue pass: jobs of dead workers go back to pending. Returns how many."""
         return await retry_on_disconnect(self.rescuer.run_once, what="rescue", give_up_after=30)
-
-    async def periodic_orphan_recovery(self) -> None:
-        """Run the rescue loop (started by :meth:`start`) every ``rescue_interval``."""
-        await self.rescuer.run_forever()
-
-    async def execute_job_with_concurrency_control(self, job_row: Any) -> None:
-        """Run one claimed job row under the ``max_concurrent_jobs`` semaphore."""
-        await self.worker.execute_job_with_concurrency_control(job_row)
-
-    async def execute_job(self, job_row: Any) -> None:
-        """Run one claimed job row and record its outcome under the lease guard."""
-        await self.worker.execute_job(job_row)
 
     # -- vacuum ----------------------------------------------------------------------
 
@@ -534,6 +568,7 @@ class Scheduler:
         recent throughput and failure rate, and workers (see :mod:`pg_scheduler.stats`)."""
         return await collect_stats(
             self.db_pool,
+            schema=self.schema,
             heartbeat_threshold=self.heartbeat_threshold,
             completed_deleted=self._delete_on_complete(),
         )

@@ -17,7 +17,7 @@ import asyncpg
 from pydantic import BaseModel, ConfigDict
 
 from .enums import PRIORITY_DB_VALUES, JobStatus
-from .store_housekeeping import StatsStore
+from .store.housekeeping import StatsStore
 
 #: The default windows for throughput and failure rate: 1 minute, 5 minutes, 1 hour.
 DEFAULT_WINDOWS: tuple[float, ...] = (60.0, 300.0, 3600.0)
@@ -108,18 +108,20 @@ async def collect_stats(
     heartbeat_threshold: float = 120.0,
     windows: Sequence[float] = DEFAULT_WINDOWS,
     completed_deleted: bool = False,
+    schema: str = "public",
 ) -> QueueStats:
     """Read a consistent snapshot of the queue (a few index-driven queries and one
     pass over the table for the per-task counts)."""
     if not windows or any(w <= 0 for w in windows):
         raise ValueError(f"windows must be positive numbers of seconds, got {windows!r}")
+    store = StatsStore(pool, schema)
     async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
         taken_at = await StatsStore.now(conn)
-        count_rows = await StatsStore.counts(conn)
-        running_rows = await StatsStore.running_by_worker(conn)
-        oldest = await StatsStore.oldest_due_seconds(conn, PRIORITY_DB_VALUES)
-        window_rows = await StatsStore.finished_in_windows(conn, windows)
-        worker_rows = await StatsStore.workers(conn)
+        count_rows = await store.counts(conn)
+        running_rows = await store.running_by_worker(conn)
+        oldest = await store.oldest_due_seconds(conn, PRIORITY_DB_VALUES)
+        window_rows = await store.finished_in_windows(conn, windows)
+        worker_rows = await store.workers(conn)
 
     counts = {status.value: 0 for status in JobStatus}
     tasks: dict[str, dict[str, Any]] = {}

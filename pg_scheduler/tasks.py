@@ -12,9 +12,15 @@ import inspect
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
 
+from .validation import check_name
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 _TASK_NAME_ATTR = "__pg_scheduler_task_name__"
+#: "thread" or "process" on a plain function registered to run there; the
+#: executor reads it once per job (absent on async functions).
+EXECUTOR_ATTR = "__pg_scheduler_executor__"
+EXECUTORS = ("async", "thread", "process")
 
 
 def task_name_of(func: Callable[..., Any]) -> str:
@@ -26,9 +32,35 @@ def task_name_of(func: Callable[..., Any]) -> str:
 
 
 def ensure_async(func: Any) -> None:
-    """Raise TypeError unless ``func`` is an ``async def`` function."""
+    """Raise TypeError unless ``func`` is an ``async def`` function (or a plain
+    function registered with an executor)."""
+    if getattr(func, EXECUTOR_ATTR, None) is not None:
+        return
     if not inspect.iscoroutinefunction(func):
-        raise TypeError(f"Expected an async function, got {func!r}")
+        raise TypeError(
+            f"Expected an async function, got {func!r}; to run a plain function, "
+            'register it with @task(executor="thread") (or executor="process")'
+        )
+
+
+def _check_executor(func: Any, executor: Any) -> str | None:
+    """The executor a registration asks for (None: async), checked before anything is written."""
+    if executor is not None and executor not in EXECUTORS:
+        raise ValueError(
+            f"executor must be one of {', '.join(map(repr, EXECUTORS))}, got {executor!r}"
+        )
+    if executor in (None, "async"):
+        ensure_async(func)
+        return None
+    if inspect.iscoroutinefunction(func) or not callable(func):
+        raise TypeError(f'executor="{executor}" runs a plain def function, got {func!r}')
+    if executor == "process" and "<" in f"{func.__module__}:{func.__qualname__}":
+        # The spawned process finds the function by module:qualname.
+        raise ValueError(
+            f'executor="process" needs a function importable by module:qualname, '
+            f"got {func.__module__}:{func.__qualname__}"
+        )
+    return str(executor)
 
 
 class TaskRegistry:
@@ -45,8 +77,8 @@ class TaskRegistry:
         if parent is not None:
             parent._listeners.append(self._notify)
 
-    def register(self, func: F, name: str | None = None) -> F:
-        ensure_async(func)
+    def register(self, func: F, name: str | None = None, executor: str | None = None) -> F:
+        kind = _check_executor(func, executor)
         if name is not None:
             if not isinstance(name, str) or not name:
                 raise ValueError("task name must be a non-empty string")
@@ -55,6 +87,11 @@ class TaskRegistry:
         existing = self._by_name.get(task_name)
         if existing is func:
             return func
+        # Both land in text columns of every job row (task_name, job_name).
+        check_name("task name", task_name)
+        check_name("job name (the function's __name__)", func.__name__)
+        if kind is not None:
+            setattr(func, EXECUTOR_ATTR, kind)
         self._by_name[task_name] = func
         self._notify(task_name)
         return func
@@ -114,15 +151,17 @@ default_registry = TaskRegistry()
 @overload
 def task(func: F, /) -> F: ...
 @overload
-def task(*, name: str | None = None) -> Callable[[F], F]: ...
-def task(func: Any = None, /, *, name: str | None = None) -> Any:
+def task(*, name: str | None = None, executor: str | None = None) -> Callable[[F], F]: ...
+def task(func: Any = None, /, *, name: str | None = None, executor: str | None = None) -> Any:
     """Register an async function as a task, usable before any Scheduler exists.
 
     ``@task`` names it ``module:qualname``; ``@task(name="emails.send")`` gives a
     stable name that survives moving the function to another module.
+    ``@task(executor="thread")`` runs a plain ``def`` in the worker's thread
+    pool, ``executor="process"`` in a spawned process of its own.
     """
 
     def decorate(f: F) -> F:
-        return default_registry.register(f, name=name)
+        return default_registry.register(f, name=name, executor=executor)
 
     return decorate(func) if func is not None else decorate

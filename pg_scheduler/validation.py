@@ -2,29 +2,70 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+import math
+from datetime import UTC, datetime
 from typing import Any
 
 from .config import UNSET, RetryPolicy
 from .enums import JobPriority
+from .timeutil import to_aware
+
+# The largest value of the INTEGER (int4) columns max_retries and misfire_grace_time.
+INT4_MAX = 2**31 - 1
+# Job ids and names, in UTF-8 bytes. job_id is the primary key: a btree entry
+# must fit in about 2,700 bytes, and ids are compared on every lookup.
+MAX_NAME_BYTES = 1024
 
 
-def check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
-    """TypeError unless an int (bools are not), ValueError if below ``minimum``."""
+def check_int(
+    name: str, value: Any, minimum: int, allow_none: bool = False, maximum: int | None = None
+) -> None:
+    """TypeError unless an int (bools are not), ValueError if outside [minimum, maximum]."""
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum} (what the column holds), got {value}")
 
 
 def check_seconds(name: str, value: Any, allow_none: bool = True) -> None:
-    """ValueError unless a positive number of seconds (or None when allowed)."""
+    """ValueError unless a positive number of seconds (or None when allowed); NaN is not."""
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+
+
+def text_problem(value: str) -> str | None:
+    """Why PostgreSQL cannot store ``value`` as text/jsonb, or None if it can."""
+    if "\x00" in value:
+        return "contains a NUL character (\\x00), which PostgreSQL text cannot hold"
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return "contains a lone surrogate, which is not valid UTF-8"
+    return None
+
+
+def check_name(name: str, value: str) -> None:
+    """ValueError unless ``value`` (a str) can be stored and indexed as a job id or name."""
+    problem = text_problem(value)
+    if problem is not None:
+        raise ValueError(f"{name} {problem}: {_clip(value)}")
+    size = len(value) if value.isascii() else len(value.encode())
+    if size > MAX_NAME_BYTES:
+        raise ValueError(f"{name} is {size} bytes long; the limit is {MAX_NAME_BYTES} (UTF-8)")
+
+
+def _clip(value: Any) -> str:
+    """A repr short enough for an error message."""
+    if isinstance(value, str) and len(value) > 60:
+        return f"{value[:60]!r}... ({len(value)} characters)"
+    return repr(value)
 
 
 # -- the fields of one job: shared by schedule(), schedule_job() and JobSpec ----
@@ -34,6 +75,18 @@ def check_seconds(name: str, value: Any, allow_none: bool = True) -> None:
 def check_execution_time(value: Any) -> None:
     if not isinstance(value, datetime):
         raise TypeError(f"execution_time must be a datetime, got {value!r}")
+    # UTC offsets are under a day: only the first and last year can overflow.
+    if value.year == 1 or value.year == 9999:
+        try:
+            utc = to_aware(value).astimezone(UTC).replace(tzinfo=None)
+        except (OverflowError, ValueError):
+            utc = datetime.min
+        # asyncpg sends datetime.min and datetime.max as -infinity and infinity.
+        if utc == datetime.min or utc == datetime.max:
+            raise ValueError(
+                f"execution_time {value!r} is out of range: in UTC it must fall "
+                "after 0001-01-01 00:00 and before 9999-12-31 23:59:59.999999"
+            )
 
 
 def check_priority(value: Any) -> None:
@@ -42,24 +95,33 @@ def check_priority(value: Any) -> None:
 
 
 def check_max_retries(value: Any) -> None:
-    if type(value) is not int or value < 0:
-        check_int("max_retries", value, 0)
+    if type(value) is not int or value < 0 or value > INT4_MAX:
+        check_int("max_retries", value, 0, maximum=INT4_MAX)
 
 
 def check_job_id(value: Any) -> None:
-    if value is not None and (not isinstance(value, str) or not value.strip()):
-        raise ValueError(f"job_id must be a non-empty string or None, got {value!r}")
+    if value is None:
+        return
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"job_id must be a non-empty string or None, got {_clip(value)}")
+    check_name("job_id", value)
 
 
 def check_misfire_grace_time(value: Any) -> None:
     """A non-negative int, None (no limit) or UNSET (the scheduler's default)."""
-    if value is not None and value is not UNSET and (type(value) is not int or value < 0):
-        check_int("misfire_grace_time", value, 0)
+    if (
+        value is not None
+        and value is not UNSET
+        and (type(value) is not int or value < 0 or value > INT4_MAX)
+    ):
+        check_int("misfire_grace_time", value, 0, maximum=INT4_MAX)
 
 
 def check_timeout(value: Any) -> None:
     if value is not None:
         check_seconds("timeout", value)
+        if value == math.inf:
+            raise ValueError("timeout must be a finite number of seconds (None: no timeout)")
 
 
 def check_retry_policy(value: Any) -> None:

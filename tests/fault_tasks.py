@@ -114,3 +114,24 @@ async def stale(key: str, first_seconds: float, fail: bool = False) -> dict[str,
             raise RuntimeError("outcome of the stale first run")
         return {"pid": os.getpid(), "run": run, "stale": True}
     return {"pid": os.getpid(), "run": run}
+
+
+# Outcomes a job must not be able to loop on (issue 11): each run is recorded,
+# then the job returns or raises something the database or asyncio chokes on.
+POISON_KINDS = ("nul-result", "surrogate-result", "big-result", "nul-error", "system-exit")
+
+
+@task(name="fault.poison")
+async def poison(key: str, kind: str) -> Any:
+    await record(key, "start")
+    if kind == "nul-result":
+        return {"text": "a\x00b"}
+    if kind == "surrogate-result":
+        return ["x\ud800"]
+    if kind == "big-result":
+        return "x" * 1_100_000
+    if kind == "nul-error":
+        raise ValueError("bad\x00byte")
+    if kind == "system-exit":
+        raise SystemExit(1)
+    raise ValueError(f"unknown poison kind {kind!r}")

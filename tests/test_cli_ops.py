@@ -20,7 +20,7 @@ import structlog
 from conftest import _with_database, job_status, wait_for_status, wait_until
 
 from pg_scheduler.cli import main, ops
-from pg_scheduler.store_housekeeping import VACUUM_LOCK_KEY
+from pg_scheduler.store.housekeeping import VACUUM_LOCK_KEY
 
 
 @pytest.fixture(autouse=True)
@@ -224,7 +224,7 @@ async def test_retry_all_failed_by_task(pool, dsn):
     a2 = await add_job(pool, "failed", task="mod:a")
     b1 = await add_job(pool, "failed", task="mod:b")
     done = await add_job(pool, "completed", task="mod:a")
-    result = await cli(dsn, "retry", "--failed", "--task", "mod:a", "--json")
+    result = await cli(dsn, "retry", "--failed", "--task", "mod:a", "--json", "--yes")
     assert result.code == 0, result.err
     assert sorted(result.json()["retried"]) == sorted([a1, a2])
     rows = await pool.fetch(
@@ -233,7 +233,7 @@ async def test_retry_all_failed_by_task(pool, dsn):
     state = {r["job_id"]: (r["status"], r["finished_at"] is None, r["due"]) for r in rows}
     assert state[a1] == state[a2] == ("pending", True, True)
     assert state[b1][0] == "failed" and state[done][0] == "completed"
-    rest = await cli(dsn, "retry", "--failed")
+    rest = await cli(dsn, "retry", "--failed", "-y")
     assert rest.code == 0 and rest.out.strip() == f"retried 1 job(s): {b1}"
     nothing = await cli(dsn, "retry", "--failed")
     assert nothing.code == 0 and nothing.out.strip() == "retried 0 job(s)"
@@ -291,14 +291,22 @@ async def test_vacuum_default_and_chosen_policies(pool, dsn):
     old = await add_job(pool, "completed", finished_ago=timedelta(days=2))
     fresh = await add_job(pool, "completed")
     failed = await add_job(pool, "failed", finished_ago=timedelta(days=2))
-    result = await cli(dsn, "vacuum")
+    result = await cli(dsn, "vacuum", "--yes")
     assert result.code == 0, result.err
     assert "Deleted" in result.out and "completed" in result.out
     remaining = {r["job_id"] for r in await pool.fetch("SELECT job_id FROM scheduled_jobs")}
     assert remaining == {fresh, failed}
 
     chosen = await cli(
-        dsn, "vacuum", "--completed", "immediate", "--failed", "keep:0", "--json", "--track-metrics"
+        dsn,
+        "vacuum",
+        "--completed",
+        "immediate",
+        "--failed",
+        "keep:0",
+        "--json",
+        "--track-metrics",
+        "--yes",
     )
     assert chosen.code == 0, chosen.err
     assert chosen.json() == {"deleted": {"completed": 1, "failed": 1, "cancelled": 0, "expired": 0}}

@@ -61,7 +61,16 @@ async def test_failing_job_retries_then_completes(pool, make_scheduler):
     assert job.attempts == 3
     assert job.retry_count == 2
     assert job.result == "ok"
-    assert "planned failure 2" in job.error
+    # issue 15: the error of a completed job is None; earlier attempts keep theirs.
+    assert job.error is None and job.traceback is None
+    assert [(a.attempt, a.outcome) for a in job.attempt_history] == [
+        (1, "failed"),
+        (2, "failed"),
+        (3, "completed"),
+    ]
+    assert "planned failure 2" in job.attempt_history[1].error
+    assert "RuntimeError" in job.attempt_history[1].traceback
+    assert job.attempt_history[2].error is None
 
 
 async def test_failing_job_ends_failed_with_traceback(pool, make_scheduler):

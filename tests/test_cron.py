@@ -8,8 +8,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from pg_scheduler.cron import CronError, CronExpression, CronSchedule
-from pg_scheduler.windows import (
+from pg_scheduler.periodic.cron import CronError, CronExpression, CronSchedule
+from pg_scheduler.periodic.windows import (
     CoalescePolicy,
     IntervalSchedule,
     latest_fire_at_or_before,

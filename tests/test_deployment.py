@@ -51,3 +51,19 @@ def test_fastapi_lifespan_runs_the_scheduler(dsn, monkeypatch):
         assert body["result"] == {"recipient": "ada@example.com", "subject": "Welcome!"}
         assert client.get("/jobs/does-not-exist").status_code == 404
     assert os.environ["PG_SCHEDULER_DSN"] == dsn
+
+
+def test_compose_keeps_postgres_private_and_the_image_has_the_cli():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    # Publishing 5432 would clash with a PostgreSQL already on the host.
+    assert "ports" not in compose["services"]["postgres"]
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "pip install --no-cache-dir '.[cli]'" in dockerfile
+
+
+def test_examples_extra_installs_what_the_examples_import():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    examples = {r.split(">")[0].split("[")[0] for r in project["optional-dependencies"]["examples"]}
+    assert {"fastapi", "uvicorn"} <= examples

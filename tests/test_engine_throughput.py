@@ -62,7 +62,7 @@ async def test_many_quick_jobs_each_complete_once(pool, make_scheduler):
     await wait_until(all_done, message="every job completed once")
     await wait_for_status(pool, ids[-1], "completed")
     assert scheduler.worker.in_flight == 0
-    assert scheduler.worker.acks.pending == 0
+    assert scheduler.worker.completer.pending == 0
 
 
 async def test_large_bulk_uses_copy_and_wakes_workers(pool, make_scheduler):

@@ -118,8 +118,9 @@ async def test_bulk_bad_input_writes_nothing(pool, make_scheduler):
         await scheduler.schedule_bulk([good] * 5 + [bad])
     with pytest.raises(TypeError, match="JobSpec"):
         await scheduler.schedule_bulk([good, {"func": app_tasks.noop}])
-    with pytest.raises(TypeError, match="async function"):
-        JobSpec(sync_function, later())
+    # 0.2.x builds a spec of a plain function; schedule_bulk refuses it.
+    with pytest.raises(TypeError, match="Expected an async function"):
+        await scheduler.schedule_bulk([good, JobSpec(sync_function, later())])
     with pytest.raises(ValueError, match="batch_size"):
         await scheduler.schedule_bulk([good], batch_size=0)
     assert await count(pool) == 0
@@ -274,7 +275,7 @@ async def wait_until_result(scheduler, job_id, expected):
     await wait_until(ready)
 
 
-async def test_bulk_returns_ids_in_order_with_none_for_ignored(pool, make_scheduler):
+async def test_bulk_positional_returns_ids_in_order_with_none_for_ignored(pool, make_scheduler):
     scheduler = await make_scheduler(start=False)
     await scheduler.schedule(app_tasks.noop, execution_time=later(), job_id="exists")
     specs = [JobSpec(app_tasks.record, later(), args=(f"k{i}",)) for i in range(2500)]
@@ -287,7 +288,7 @@ async def test_bulk_returns_ids_in_order_with_none_for_ignored(pool, make_schedu
         max_retries=2,
         misfire_grace_time=None,
     )
-    ids = await scheduler.schedule_bulk(specs, batch_size=1000)
+    ids = await scheduler.schedule_bulk(specs, batch_size=1000, positional=True)
     assert len(ids) == 2500
     assert ids[10] is None and ids[20] == "new-one"
     assert all(isinstance(i, str) for n, i in enumerate(ids) if n != 10)
@@ -442,7 +443,11 @@ async def test_job_timeout_and_retry_schedule_visible(pool, make_scheduler):
 
     await wait_until(retried)
     job = await scheduler.get_job(job_id)
-    assert job.error == "timed out after 0.2 s"
+    # issue 15: pending again, no current error; the timed-out attempt is in the history.
+    assert job.error is None
+    assert [(a.outcome, a.error) for a in job.attempt_history] == [
+        ("timed_out", "timed out after 0.2 s")
+    ]
     assert job.next_retry_at is not None and job.next_retry_at > datetime.now(UTC)
     assert job.planned_retry_delays == [60.0, 100.0]
     own = await scheduler.schedule(

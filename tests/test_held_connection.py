@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 from conftest import wait_for_status, wait_until
 
-from pg_scheduler.held import MIN_POOL_SIZE_TO_HOLD, HeldConnection
+from pg_scheduler.engine.held import MIN_POOL_SIZE_TO_HOLD, HeldConnection
 from pg_scheduler.reconnect import is_connection_error
 
 
@@ -103,7 +103,7 @@ async def test_worker_runs_on_after_its_held_backends_are_killed(pool, make_sche
     first = await scheduler.schedule(app_tasks.noop, execution_time=datetime.now(UTC))
     await wait_for_status(pool, first, "completed")
     claim_conn = scheduler.worker.connection._conn
-    ack_conn = scheduler.worker.acks.connection._conn
+    ack_conn = scheduler.worker.completer.connection._conn
     assert claim_conn is not None and ack_conn is not None
     pids = [claim_conn.get_server_pid(), ack_conn.get_server_pid()]
     await pool.execute("SELECT pg_terminate_backend(p) FROM unnest($1::int[]) AS p", pids)

@@ -10,7 +10,7 @@ import pytest
 from conftest import wait_for_status, wait_until
 
 from pg_scheduler import VacuumConfig, VacuumPolicy
-from pg_scheduler.store_housekeeping import VACUUM_LOCK_KEY
+from pg_scheduler.store.housekeeping import VACUUM_LOCK_KEY
 
 NEVER = VacuumPolicy.never()
 

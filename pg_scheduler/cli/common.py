@@ -54,9 +54,10 @@ def run_async(factory: Callable[[], Awaitable[T]]) -> T:
 
 
 def embedded_dsn() -> str:
-    from ..embedded import start
+    from ..embedded import is_running, start
 
-    return start().dsn
+    # A server someone else started (``pg-scheduler dsn``) keeps running after us.
+    return start(cleanup=None if is_running() else "stop").dsn
 
 
 @asynccontextmanager
@@ -65,6 +66,10 @@ async def open_pool(args: argparse.Namespace, **options: Any):
     dsn = resolve_dsn(args) or await asyncio.to_thread(embedded_dsn)
     options.setdefault("min_size", 1)
     options.setdefault("max_size", 10)
+    if getattr(args, "pgbouncer", False):
+        # Behind a transaction pooler a named prepared statement may be run on
+        # another server connection, where that name means another statement.
+        options["statement_cache_size"] = 0
     pool = await asyncpg.create_pool(dsn, **options)
     try:
         yield pool

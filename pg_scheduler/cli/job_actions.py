@@ -11,8 +11,18 @@ import asyncpg
 
 from ..config import VacuumConfig
 from ..store import Store
-from ..store_housekeeping import RETRYABLE_STATUSES, OpsStore, VacuumStore
-from .output import EXIT_BUSY, EXIT_NOT_FOUND, EXIT_USAGE, CommandError, console, emit_json, table
+from ..store.cli import CliStore
+from ..store.housekeeping import RETRYABLE_STATUSES, OpsStore, VacuumStore
+from .output import (
+    EXIT_BUSY,
+    EXIT_NOT_FOUND,
+    EXIT_USAGE,
+    CommandError,
+    confirm,
+    console,
+    emit_json,
+    table,
+)
 from .reports import load_job
 
 # Ids per UPDATE when retrying every failed job.
@@ -24,10 +34,23 @@ async def cmd_retry(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
         raise CommandError("give JOB_ID(s) or --failed (not both)", EXIT_USAGE)
     if args.task and not args.failed:
         raise CommandError("--task only goes with --failed", EXIT_USAGE)
-    ops = OpsStore(pool)
+    if args.dry_run and not args.failed:
+        raise CommandError("--dry-run only goes with --failed", EXIT_USAGE)
+    ops = OpsStore(pool, args.schema)
     problems: list[str] = []
     if args.failed:
         candidates = await ops.failed_ids(args.task)
+        if args.dry_run:
+            if args.json:
+                emit_json({"would_retry": candidates, "dry_run": True})
+            else:
+                print(f"would retry {len(candidates)} job(s) (dry run)")
+                for job_id in candidates:
+                    print(job_id)
+            return 0
+        if candidates:
+            which = f" of {args.task}" if args.task else ""
+            confirm(f"retry {len(candidates)} failed job(s){which}", args)
         retried: list[str] = []
         for start in range(0, len(candidates), _RETRY_BATCH):
             retried += await ops.retry(candidates[start : start + _RETRY_BATCH])
@@ -36,7 +59,7 @@ async def cmd_retry(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
         for job_id in args.job_ids:
             if job_id in retried:
                 continue
-            row = await Store(pool).get_job(job_id)
+            row = await Store(pool, args.schema).get_job(job_id)
             if row is None:
                 problems.append(f"no job with id {job_id!r}")
             else:
@@ -56,8 +79,8 @@ async def cmd_retry(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
 
 
 async def cmd_cancel(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
-    if not await Store(pool).cancel(args.job_id):
-        job = await load_job(pool, args.job_id)
+    if not await Store(pool, args.schema).cancel(args.job_id):
+        job = await load_job(pool, args.job_id, args.schema)
         raise CommandError(f"job {args.job_id!r} is already {job.status.value}; not cancelled")
     if args.json:
         emit_json({"cancelled": args.job_id})
@@ -75,8 +98,21 @@ async def cmd_vacuum(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
         if getattr(args, name) is not None
     }
     config = VacuumConfig(**chosen, batch_size=args.batch_size, track_metrics=args.track_metrics)
+    preview = await CliStore(pool, args.schema).vacuum_preview(config.policies())
+    if args.dry_run:
+        if args.json:
+            emit_json({"would_delete": preview, "dry_run": True})
+        else:
+            console().print(
+                table("Would delete (dry run)", ("status", "would delete"), list(preview.items()))
+            )
+        return 0
+    total = sum(preview.values())
+    if total:
+        detail = ", ".join(f"{n} {status}" for status, n in preview.items() if n)
+        confirm(f"delete {total} finished job(s) ({detail})", args)
     worker_id = f"cli-{socket.gethostname()}-{os.getpid()}"
-    counts = await VacuumService(VacuumStore(pool), config, worker_id).run_once()
+    counts = await VacuumService(VacuumStore(pool, args.schema), config, worker_id).run_once()
     if counts is None:
         raise CommandError("skipped: another process is vacuuming right now", EXIT_BUSY)
     if args.json:

@@ -13,6 +13,8 @@ arguments; 3 ``vacuum`` skipped because another process is vacuuming.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import re
 import sys
 from collections.abc import Awaitable, Callable
@@ -24,7 +26,7 @@ from ..config import VacuumPolicy
 from ..enums import JobStatus
 from .common import configure_logging, open_pool, run_async
 from .job_actions import cmd_cancel, cmd_retry, cmd_vacuum
-from .output import EXIT_NOT_FOUND, CommandError
+from .output import EXIT_INTERRUPTED, EXIT_NOT_FOUND, CommandError
 from .periodic_jobs import cmd_periodic_enable, cmd_periodic_list, cmd_periodic_trigger
 from .reports import cmd_jobs, cmd_metrics, cmd_status
 
@@ -68,6 +70,16 @@ def parse_policy(value: str) -> VacuumPolicy:
     )
 
 
+def positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return number
+
+
 def positive_int(value: str) -> int:
     try:
         number = int(value)
@@ -95,6 +107,18 @@ def register(commands: argparse._SubParsersAction) -> None:
         description="Jobs by task and status, live workers with their running jobs, the "
         "wait of the oldest due job, and throughput and failure rate over the last "
         "minute, 5 minutes and hour.",
+    )
+    status.add_argument(
+        "--watch",
+        action="store_true",
+        help="redraw in place every --interval seconds until Ctrl-C or Ctrl-D "
+        "(with --json: one JSON document per line)",
+    )
+    status.add_argument(
+        "--interval", type=positive_float, default=2.0, help="seconds between redraws (2)"
+    )
+    status.add_argument(
+        "--iterations", type=positive_int, default=None, help="with --watch: stop after N frames"
     )
     status.set_defaults(handler=_handler(cmd_status))
 
@@ -131,6 +155,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     retry.add_argument("job_ids", nargs="*", metavar="JOB_ID")
     retry.add_argument("--failed", action="store_true", help="retry every failed job")
     retry.add_argument("--task", help="with --failed: only jobs of this task (or job name)")
+    retry.add_argument(
+        "--yes", "-y", action="store_true", help="with --failed: do not ask for confirmation"
+    )
+    retry.add_argument(
+        "--dry-run", action="store_true", help="with --failed: list the jobs; change nothing"
+    )
     retry.set_defaults(handler=_handler(cmd_retry))
 
     cancel = commands.add_parser(
@@ -148,7 +178,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="delete finished jobs per vacuum policies, now",
         description="Apply vacuum policies once (defaults: completed days:1, failed days:7, "
         "cancelled days:3, expired days:3). POLICY is immediate, never, days:N or keep:N "
-        "(keep the newest N per job name). Exits 3 if another process is vacuuming.",
+        "(keep the newest N per job name). Asks for confirmation (refuses without a "
+        "terminal) unless --yes. Exits 3 if another process is vacuuming.",
     )
     for status_name in ("completed", "failed", "cancelled", "expired"):
         vacuum.add_argument(f"--{status_name}", type=parse_policy, metavar="POLICY")
@@ -156,6 +187,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     vacuum.add_argument(
         "--track-metrics", action="store_true", help="add the counts to the vacuum_stats table"
     )
+    vacuum.add_argument(
+        "--dry-run", action="store_true", help="count what would be deleted; delete nothing"
+    )
+    vacuum.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     vacuum.set_defaults(handler=_handler(cmd_vacuum))
 
     periodic = commands.add_parser(
@@ -212,7 +247,9 @@ def _handler(
             async with open_pool(args, min_size=1, max_size=max_size) as pool:
                 return await action(pool, args)
 
-        return run_command(go)
+        code = run_command(go)
+        # Ctrl-C is how a watch ends: a clean exit.
+        return 0 if code == EXIT_INTERRUPTED and getattr(args, "watch", False) else code
 
     return handle
 
@@ -221,6 +258,13 @@ def run_command(go: Callable[[], Awaitable[int]]) -> int:
     """Run ``go`` and turn expected failures into one line on stderr and an exit code."""
     try:
         return run_async(go)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (``| head``): nothing left to say to it.
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # silence the flush at exit
+        return 0
     except CommandError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.code

@@ -1,16 +1,24 @@
-"""What the operations commands print, and how they fail: exit codes, JSON, tables."""
+"""What the operations commands print, and how they fail: exit codes, JSON, tables.
+
+Tables use rich when it is installed (the ``cli`` extra) and plain aligned text
+otherwise, so ``pip install pg-scheduler`` alone gives a working ``status``.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
+from enum import Enum
 from typing import Any
 
 EXIT_NOT_FOUND = 1
 EXIT_USAGE = 2
 EXIT_BUSY = 3
+EXIT_INTERRUPTED = 130  # the shell's code for SIGINT
 
 
 class CommandError(Exception):
@@ -21,20 +29,97 @@ class CommandError(Exception):
         self.code = code
 
 
-def emit_json(value: Any) -> None:
-    print(json.dumps(value, indent=2, default=str))
+# -- JSON -------------------------------------------------------------------------------
 
 
-def console() -> Any:
-    """A rich Console (imported here: rich is the optional ``cli`` extra)."""
+def iso_utc(value: datetime) -> str:
+    """One time format in every JSON document: ISO 8601 in UTC, ``Z`` suffix."""
+    if value.tzinfo is None:
+        value = value.astimezone()
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def json_value(value: Any) -> Any:
+    """``value`` made JSON-ready the one way every command shares."""
+    if isinstance(value, datetime):
+        return iso_utc(value)
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {str(k): json_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_value(v) for v in value]
+    if hasattr(value, "model_dump"):
+        return json_value(value.model_dump())
+    return value
+
+
+def emit_json(value: Any, *, indent: int | None = 2) -> None:
+    print(json.dumps(json_value(value), indent=indent, default=str), flush=True)
+
+
+# -- tables -----------------------------------------------------------------------------
+
+
+def has_rich() -> bool:
     try:
-        from rich.console import Console
-    except ImportError:  # pragma: no cover - depends on the install
-        raise CommandError(
-            "tables need the 'rich' package: pip install 'pg-scheduler[cli]' (or use --json)"
-        ) from None
+        import rich.console  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _width() -> int | None:
     # Off a terminal (pipes, tests) do not squeeze tables into 80 columns.
-    return Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+    if sys.stdout.isatty():
+        return None
+    try:
+        return int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        return 160
+
+
+class PlainConsole:
+    """The part of rich's Console the commands use, printing plain text."""
+
+    _MARKUP = re.compile(r"\[/?bold\]")
+
+    def __init__(self, file: Any = None) -> None:
+        self.file = file
+
+    def print(self, value: Any = "", markup: bool = True, **_: Any) -> None:
+        text = str(value)
+        if markup and isinstance(value, str):
+            text = self._MARKUP.sub("", text)
+        print(text, file=self.file or sys.stdout)
+
+
+def console(file: Any = None, terminal: bool | None = None) -> Any:
+    """A rich Console when rich is installed, else a plain one. ``terminal``: style
+    the output as for a terminal even when it goes to ``file`` first."""
+    if not has_rich():
+        return PlainConsole(file)
+    from rich.console import Console
+    from rich.measure import Measurement
+    from rich.table import Table
+
+    class UncroppedConsole(Console):
+        # A table that cannot fit the terminal without breaking an id is laid out
+        # wider (the terminal wraps its lines), never squeezed or cut.
+        def print(self, *objects: Any, **options: Any) -> None:
+            tables = [o for o in objects if isinstance(o, Table)]
+            width = self.width
+            if tables:
+                wide = self.options.update_width(100_000)
+                needed = max(Measurement.get(self, wide, t).minimum for t in tables)
+                if needed > width:
+                    self.width = needed
+            try:
+                super().print(*objects, **options)
+            finally:
+                self.width = width
+
+    return UncroppedConsole(width=_width(), highlight=False, file=file, force_terminal=terminal)
 
 
 _NUMERIC_COLUMNS = {
@@ -50,20 +135,109 @@ _NUMERIC_COLUMNS = {
     "per second",
     "failure rate",
     "deleted",
+    "would delete",
+    "ms",
 }
+# Identifiers are copied into the next command: never wrapped or cut.
+_ID_COLUMNS = {"job id", "worker", "dedup key", "task", "job name"}
 
 
-def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Any:
-    """A rich Table; numeric columns are right-aligned and None shows as ``-``."""
+class PlainTable:
+    """Aligned columns separated by two spaces; nothing wraps."""
+
+    def __init__(
+        self,
+        title: str | None,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        header: bool = True,
+    ) -> None:
+        self.title = title
+        self.columns = list(columns)
+        self.rows = [["-" if v is None else str(v) for v in row] for row in rows]
+        self.header = header
+
+    def __str__(self) -> str:
+        lines = [self.columns, *self.rows] if self.header else list(self.rows)
+        widths = [max((len(r[i]) for r in lines), default=0) for i in range(len(self.columns))]
+        out = [self.title] if self.title else []
+        for n, row in enumerate(lines):
+            cells = [
+                cell.rjust(w) if self.columns[i] in _NUMERIC_COLUMNS else cell.ljust(w)
+                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            ]
+            out.append("  ".join(cells).rstrip())
+            if self.header and n == 0:
+                out.append("  ".join("-" * w for w in widths))
+        return "\n".join(out)
+
+
+def table(
+    title: str | None,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    header: bool = True,
+) -> Any:
+    """A table for ``console().print``: numeric columns right-aligned, None as ``-``,
+    identifiers never wrapped."""
+    if not has_rich():
+        return PlainTable(title, columns, rows, header)
+    from rich import box
     from rich.table import Table
 
-    view = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
-    for column in columns:
-        numeric = column in _NUMERIC_COLUMNS
-        view.add_column(column, justify="right" if numeric else "left", overflow="fold")
-    for row in rows:
-        view.add_row(*("-" if v is None else str(v) for v in row))
+    view = Table(
+        title=title,
+        title_justify="left",
+        show_edge=False,
+        pad_edge=False,
+        show_header=header,
+        box=box.HEAVY_HEAD if header else None,
+    )
+    cells = [["-" if v is None else str(v) for v in row] for row in rows]
+    for i, column in enumerate(columns):
+        if column in _ID_COLUMNS:
+            widest = max((len(r[i]) for r in cells), default=0)
+            view.add_column(column, no_wrap=True, min_width=max(widest, len(column)))
+        else:
+            numeric = column in _NUMERIC_COLUMNS
+            view.add_column(column, justify="right" if numeric else "left", overflow="fold")
+    for row in cells:
+        view.add_row(*row)
     return view
+
+
+# -- confirmation -------------------------------------------------------------------------
+
+
+def interactive() -> bool:
+    """Whether a person can answer on stdin (a terminal)."""
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def confirm(question: str, args: Any) -> None:
+    """Go on only with ``--yes`` or a "y" typed at a terminal; else CommandError.
+
+    Without a terminal nobody can answer, and a destructive action must never
+    run silently: refuse, and say how to go on.
+    """
+    if getattr(args, "yes", False):
+        return
+    if not interactive():
+        raise CommandError(
+            f"{question}: refusing without confirmation (stdin is not a terminal); "
+            "pass --yes to go ahead (--dry-run shows what would change)",
+            EXIT_USAGE,
+        )
+    print(f"{question}? [y/N] ", end="", file=sys.stderr, flush=True)
+    answer = sys.stdin.readline().strip().lower()
+    if answer not in ("y", "yes"):
+        raise CommandError("aborted: nothing changed", EXIT_USAGE)
+
+
+# -- formatting ---------------------------------------------------------------------------
 
 
 def ago(seconds: float | None) -> str:

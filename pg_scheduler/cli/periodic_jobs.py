@@ -8,16 +8,16 @@ from typing import TYPE_CHECKING
 
 import asyncpg
 
-from ..store_housekeeping import OpsStore
+from ..store.housekeeping import OpsStore
 from .output import EXIT_USAGE, CommandError, console, emit_json, table, when
 
 if TYPE_CHECKING:
     from ..scheduler import Scheduler
 
 
-async def resolve_periodic(pool: asyncpg.Pool, key: str) -> asyncpg.Record:
+async def resolve_periodic(pool: asyncpg.Pool, key: str, schema: str = "public") -> asyncpg.Record:
     """The stored periodic job whose dedup key, or else unique job name, is ``key``."""
-    rows = await OpsStore(pool).periodic_jobs(key)
+    rows = await OpsStore(pool, schema).periodic_jobs(key)
     exact = [r for r in rows if r["dedup_key"] == key]
     if exact:
         return exact[0]
@@ -30,7 +30,7 @@ async def resolve_periodic(pool: asyncpg.Pool, key: str) -> asyncpg.Record:
 
 
 async def cmd_periodic_list(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
-    rows = await OpsStore(pool).periodic_jobs()
+    rows = await OpsStore(pool, args.schema).periodic_jobs()
     if args.json:
         emit_json([dict(r) for r in rows])
         return 0
@@ -58,18 +58,24 @@ async def cmd_periodic_list(pool: asyncpg.Pool, args: argparse.Namespace) -> int
     return 0
 
 
-def _scheduler(pool: asyncpg.Pool) -> Scheduler:
+def _scheduler(pool: asyncpg.Pool, args: argparse.Namespace) -> Scheduler:
     from ..scheduler import Scheduler
 
     # Never started: only its public periodic methods are used.
-    return Scheduler(pool, vacuum_enabled=False, run_periodic_jobs=False)
+    return Scheduler(
+        pool,
+        vacuum_enabled=False,
+        run_periodic_jobs=False,
+        schema=args.schema,
+        pgbouncer=args.pgbouncer,
+    )
 
 
 async def cmd_periodic_enable(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
     """``enable`` and ``disable``: ``args.enable`` says which."""
-    row = await resolve_periodic(pool, args.key)
+    row = await resolve_periodic(pool, args.key, args.schema)
     key = row["dedup_key"]
-    if not await _scheduler(pool).set_periodic_job_enabled(key, args.enable):
+    if not await _scheduler(pool, args).set_periodic_job_enabled(key, args.enable):
         raise CommandError(f"no periodic job with dedup key {key!r}")
     if args.json:
         emit_json({"dedup_key": key, "job_name": row["job_name"], "enabled": args.enable})
@@ -80,14 +86,14 @@ async def cmd_periodic_enable(pool: asyncpg.Pool, args: argparse.Namespace) -> i
 
 
 async def cmd_periodic_trigger(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
-    row = await resolve_periodic(pool, args.key)
+    row = await resolve_periodic(pool, args.key, args.schema)
     key = row["dedup_key"]
     if args.app:
         from .run import load_app
 
         sys.path.insert(0, "")
         load_app(args.app.partition(":")[0])
-    job_id = await _scheduler(pool).trigger_periodic_job(key)
+    job_id = await _scheduler(pool, args).trigger_periodic_job(key)
     if job_id is None:
         raise CommandError(
             f"periodic job {row['job_name']} ({key}) is not registered in this process: "

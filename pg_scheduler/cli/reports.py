@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import signal
+import sys
 from typing import Any
 
 import asyncpg
@@ -14,7 +16,7 @@ from ..config import RetryPolicy
 from ..models import Job
 from ..stats import QueueStats, collect_stats
 from ..store import Store
-from ..store_housekeeping import OpsStore
+from ..store.cli import CliStore
 from .output import (
     EXIT_USAGE,
     CommandError,
@@ -22,6 +24,8 @@ from .output import (
     console,
     emit_json,
     first_line,
+    interactive,
+    json_value,
     table,
     when,
     window_name,
@@ -31,7 +35,9 @@ from .output import (
 
 
 async def cmd_status(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
-    stats = await collect_stats(pool)
+    if getattr(args, "watch", False):
+        return await watch_status(pool, args)
+    stats = await collect_stats(pool, schema=args.schema)
     if args.json:
         emit_json(stats.model_dump(mode="json"))
         return 0
@@ -39,8 +45,53 @@ async def cmd_status(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
     return 0
 
 
-def render_status(stats: QueueStats) -> None:
-    out = console()
+# Home, then clear the screen: each frame replaces the last one on a terminal.
+_CLEAR = "\x1b[H\x1b[2J"
+
+
+async def watch_status(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
+    """Redraw the status every ``--interval`` seconds until Ctrl-C, EOF (Ctrl-D) on the
+    terminal, or ``--iterations`` frames. With --json: one JSON document per line."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    watching_stdin = interactive()
+    if watching_stdin:
+
+        def on_input() -> None:
+            # A line ("q" + Enter) or EOF ends the watch.
+            sys.stdin.readline()
+            stop.set()
+
+        loop.add_reader(sys.stdin.fileno(), on_input)
+    in_place = sys.stdout.isatty() and not args.json
+    frames = 0
+    try:
+        while True:
+            stats = await collect_stats(pool, schema=args.schema)
+            if args.json:
+                emit_json(stats.model_dump(mode="json"), indent=None)
+            else:
+                frame = io.StringIO()
+                render_status(stats, console(file=frame, terminal=in_place or None))
+                footer = f"(every {args.interval:g}s; Ctrl-C or Ctrl-D to stop)"
+                text = frame.getvalue() + footer + "\n"
+                sys.stdout.write((_CLEAR if in_place else "\n" if frames else "") + text)
+                sys.stdout.flush()
+            frames += 1
+            if args.iterations is not None and frames >= args.iterations:
+                return 0
+            try:
+                await asyncio.wait_for(stop.wait(), args.interval)
+                return 0
+            except TimeoutError:
+                pass
+    finally:
+        if watching_stdin:
+            loop.remove_reader(sys.stdin.fileno())
+
+
+def render_status(stats: QueueStats, out: Any = None) -> None:
+    out = out or console()
     counts = stats.counts
     out.print(
         f"[bold]Queue[/bold] at {when(stats.taken_at)}: {stats.due} due "
@@ -119,9 +170,9 @@ def render_status(stats: QueueStats) -> None:
 # -- jobs -------------------------------------------------------------------------------------
 
 
-async def load_job(pool: asyncpg.Pool, job_id: str) -> Job:
+async def load_job(pool: asyncpg.Pool, job_id: str, schema: str = "public") -> Job:
     """The job with ``job_id``; CommandError if there is none."""
-    row = await Store(pool).get_job(job_id)
+    row = await Store(pool, schema).get_job(job_id)
     if row is None:
         raise CommandError(f"no job with id {job_id!r}")
     return Job.from_record(row, RetryPolicy())
@@ -131,56 +182,54 @@ async def cmd_jobs(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
     if args.job_id is not None:
         if args.status or args.task or args.since or args.until:
             raise CommandError("JOB_ID cannot be combined with filters", EXIT_USAGE)
-        job = await load_job(pool, args.job_id)
+        job = await load_job(pool, args.job_id, args.schema)
         if args.json:
-            emit_json(job.model_dump(mode="json"))
+            emit_json(job_json(job))
         else:
             render_job(job)
         return 0
-    rows = await OpsStore(pool).list_jobs(
+    rows = await CliStore(pool, args.schema).list_jobs(
         args.status, args.task, args.since, args.until, args.limit
     )
+    jobs = [Job.from_record(r, RetryPolicy()) for r in rows]
     if args.json:
-        emit_json([_job_summary(r) for r in rows])
+        emit_json([job_json(j) for j in jobs])
         return 0
     out = console()
-    if not rows:
+    if not jobs:
         out.print("No jobs match.")
         return 0
     out.print(
         table(
             None,
-            ("job id", "task", "status", "attempts", "due", "finished", "error"),
+            ("job id", "task", "status", "priority", "attempts", "due", "finished", "error"),
             [
                 (
-                    r["job_id"],
-                    r["task_name"],
-                    r["status"],
-                    r["attempts"],
-                    when(r["execution_time"]),
-                    when(r["finished_at"]),
-                    first_line(r["error_message"], 60),
+                    j.job_id,
+                    j.task_name,
+                    j.status.value,
+                    j.priority.value,
+                    j.attempts,
+                    when(j.execution_time),
+                    when(j.finished_at),
+                    first_line(j.error, 60),
                 )
-                for r in rows
+                for j in jobs
             ],
         )
     )
-    if len(rows) == args.limit:
+    if len(jobs) == args.limit:
         out.print(f"(first {args.limit}; use --limit for more)")
     return 0
 
 
-def _job_summary(row: asyncpg.Record) -> dict[str, Any]:
-    summary = dict(row)
-    summary.pop("last_change", None)  # the sort key of the listing, not a job field
-    summary["error"] = summary.pop("error_message")
-    return summary
+def job_json(job: Job) -> dict[str, Any]:
+    """A job's one JSON shape, in a listing and in detail: every field of
+    :class:`~pg_scheduler.models.Job`, times in ISO 8601 UTC, priority by name."""
+    return json_value(job.model_dump())
 
 
 def render_job(job: Job) -> None:
-    out = console()  # first: it explains a missing rich
-    from rich.table import Table
-
     fields = [
         ("job id", job.job_id),
         ("job name", job.job_name),
@@ -200,15 +249,28 @@ def render_job(job: Job) -> None:
         ("result", None if job.result is None else json.dumps(job.result, default=str)),
         ("error", job.error),
     ]
-    view = Table(show_header=False, show_edge=False, pad_edge=False, box=None)
-    view.add_column(style="bold")
-    view.add_column(overflow="fold")
-    for name, value in fields:
-        view.add_row(name, "-" if value is None else str(value))
-    out.print(view)
+    out = console()
+    out.print(table(None, ("field", "value"), fields, header=False))
     if job.traceback:
         out.print("[bold]traceback[/bold]")
         out.print(job.traceback.rstrip(), markup=False)
+    # Every attempt, oldest first (tracebacks: --json).
+    if job.progress is not None:
+        out.print(f"[bold]progress[/bold] {job.progress:.0%} {job.progress_message or ''}")
+    if job.attempt_history:
+        attempts = [
+            (
+                a.attempt,
+                a.outcome or "running",
+                a.worker_id,
+                when(a.started_at),
+                when(a.finished_at),
+                first_line(a.error, 60),
+            )
+            for a in job.attempt_history
+        ]
+        header = ("attempt", "outcome", "worker", "started", "finished", "error")
+        out.print(table("attempts", header, attempts))
 
 
 # -- metrics ----------------------------------------------------------------------------------
@@ -218,7 +280,9 @@ async def cmd_metrics(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
     """Serve the statistics for Prometheus until SIGINT or SIGTERM."""
     from ..metrics import MetricsExporter
 
-    exporter = MetricsExporter(pool, port=args.port, addr=args.addr, interval=args.interval)
+    exporter = MetricsExporter(
+        pool, port=args.port, addr=args.addr, interval=args.interval, schema=args.schema
+    )
     try:
         await exporter.start()
     except ImportError as exc:  # prometheus-client is the optional ``metrics`` extra

@@ -46,6 +46,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     demo.add_argument("--seconds", type=float, default=12.0, help="how long to run")
     demo.set_defaults(handler=_cmd_demo)
 
+    dsn = commands.add_parser(
+        "dsn",
+        help="print the embedded database's DSN (starting it if needed)",
+        description="Start the embedded PostgreSQL the demo and the other commands use "
+        "without --dsn (data in ~/.local/share/pg-scheduler/pgdata), leave it running, and "
+        "print its DSN: PG_SCHEDULER_DSN=$(pg-scheduler dsn). --stop stops it.",
+    )
+    dsn.add_argument("--stop", action="store_true", help="stop the embedded server instead")
+    dsn.set_defaults(handler=_cmd_dsn)
+
 
 def load_app(spec: str) -> dict[str, Any]:
     """Import ``MODULE[:ATTR]``; return the Scheduler options ATTR names (or {})."""
@@ -85,6 +95,13 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         options["max_concurrent_jobs"] = args.concurrency
     if args.grace is not None:
         options["shutdown_grace_period"] = args.grace
+    # Command-line settings win over the app's dict; the app's win over defaults.
+    if args.schema != "public" or "schema" not in options:
+        options["schema"] = args.schema
+    if args.pgbouncer:
+        options["pgbouncer"] = True
+    if args.listen_dsn:
+        options["listen_dsn"] = args.listen_dsn
     return run_async(lambda: _worker(args, options))
 
 
@@ -121,7 +138,7 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 
         async with open_pool(args) as pool:
             try:
-                applied = await migrate(pool)
+                applied = await migrate(pool, args.schema)
             except MigrationError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
@@ -132,6 +149,10 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    # The demo's table shows every outcome, retries included: log lines inside it
+    # would only garble it. Only errors are logged, unless debug was asked for.
+    if args.log_level != "debug":
+        args.log_level = "error"
     configure_logging(args)
     from ..demo import run_demo
 
@@ -141,6 +162,27 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         return 0
 
     return run_async(go)
+
+
+def _cmd_dsn(args: argparse.Namespace) -> int:
+    from ..embedded import is_running, start
+
+    try:
+        if args.stop:
+            if not is_running():
+                print("the embedded server is not running")
+                return 0
+            # Attached in "stop" mode, this process is the last handle: the server
+            # stops when it exits (unless another command is still using it).
+            start(cleanup="stop")
+            print("stopping the embedded server")
+            return 0
+        server = start(cleanup=None)  # stays up for the tools given its DSN
+    except RuntimeError as exc:  # pgserver is not installed
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(server.dsn)
+    return 0
 
 
 __all__ = ["load_app", "register"]

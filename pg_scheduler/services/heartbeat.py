@@ -14,9 +14,9 @@ import socket
 import time
 from collections.abc import Callable
 
+from ..engine import Worker
 from ..log import get_logger
 from ..store import Store
-from ..worker import LEASE_LOST, Worker
 from .base import Service
 
 log = get_logger(__name__)
@@ -40,36 +40,35 @@ class HeartbeatService(Service):
 
     async def run_once(self) -> int:
         started = time.monotonic()
-        claims_sent = self.worker.claims_sent
-        quiet = self.worker.claims_in_flight == 0
-        rows = await self.store.heartbeat(
-            self.worker.worker_id,
-            self.lease_seconds(),
-            self.hostname,
-            self.pid,
-            self.worker.max_concurrent_jobs,
-            self.worker.registry.names(),
-        )
+        worker = self.worker
+        holdings = worker.holdings()
+        try:
+            rows = await self.store.heartbeat(
+                worker.worker_id,
+                self.lease_seconds(),
+                self.hostname,
+                self.pid,
+                worker.slots.max_running,
+                worker.registry.names(),
+                holdings.started_ahead,
+            )
+        except BaseException:
+            worker.unreported(holdings)
+            raise
         held = {r["job_id"]: r for r in rows}
-        for job_id, running in list(self.worker.running.items()):
-            if job_id not in held and running.claimed_at < started:
-                if self.worker.cancel_local(job_id, LEASE_LOST):
-                    log.warning(
-                        "job no longer held by this worker; stopped it",
-                        job_id=job_id,
-                        worker_id=self.worker.worker_id,
-                    )
-        # No claim overlapped this statement: every claim that it can see was
-        # answered before it was sent, so a row not owned here is a ghost now
-        # (after a database restart, say), without waiting for the grace.
-        settled = quiet and self.worker.claims_sent == claims_sent
-        ghosts = [
-            job_id
-            for job_id, r in held.items()
-            if job_id not in self.worker.owned
-            and (settled or (r["running_for"] or 0) > self.ghost_grace)
-        ]
+        ghosts = worker.reconcile(held, holdings, started, self.ghost_grace, self._lease_lost)
         if ghosts:
-            released = await self.store.release(self.worker.worker_id, ghosts)
-            log.warning("released claims this worker never started", jobs=released)
+            # Guarded by the claim the heartbeat saw: its answer is a moment old,
+            # and a row handed back meanwhile may be claimed here again already.
+            claims = {job_id: held[job_id]["started_at"] for job_id in ghosts}
+            released = await self.store.release_ghosts(worker.worker_id, claims)
+            if released:
+                log.warning("released claims this worker never started", jobs=released)
         return len(rows)
+
+    def _lease_lost(self, job_id: str) -> None:
+        log.warning(
+            "job no longer held by this worker; stopped it",
+            job_id=job_id,
+            worker_id=self.worker.worker_id,
+        )

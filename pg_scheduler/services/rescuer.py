@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ..log import get_logger
+from ..log import get_logger, newly_reported
 from ..reconnect import is_connection_error
 from ..store import Store
 from .base import Service
@@ -29,6 +29,10 @@ class RescuerService(Service):
         self.store = store
         self.heartbeat_threshold = heartbeat_threshold
         self.max_rescues = max_rescues
+        # Rescues of a job its dead workers held claimed ahead and had not
+        # started do not count against max_rescues; this cap still ends a job
+        # that kills its worker before a heartbeat reports that it started.
+        self.max_unstarted_rescues = max(10, 3 * max_rescues)
         self.local_tasks = local_tasks
         self.report_every = report_every
         self._last_report = float("-inf")
@@ -42,13 +46,16 @@ class RescuerService(Service):
         if time.monotonic() < self._hold_until:
             return 0
         try:
-            rows = await self.store.rescue_orphans(self.heartbeat_threshold(), self.max_rescues)
+            rows = await self.store.rescue_orphans(
+                self.heartbeat_threshold(), self.max_rescues, self.max_unstarted_rescues
+            )
         except Exception as exc:
             if is_connection_error(exc):
                 self._hold_until = time.monotonic() + self.heartbeat_threshold()
             raise
         for row in rows:
             event = "rescued" if row["status"] == "pending" else "failed"
+            unstarted = row["unstarted"]
             log.warning(
                 "orphaned job " + event,
                 event_type=event,
@@ -57,6 +64,7 @@ class RescuerService(Service):
                 worker_id=row["old_worker"],
                 reason=row["reason"],
                 attempt=row["attempts"],
+                **({"unstarted": True} if unstarted else {}),
             )
         if time.monotonic() - self._last_report >= self.report_every:
             self._last_report = time.monotonic()
@@ -65,10 +73,10 @@ class RescuerService(Service):
 
     async def report_unknown_tasks(self) -> dict[str, int]:
         unknown = await self.store.unknown_tasks(self.local_tasks(), self.heartbeat_threshold())
-        for task_name, count in unknown.items():
+        for task_name in newly_reported(("unknown-task", self.store.schema), unknown):
             log.warning(
                 "jobs waiting for a task no live worker has registered",
                 task=task_name,
-                pending=count,
+                pending=unknown[task_name],
             )
         return unknown

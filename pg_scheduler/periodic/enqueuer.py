@@ -3,7 +3,7 @@
 Each pass reads the shared state of the registered jobs (one statement), then
 for each enabled job whose cursor ``next_run`` is due, locks its row
 (``FOR UPDATE SKIP LOCKED``: a replica that finds it locked leaves it to the
-holder), plans the due windows (:func:`~pg_scheduler.windows.plan_windows`),
+holder), plans the due windows (:func:`~pg_scheduler.periodic.windows.plan_windows`),
 inserts their rows and advances the cursor in the same transaction. It then
 sleeps until the next window or ``refresh_interval``, whichever is sooner.
 """
@@ -13,28 +13,59 @@ from __future__ import annotations
 import asyncio
 import random
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+import asyncpg
 
 from ..log import get_logger
-from ..periodic import PeriodicJobConfig, registered_periodic_jobs, window_job_id
 from ..reconnect import Backoff, is_connection_error
-from ..windows import CoalescePolicy, coalesced_reason, plan_windows
-from .base import Service
+from ..services.base import Service
+from ..store import NewJob, Store
+from ..store.periodic import PeriodicStore
+from .registry import PeriodicJobConfig, registered_periodic_jobs, window_job_id
+from .windows import CoalescePolicy, coalesced_reason, plan_windows
 
-if TYPE_CHECKING:
-    from ..periodic_manager import PeriodicManager
-
-log = get_logger(__name__)
+log = get_logger("pg_scheduler.services.periodic")
 
 # A replica that found a job's row locked looks again this soon.
 _BUSY_RETRY = 0.05
 BUSY: Any = object()
 
 
+class EnqueuerHost(Protocol):
+    """What the enqueuer needs of one Scheduler's periodic runtime: the pool and
+    stores, the shared state it reads, the grace and enabled rules, the row
+    builder. Not the Scheduler."""
+
+    @property
+    def pool(self) -> asyncpg.Pool: ...
+
+    store: PeriodicStore
+    jobs_store: Store
+    state: dict[str, dict[str, Any]]
+    lookahead: float
+
+    async def refresh(self, keys: list[str]) -> datetime: ...
+
+    async def register(self, configs: list[PeriodicJobConfig]) -> list[Any]: ...
+
+    def is_enabled(self, dedup_key: str) -> bool: ...
+
+    def grace_for(self, config: PeriodicJobConfig) -> float | None: ...
+
+    def new_row(
+        self,
+        config: PeriodicJobConfig,
+        job_id: str,
+        execution_time: datetime,
+        window: datetime | None,
+    ) -> NewJob: ...
+
+
 class PeriodicService(Service):
     name = "periodic"
 
-    def __init__(self, manager: PeriodicManager, interval: float) -> None:
+    def __init__(self, manager: EnqueuerHost, interval: float) -> None:
         super().__init__(interval)
         self.manager = manager
         self.store = manager.store
@@ -129,7 +160,7 @@ class PeriodicService(Service):
         manager = self.manager
         key = config.dedup_key
         assert key is not None
-        async with manager.scheduler.db_pool.acquire() as conn, conn.transaction():
+        async with manager.pool.acquire() as conn, conn.transaction():
             row = await self.store.lock_for_enqueue(conn, key)
             if row is None:
                 return BUSY

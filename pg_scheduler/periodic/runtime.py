@@ -2,7 +2,7 @@
 enable/disable state, registering the declarations in ``periodic_jobs``, status,
 manual triggers, the rows of runs, and running a window. The declarations
 themselves (``@periodic``, :class:`~pg_scheduler.periodic.PeriodicJobConfig`) are
-in ``periodic.py``; the enqueue loop is ``services/periodic.py``.
+in ``registry.py``; the enqueue loop is ``enqueuer.py``.
 """
 
 from __future__ import annotations
@@ -11,27 +11,36 @@ import asyncio
 import copy
 import math
 import uuid
-import weakref
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from .codec import encode_json
-from .config import UNSET
-from .log import get_logger
-from .periodic import PeriodicJobConfig, registered_periodic_job, registered_periodic_jobs
-from .reconnect import Backoff, is_connection_error
-from .store import NewJob, Store
-from .store_periodic import MANUAL_ID_PREFIX, PeriodicStore
+import asyncpg
+
+from ..codec import encode_json
+from ..config import UNSET
+from ..job_fields import JobFields, row_of
+from ..log import get_logger
+from ..reconnect import Backoff, is_connection_error
+from ..store import NewJob
+from ..store.periodic import MANUAL_ID_PREFIX, PeriodicStore
+from .enqueuer import PeriodicService
+from .registry import (
+    PeriodicJobConfig,
+    add_runtime,
+    registered_periodic_job,
+    registered_periodic_jobs,
+)
 from .windows import CoalescePolicy, coalesced_reason
 
 if TYPE_CHECKING:
-    from .scheduler import Scheduler
-    from .services.periodic import PeriodicService
+    from ..scheduler import Scheduler
 
 # The logger name of before the split out of periodic.py: log filters keep matching.
 log = get_logger("pg_scheduler.periodic")
 
-_managers: weakref.WeakSet[PeriodicManager] = weakref.WeakSet()
+
+def _no_default_grace() -> int | None:
+    return None  # a window's grace is always resolved by grace_for()
 
 
 class PeriodicManager:
@@ -47,8 +56,8 @@ class PeriodicManager:
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
-        self.store = PeriodicStore(scheduler.db_pool)
-        self.jobs_store = Store(scheduler.db_pool)
+        self.store = PeriodicStore(scheduler.db_pool, scheduler.schema)
+        self.jobs_store = scheduler.store
         #: Last state read from ``periodic_jobs``, by dedup key.
         self.state: dict[str, dict[str, Any]] = {}
         self.state_read_at: datetime | None = None
@@ -58,7 +67,7 @@ class PeriodicManager:
         self._flusher: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._service: PeriodicService | None = None
-        _managers.add(self)
+        add_runtime(self)
 
     # -- declarations --------------------------------------------------------
 
@@ -82,14 +91,22 @@ class PeriodicManager:
 
     def grace_for(self, config: PeriodicJobConfig) -> float | None:
         """The misfire grace time that applies to ``config``'s windows."""
-        if config.misfire_grace_time is UNSET:
+        grace = config.misfire_grace_time
+        if grace is UNSET:
             return self.scheduler.misfire_grace_time
-        return config.misfire_grace_time
+        if grace is None or isinstance(grace, float | int):
+            return grace
+        # PeriodicJobConfig turns a timedelta into seconds when it is built.
+        assert isinstance(grace, timedelta)
+        return grace.total_seconds()
 
     # -- lifecycle -------------------------------------------------------------
 
+    @property
+    def pool(self) -> asyncpg.Pool:
+        return self.scheduler.db_pool
+
     async def start(self) -> None:
-        from .services.periodic import PeriodicService
 
         self._loop = asyncio.get_running_loop()
         if self._service is None:
@@ -222,18 +239,17 @@ class PeriodicManager:
         kwargs: dict[str, Any] = {"job_id": job_id}
         if window is not None:
             kwargs["window"] = window.isoformat()
-        return NewJob(
-            job_id=job_id,
+        fields = JobFields(
             job_name=config.job_name,  # type: ignore[arg-type]
             task_name=config.task_name,
             execution_time=execution_time,
             task_data=encode_json({"args": [], "kwargs": kwargs}),
-            priority=config.priority.db_value,
+            priority=config.priority,
             max_retries=config.max_retries,
+            job_id=job_id,
             misfire_grace_time=None if grace is None else math.ceil(grace),
-            timeout=None,
-            retry_policy=None,
         )
+        return row_of(fields, job_id, _no_default_grace)
 
     async def trigger(self, dedup_key: str) -> str | None:
         """Enqueue one run now, outside the windows (the cursor is untouched, and the
@@ -297,15 +313,10 @@ class PeriodicManager:
 
     # -- running a window ------------------------------------------------------
 
-    @staticmethod
-    def running(job_id: str) -> PeriodicManager | None:
-        """The manager whose worker runs ``job_id`` in the current task."""
-        current = asyncio.current_task()
-        for manager in list(_managers):
-            entry = manager.scheduler.worker.running.get(job_id)
-            if entry is not None and entry.task is current:
-                return manager
-        return None
+    def runs_in_current_task(self, job_id: str) -> bool:
+        """Whether this Scheduler's worker runs ``job_id`` in the current task."""
+        entry = self.scheduler.worker.running.get(job_id)
+        return entry is not None and entry.task is asyncio.current_task()
 
     async def _record(self, what: str, *args: Any) -> Any:
         try:

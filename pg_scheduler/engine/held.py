@@ -8,8 +8,9 @@ from typing import TypeVar
 
 import asyncpg
 
-from .reconnect import is_connection_error
-from .store import Executor
+from ..reconnect import is_connection_error
+from ..store.names import Executor
+from ..store.session import ASYNC_COMMIT
 
 T = TypeVar("T")
 
@@ -56,7 +57,7 @@ class HeldConnection:
             conn = await self._pool.acquire()
             try:
                 if self._asynchronous_commit:
-                    await conn.execute("SET synchronous_commit = off")
+                    await conn.execute(ASYNC_COMMIT)
             except BaseException:
                 await self._give_back(conn)
                 raise

@@ -7,41 +7,44 @@ How it works (the README's "Periodic jobs" section is the user's view):
   that the window rows route to.
 * Fire times come from a :class:`IntervalSchedule` (aligned to the Unix epoch,
   so every replica computes the same windows) or a
-  :class:`~pg_scheduler.cron.CronSchedule` (any time zone, DST rule in
-  ``cron.py``).
-* Every Scheduler runs the enqueuer (``services/periodic.py``). There is no
+  :class:`~pg_scheduler.periodic.cron.CronSchedule` (any time zone, DST rule in
+  ``periodic/cron.py``).
+* Every Scheduler runs the enqueuer (``periodic/enqueuer.py``). There is no
   leader: each window is enqueued by whichever replica locks the job's row in
   ``periodic_jobs`` first, in the transaction that advances the row's cursor,
   as the row ``periodic:<dedup_key>:<fire time>``. Workers then claim it like
   any job, so it runs once.
-* :func:`~pg_scheduler.windows.plan_windows` decides what to run after an
+* :func:`~pg_scheduler.periodic.windows.plan_windows` decides what to run after an
   outage (misfire grace time and coalesce policy).
 
 This module is the declaration side: ``@periodic``, :class:`PeriodicJobConfig`
 and the process-wide registry. A Scheduler's runtime side (enqueuer state,
 enable/disable, triggers, running a window) is
-:class:`~pg_scheduler.periodic_manager.PeriodicManager`.
+:class:`~pg_scheduler.periodic.runtime.PeriodicManager`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import inspect
+import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
-from typing import Any
+from typing import Any, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from .config import UNSET
+from ..config import UNSET
+from ..enums import JobPriority
+from ..log import get_logger
+from ..store.periodic import PERIODIC_TASK_PREFIX, WINDOW_ID_PREFIX
+from ..tasks import default_registry
+from ..validation import INT4_MAX, check_name
 from .cron import CronError, CronSchedule
-from .enums import JobPriority
-from .log import get_logger
-from .store_periodic import PERIODIC_TASK_PREFIX, WINDOW_ID_PREFIX
-from .tasks import default_registry
 from .windows import MICROSECOND, CoalescePolicy, IntervalSchedule, Schedule
 
-log = get_logger(__name__)
+log = get_logger("pg_scheduler.periodic")
 
 __all__ = [
     "CoalescePolicy",
@@ -59,8 +62,12 @@ def _seconds(name: str, value: Any, allow_unset: bool = False) -> float | Any | 
         return None
     if isinstance(value, timedelta):
         value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise ValueError(f"{name} must be None, a timedelta or seconds >= 0, got {value!r}")
+    # At most INT4_MAX: a window's row stores its grace time, rounded up, in an
+    # INTEGER column (and NaN fails >= 0).
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= INT4_MAX:
+        raise ValueError(
+            f"{name} must be None, a timedelta or seconds from 0 to {INT4_MAX}, got {value!r}"
+        )
     return float(value)
 
 
@@ -72,8 +79,10 @@ def _zone(value: Any) -> tzinfo:
     try:
         return ZoneInfo(value)
     except (ZoneInfoNotFoundError, ValueError):
+        # "Invalid timezone": the words 0.2.x raised with; callers match on them.
         raise ValueError(
-            f"unknown timezone {value!r}: use an IANA name such as 'Europe/London'"
+            f"Invalid timezone {value!r}: unknown timezone name; use an IANA name "
+            "such as 'Europe/London'"
         ) from None
 
 
@@ -104,18 +113,24 @@ class PeriodicJobConfig:
 
     def __post_init__(self) -> None:
         func = self.func
+        # The key words of 0.2.x's messages ("async functions", "Either", "both")
+        # are kept: code and tests written for it match on them.
         if not inspect.iscoroutinefunction(func):
-            raise TypeError(f"@periodic needs an async function (async def), got {func!r}")
+            raise TypeError(
+                f"@periodic needs an async function (async def); it applies to async "
+                f"functions only, got {func!r}"
+            )
         try:
             inspect.signature(func).bind()
         except TypeError as exc:
             raise TypeError(
                 f"@periodic function {func.__qualname__} must be callable without arguments: {exc}"
             ) from None
-        if (self.interval is None) == (self.cron is None):
-            raise ValueError(
-                "@periodic needs exactly one of every= (a timedelta) or cron= (an expression)"
-            )
+        exactly_one = "@periodic needs exactly one of every= (a timedelta) or cron= (an expression)"
+        if self.interval is None and self.cron is None:
+            raise ValueError(f"Either every= or cron= must be given: {exactly_one}")
+        if self.interval is not None and self.cron is not None:
+            raise ValueError(f"every= and cron= were both given: {exactly_one}")
         if self.interval is not None:
             if not isinstance(self.interval, timedelta):
                 raise TypeError(f"every= must be a timedelta, got {self.interval!r}")
@@ -141,10 +156,15 @@ class PeriodicJobConfig:
             raise TypeError(f"max_retries= must be an int, got {self.max_retries!r}")
         if self.max_retries < 0:
             raise ValueError(f"max_retries= must be >= 0, got {self.max_retries}")
+        if self.max_retries > INT4_MAX:
+            raise ValueError(f"max_retries= must be <= {INT4_MAX}, got {self.max_retries}")
         for name in ("job_name", "dedup_key"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise ValueError(f"{name}= must be a non-empty string or None, got {value!r}")
+            if value is not None:
+                # Stored as text; the dedup key is a primary key and part of job ids.
+                check_name(f"{name}=", value)
         try:
             self.coalesce = CoalescePolicy(self.coalesce)
         except ValueError:
@@ -186,6 +206,31 @@ class PeriodicJobConfig:
 _registry: dict[str, PeriodicJobConfig] = {}
 
 
+class WindowRunner(Protocol):
+    """What a runner task needs of a Scheduler's periodic runtime (``runtime.py``)."""
+
+    def runs_in_current_task(self, job_id: str) -> bool: ...
+
+    async def run(self, config: PeriodicJobConfig, job_id: str, window: str | None) -> Any: ...
+
+
+# Every live runtime adds itself here; a runner task finds the one whose worker
+# runs it. Kept here, not in runtime.py, so that this module imports no runtime.
+_runtimes: weakref.WeakSet[WindowRunner] = weakref.WeakSet()
+
+
+def add_runtime(runtime: WindowRunner) -> None:
+    _runtimes.add(runtime)
+
+
+def _runtime_running(job_id: str) -> WindowRunner | None:
+    """The runtime whose worker runs ``job_id`` in the current task."""
+    for runtime in list(_runtimes):
+        if runtime.runs_in_current_task(job_id):
+            return runtime
+    return None
+
+
 def registered_periodic_jobs() -> dict[str, PeriodicJobConfig]:
     """Every ``@periodic`` declaration of this process, by dedup key."""
     return dict(_registry)
@@ -201,14 +246,11 @@ def _make_runner(config: PeriodicJobConfig) -> Callable[..., Any]:
     assert key is not None
 
     async def run_periodic(job_id: str, window: str | None = None) -> Any:
-        # Imported on use: periodic_manager imports this module.
-        from .periodic_manager import PeriodicManager
-
         current = _registry.get(key, config)
-        manager = PeriodicManager.running(job_id)
-        if manager is None:
+        runtime = _runtime_running(job_id)
+        if runtime is None:
             raise RuntimeError(f"periodic job {key!r} run outside of a Scheduler")
-        return await manager.run(current, job_id, window)
+        return await runtime.run(current, job_id, window)
 
     # A unique bare name, so this runner never makes a user function's bare
     # (0.2.x) name ambiguous.
@@ -242,8 +284,11 @@ def periodic(
     runs after every replica was down (default: only the latest overdue window,
     if within the Scheduler's misfire_grace_time); ``jitter`` adds up to that
     many seconds of random delay to each window, never past the next window.
-    Invalid arguments raise here, at decoration time. Returns the function
-    unchanged.
+    Invalid arguments raise here, at decoration time. A dedup key registered
+    again (the function defined again, its module reloaded) replaces the
+    earlier declaration with a warning, as in 0.2.x; another function taking
+    over an explicit ``dedup_key`` also emits a RuntimeWarning. Returns the
+    function unchanged.
     """
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -265,14 +310,8 @@ def periodic(
         key = config.dedup_key
         assert key is not None
         existing = _registry.get(key)
-        if existing is not None and (
-            existing.func.__module__,
-            existing.func.__qualname__,
-        ) != (func.__module__, func.__qualname__):
-            raise ValueError(
-                f"dedup_key {key!r} is already used by {existing.func.__module__}."
-                f"{existing.func.__qualname__}; give each periodic job its own dedup_key"
-            )
+        if existing is not None and existing.func is not func:
+            _warn_replaced(existing, config)
         default_registry.register(func)
         default_registry.register(_make_runner(config), name=config.task_name)
         _registry[key] = config
@@ -285,6 +324,35 @@ def periodic(
         return func
 
     return decorate
+
+
+def _origin(func: Callable[..., Any]) -> str:
+    return f"{func.__module__}.{func.__qualname__}"
+
+
+def _warn_replaced(existing: PeriodicJobConfig, new: PeriodicJobConfig) -> None:
+    """A dedup key registered again replaces the earlier declaration, as in 0.2.x."""
+    old_func, new_func = existing.func, new.func
+    fields = dict(
+        dedup_key=new.dedup_key,
+        replaced=_origin(old_func),
+        replaced_schedule=existing.describe(),
+        by=_origin(new_func),
+        schedule=new.describe(),
+    )
+    if (old_func.__module__, old_func.__name__) == (new_func.__module__, new_func.__name__):
+        # The same function defined again (a reloaded module, a test redefining it).
+        log.warning("periodic job registered again; the new definition replaces the old", **fields)
+        return
+    # Two different functions share an explicit dedup_key: only one of them
+    # will run. Loud, since that is almost certainly a mistake.
+    message = (
+        f"periodic dedup_key {new.dedup_key!r} of {_origin(old_func)} is now used by "
+        f"{_origin(new_func)}, which replaces it: {_origin(old_func)} will not run. "
+        "Give each periodic job its own dedup_key"
+    )
+    log.warning("periodic dedup_key taken over by another function", **fields)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def window_job_id(dedup_key: str, fire_time: datetime) -> str:

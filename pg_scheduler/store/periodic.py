@@ -20,6 +20,8 @@ from datetime import datetime
 
 import asyncpg
 
+from .names import DEFAULT_SCHEMA, Qualifier, lock_key_for
+
 PERIODIC_TASK_PREFIX = "periodic:"
 WINDOW_ID_PREFIX = "periodic:"
 MANUAL_ID_PREFIX = "manual_periodic:"
@@ -150,8 +152,21 @@ UPDATE periodic_jobs
 class PeriodicStore:
     """Typed access to ``periodic_jobs`` (and the window rows of ``scheduled_jobs``)."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, schema: str = DEFAULT_SCHEMA) -> None:
         self.pool = pool
+        q = Qualifier(schema)
+        self.schema = q.schema
+        self._register = q(_REGISTER)
+        self._load = q(_LOAD)
+        self._lock_for_enqueue = q(_LOCK_FOR_ENQUEUE)
+        self._pending_due_windows = q(_PENDING_DUE_WINDOWS)
+        self._cancel_jobs = q(_CANCEL_JOBS)
+        self._cancel_pending_windows = q(_CANCEL_PENDING_WINDOWS)
+        self._older_window_serving = q(_OLDER_WINDOW_SERVING)
+        self._advance = q(_ADVANCE)
+        self._set_enabled = q(_SET_ENABLED)
+        self._run_started = q(_RUN_STARTED)
+        self._run_finished = q(_RUN_FINISHED)
 
     async def register(
         self,
@@ -163,7 +178,7 @@ class PeriodicStore:
     ) -> list[asyncpg.Record]:
         """Create or update the rows; returns those written (changed or new)."""
         return await self.pool.fetch(
-            _REGISTER,
+            self._register,
             list(keys),
             list(job_names),
             list(task_names),
@@ -173,45 +188,43 @@ class PeriodicStore:
 
     async def load(self, keys: Sequence[str]) -> tuple[datetime, list[asyncpg.Record]]:
         """The database clock and the stored state of ``keys`` (absent keys: no row)."""
-        rows = await self.pool.fetch(_LOAD, list(keys))
+        rows = await self.pool.fetch(self._load, list(keys))
         return rows[0]["db_now"], [r for r in rows if r["dedup_key"] is not None]
 
-    @staticmethod
-    async def lock_for_enqueue(conn: asyncpg.Connection, key: str) -> asyncpg.Record | None:
+    async def lock_for_enqueue(self, conn: asyncpg.Connection, key: str) -> asyncpg.Record | None:
         """Lock the job's row for this transaction; None if another replica holds it."""
-        return await conn.fetchrow(_LOCK_FOR_ENQUEUE, key)
+        return await conn.fetchrow(self._lock_for_enqueue, key)
 
-    @staticmethod
-    async def pending_due_windows(conn: asyncpg.Connection, task_name: str) -> list[asyncpg.Record]:
+    async def pending_due_windows(
+        self, conn: asyncpg.Connection, task_name: str
+    ) -> list[asyncpg.Record]:
         """Window rows of one job that are due and not started (those being
         claimed right now are skipped: they count as started)."""
-        return await conn.fetch(_PENDING_DUE_WINDOWS, task_name)
+        return await conn.fetch(self._pending_due_windows, task_name)
 
-    @staticmethod
     async def cancel_jobs(
-        conn: asyncpg.Connection, job_ids: Sequence[str], reason: str
+        self, conn: asyncpg.Connection, job_ids: Sequence[str], reason: str
     ) -> list[str]:
-        rows = await conn.fetch(_CANCEL_JOBS, list(job_ids), reason)
+        rows = await conn.fetch(self._cancel_jobs, list(job_ids), reason)
         return [r["job_id"] for r in rows]
 
-    @staticmethod
-    async def advance(conn: asyncpg.Connection, key: str, next_run: datetime | None) -> None:
-        await conn.execute(_ADVANCE, key, next_run)
+    async def advance(self, conn: asyncpg.Connection, key: str, next_run: datetime | None) -> None:
+        await conn.execute(self._advance, key, next_run)
 
     async def set_enabled(self, key: str, enabled: bool, reason: str) -> bool:
         """Store ``enabled``; disabling also cancels the job's pending windows.
         False if no row has this key."""
         async with self.pool.acquire() as conn, conn.transaction():
-            task_name = await conn.fetchval(_SET_ENABLED, key, enabled)
+            task_name = await conn.fetchval(self._set_enabled, key, enabled)
             if task_name is None:
                 return False
             if not enabled:
-                await conn.execute(_CANCEL_PENDING_WINDOWS, task_name, reason)
+                await conn.execute(self._cancel_pending_windows, task_name, reason)
             return True
 
     async def cancel_pending_windows(self, task_name: str, reason: str) -> list[str]:
         """Cancel the job's enqueued windows that have not started."""
-        rows = await self.pool.fetch(_CANCEL_PENDING_WINDOWS, task_name, reason)
+        rows = await self.pool.fetch(self._cancel_pending_windows, task_name, reason)
         return [r["job_id"] for r in rows]
 
     async def run_started(
@@ -219,17 +232,18 @@ class PeriodicStore:
     ) -> asyncpg.Record | None:
         """Record a run as the last one; returns the previous run's window and
         start, and the database clock (None if the job has no row)."""
-        return await self.pool.fetchrow(_RUN_STARTED, key, job_id, window)
+        return await self.pool.fetchrow(self._run_started, key, job_id, window)
 
     async def run_finished(self, key: str, job_id: str, outcome: str, error: str | None) -> None:
-        await self.pool.execute(_RUN_FINISHED, key, job_id, outcome, error)
+        await self.pool.execute(self._run_finished, key, job_id, outcome, error)
 
     async def older_window_serving(self, task_name: str, window: datetime) -> bool:
-        return await self.pool.fetchval(_OLDER_WINDOW_SERVING, task_name, window)
+        return await self.pool.fetchval(self._older_window_serving, task_name, window)
 
-    @staticmethod
-    async def try_xact_lock(conn: asyncpg.Connection, lock_key: int) -> bool:
+    async def try_xact_lock(self, conn: asyncpg.Connection, lock_key: int) -> bool:
         """A transaction-level advisory lock: released at commit, rollback or when the
         session ends, and pinned to one server connection even behind a
         transaction-pooling proxy."""
-        return await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", lock_key)
+        return await conn.fetchval(
+            "SELECT pg_try_advisory_xact_lock($1)", lock_key_for(lock_key, self.schema)
+        )

@@ -1,4 +1,4 @@
-"""Every SQL statement the scheduler runs, one method per operation.
+"""Statements on ``scheduled_jobs``: insert, claim, complete/retry/fail, release, cancel.
 
 The schema lives in ``migrations/``; the statements here are written against
 its indexes: the claim and the next-due probe walk
@@ -9,20 +9,27 @@ and release use ``scheduled_jobs_running_idx``. Time is always the database's
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import asyncpg
 
-from .codec import encode_json
-from .enums import PRIORITY_DB_VALUES
-
-JOBS_CHANNEL = "pg_scheduler_jobs"
-CANCEL_CHANNEL = "pg_scheduler_cancel"
-
-Executor = asyncpg.Pool | asyncpg.Connection
+from ..codec import encode_json
+from ..enums import PRIORITY_DB_VALUES
+from .names import CANCEL_CHANNEL, DEFAULT_SCHEMA, JOBS_CHANNEL, Executor, Qualifier
+from .workers import (
+    _FORGET_DEAD_WORKERS,
+    _HEARTBEAT,
+    _LIVE_WORKERS,
+    _MISSING_PRIVILEGES,
+    _RENEW_LEASE,
+    _RESCUE,
+    _UNKNOWN_TASKS,
+    _UNREGISTER,
+    WorkerStatements,
+)
 
 
 class NewJob(NamedTuple):
@@ -78,7 +85,8 @@ _REPLACE_SET = """
         priority = EXCLUDED.priority, max_retries = EXCLUDED.max_retries,
         misfire_grace_time = EXCLUDED.misfire_grace_time, timeout = EXCLUDED.timeout,
         retry_policy = EXCLUDED.retry_policy, status = 'pending', retry_count = 0,
-        attempts = 0, rescue_count = 0, error_message = NULL, error_traceback = NULL,
+        attempts = 0, rescue_count = 0, unstarted_rescues = 0, error_message = NULL,
+        error_traceback = NULL,
         result = NULL, worker_id = NULL, last_heartbeat = NULL, lease_until = NULL,
         started_at = NULL, finished_at = NULL, created_at = now()
     WHERE scheduled_jobs.status <> 'running'
@@ -87,13 +95,15 @@ _REPLACE_SET = """
 # What the worker reads of a claimed row (the claim and the in-process start).
 _CLAIMED_COLUMNS = """j.job_id, j.job_name, j.task_name, j.task_data::text AS task_data,
           j.priority, j.execution_time, j.status, j.attempts, j.retry_count,
-          j.max_retries, j.timeout, j.retry_policy::text AS retry_policy"""
+          j.max_retries, j.timeout, j.retry_policy::text AS retry_policy, j.claimed_ahead"""
+# Rows past the first $6 (in the order the worker starts them) wait in its
+# local buffer: they are marked claimed_ahead until its heartbeat says they started.
 _CLAIM = f"""
 WITH picked AS (
-    SELECT c.job_id, c.expired
+    SELECT c.job_id, c.expired, p.priority, c.execution_time
       FROM unnest($1::int[]) AS p(priority)
      CROSS JOIN LATERAL (
-        SELECT j.job_id,
+        SELECT j.job_id, j.execution_time,
                (j.started_at IS NULL AND j.misfire_grace_time IS NOT NULL
                 AND j.execution_time + make_interval(secs => j.misfire_grace_time) < now())
                    AS expired
@@ -105,6 +115,10 @@ WITH picked AS (
            FOR UPDATE SKIP LOCKED
      ) c
      LIMIT $3
+), placed AS (
+    SELECT job_id, expired,
+           row_number() OVER (PARTITION BY expired ORDER BY priority, execution_time) AS place
+      FROM picked
 )
 UPDATE scheduled_jobs j
    SET status = CASE WHEN picked.expired THEN 'expired' ELSE 'running' END,
@@ -115,11 +129,12 @@ UPDATE scheduled_jobs j
        lease_until = CASE WHEN picked.expired THEN NULL
                           ELSE now() + make_interval(secs => $5) END,
        finished_at = CASE WHEN picked.expired THEN now() END,
+       claimed_ahead = NOT picked.expired AND picked.place > $6,
        error_message = CASE WHEN picked.expired
            THEN format('expired: not started within misfire_grace_time (%s s) of %s',
                        j.misfire_grace_time, j.execution_time)
            ELSE j.error_message END
-  FROM picked
+  FROM placed AS picked
  WHERE j.job_id = picked.job_id
 RETURNING {_CLAIMED_COLUMNS}
 """
@@ -180,89 +195,83 @@ DELETE FROM scheduled_jobs j
 RETURNING j.job_id
 """
 
+# An attempt that did not complete goes to job_attempts (migration 0006); the
+# job row keeps only the error of its current state, so a pending job has none.
+_ATTEMPT_OUTCOME = "CASE WHEN {0}::text LIKE 'timed out after %' THEN 'timed_out' ELSE 'failed' END"
 _RETRY = f"""
-UPDATE scheduled_jobs
-   SET status = 'pending', retry_count = retry_count + 1, worker_id = NULL,
-       lease_until = NULL, execution_time = now() + make_interval(secs => $4),
-       error_message = $5, error_traceback = $6
- WHERE {_LEASE_GUARD}
-RETURNING execution_time
+WITH retried AS (
+    UPDATE scheduled_jobs
+       SET status = 'pending', retry_count = retry_count + 1, worker_id = NULL,
+           lease_until = NULL, execution_time = now() + make_interval(secs => $4),
+           error_message = NULL, error_traceback = NULL
+     WHERE {_LEASE_GUARD}
+    RETURNING job_id, attempts, started_at, execution_time
+), kept AS (
+    INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome, error, traceback)
+    SELECT job_id, attempts, $2, started_at, {_ATTEMPT_OUTCOME.format("$5")}, $5, $6 FROM retried
+)
+SELECT execution_time FROM retried
 """
 _FAIL = f"""
-UPDATE scheduled_jobs
-   SET status = 'failed', finished_at = now(), lease_until = NULL,
-       error_message = $4, error_traceback = $5
- WHERE {_LEASE_GUARD}
-RETURNING job_id
+WITH failed AS (
+    UPDATE scheduled_jobs
+       SET status = 'failed', finished_at = now(), lease_until = NULL,
+           error_message = $4, error_traceback = $5
+     WHERE {_LEASE_GUARD}
+    RETURNING job_id, attempts, started_at
+), kept AS (
+    INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome, error, traceback)
+    SELECT job_id, attempts, $2, started_at, {_ATTEMPT_OUTCOME.format("$4")}, $4, $5 FROM failed
+)
+SELECT job_id FROM failed
 """
 
-# Hand running jobs back without consuming the attempt (graceful shutdown,
-# or claims this worker holds in the database but never started).
-_RELEASE = """
+
+def _release_where(where: str) -> str:
+    """Hand running jobs back without consuming the attempt (graceful shutdown,
+    or claims this worker holds in the database but never started)."""
+    return """
 WITH released AS (
     UPDATE scheduled_jobs
        SET status = 'pending', worker_id = NULL, lease_until = NULL,
            attempts = GREATEST(attempts - 1, 0)
-     WHERE job_id = ANY($1::text[]) AND worker_id = $2 AND status = 'running'
-    RETURNING job_id
+     WHERE {where} AND worker_id = $2 AND status = 'running'
+    RETURNING job_id, attempts, started_at, claimed_ahead
+), kept AS (
+    -- Only attempts that had started: a claimed-ahead row handed back never ran.
+    INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome, error)
+    SELECT job_id, attempts + 1, $2, started_at, 'handed_back', 'handed back by worker ' || $2
+      FROM released WHERE NOT claimed_ahead
 )
 SELECT job_id, pg_notify('pg_scheduler_jobs', '') FROM released
-"""
+""".replace("{where}", where)
 
-_HEARTBEAT = """
-WITH me AS (
-    INSERT INTO scheduler_workers (worker_id, hostname, pid, max_concurrent, tasks)
-    VALUES ($1, $3, $4, $5, $6::text[])
-    ON CONFLICT (worker_id) DO UPDATE SET last_seen = now(), tasks = EXCLUDED.tasks
+
+_RELEASE = _release_where("job_id = ANY($1::text[])")
+# Ghosts the heartbeat saw: only the very claim it saw ($3: its started_at). A row
+# handed back since and claimed again here has a new started_at and is kept.
+_RELEASE_GHOSTS = _release_where(
+    "(job_id, started_at) IN (SELECT * FROM unnest($1::text[], $3::timestamptz[]))"
 )
-UPDATE scheduled_jobs
-   SET last_heartbeat = now(), lease_until = now() + make_interval(secs => $2)
- WHERE worker_id = $1 AND status = 'running'
-RETURNING job_id, attempts, EXTRACT(EPOCH FROM now() - started_at)::float8 AS running_for
-"""
 
-_RESCUE = """
-WITH orphans AS (
-    SELECT j.job_id, j.worker_id AS old_worker,
-           CASE WHEN j.lease_until < now() THEN 'lease expired'
-                ELSE 'worker heartbeat older than threshold' END AS reason
-      FROM scheduled_jobs j
-      LEFT JOIN scheduler_workers w ON w.worker_id = j.worker_id
-     WHERE j.status = 'running'
-       AND (j.lease_until < now() OR w.last_seen < now() - make_interval(secs => $1))
-       FOR UPDATE OF j SKIP LOCKED
-), rescued AS (
-    UPDATE scheduled_jobs j
-       SET status = CASE WHEN j.rescue_count + 1 > $2 THEN 'failed' ELSE 'pending' END,
-           rescue_count = j.rescue_count + 1,
-           finished_at = CASE WHEN j.rescue_count + 1 > $2 THEN now() END,
-           error_message = CASE WHEN j.rescue_count + 1 > $2
-               THEN format('gave up: the workers running this job died %s times (max_rescues=%s);'
-                           ' last: %s (%s)', j.rescue_count + 1, $2, o.old_worker, o.reason)
-               ELSE format('rescued from worker %s (%s) during attempt %s',
-                           o.old_worker, o.reason, j.attempts) END,
-           worker_id = CASE WHEN j.rescue_count + 1 > $2 THEN j.worker_id END,
-           lease_until = NULL
-      FROM orphans o
-     WHERE j.job_id = o.job_id
-    RETURNING j.job_id, j.task_name, j.status, j.attempts, o.old_worker, o.reason
-)
-SELECT r.*, pg_notify('pg_scheduler_jobs', '') FROM rescued r
-"""
-
-_FORGET_DEAD_WORKERS = """
-DELETE FROM scheduler_workers w
- WHERE w.last_seen < now() - make_interval(secs => $1)
-   AND NOT EXISTS (SELECT 1 FROM scheduled_jobs j
-                    WHERE j.worker_id = w.worker_id AND j.status = 'running')
-"""
-
+# A running attempt cancelled goes to job_attempts; ``target`` is the row
+# before the update (locked, so the status read is the one replaced).
 _CANCEL = """
-WITH cancelled AS (
-    UPDATE scheduled_jobs
-       SET status = 'cancelled', finished_at = now(), lease_until = NULL
+WITH target AS (
+    SELECT job_id, status, attempts, worker_id, started_at FROM scheduled_jobs
      WHERE job_id = $1 AND status IN ('pending', 'running')
-    RETURNING job_id
+       FOR UPDATE
+), cancelled AS (
+    UPDATE scheduled_jobs j
+       SET status = 'cancelled', finished_at = now(), lease_until = NULL
+      FROM target t
+     WHERE j.job_id = t.job_id AND j.status IN ('pending', 'running')
+    RETURNING j.job_id
+), kept AS (
+    INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome, error)
+    SELECT t.job_id, t.attempts, t.worker_id, t.started_at, 'cancelled', 'cancelled by cancel_job()'
+      FROM target t JOIN cancelled c ON c.job_id = t.job_id
+     WHERE t.status = 'running'
 )
 SELECT job_id, pg_notify('pg_scheduler_cancel', job_id) FROM cancelled
 """
@@ -275,37 +284,76 @@ _JOB_COLUMNS = """
     result::text AS result, error_message, error_traceback
 """
 
-_UNKNOWN_TASKS = """
-SELECT j.task_name, count(*) AS pending
-  FROM scheduled_jobs j
- WHERE j.status = 'pending' AND j.execution_time <= now()
-   AND NOT (j.task_name = ANY($1::text[]))
-   AND NOT EXISTS (
-       SELECT 1 FROM scheduler_workers w
-        WHERE w.last_seen >= now() - make_interval(secs => $2)
-          AND j.task_name = ANY(w.tasks))
- GROUP BY j.task_name
- ORDER BY j.task_name
+_EXISTING_IDS = "SELECT job_id FROM scheduled_jobs WHERE job_id = ANY($1::text[])"
+# With its progress and the attempts that did not complete (job_attempts), in one read.
+_GET_JOB = f"""
+SELECT {_JOB_COLUMNS}, progress, progress_message, progress_at,
+       (SELECT json_agg(json_build_object(
+                   'attempt', a.attempt, 'worker_id', a.worker_id, 'started_at', a.started_at,
+                   'finished_at', a.finished_at, 'outcome', a.outcome, 'error', a.error,
+                   'traceback', a.traceback) ORDER BY a.attempt_id)::text
+          FROM job_attempts a WHERE a.job_id = j.job_id) AS attempt_history
+  FROM scheduled_jobs j WHERE j.job_id = $1
+"""
+_SET_STATUS = """
+UPDATE scheduled_jobs
+   SET status = $2,
+       finished_at = CASE WHEN $2 IN ('completed', 'failed', 'cancelled', 'expired')
+                          THEN now() END,
+       lease_until = CASE WHEN $2 = 'running' THEN lease_until END,
+       worker_id = CASE WHEN $2 = 'pending' THEN NULL ELSE worker_id END
+ WHERE job_id = $1
+RETURNING job_id
 """
 
 
-class Store:
-    """Typed access to the scheduler's tables through one asyncpg pool."""
+class Store(WorkerStatements):
+    """Typed access to the scheduler's tables through one asyncpg pool.
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    Every statement is qualified for ``schema`` here, once.
+    """
+
+    def __init__(self, pool: asyncpg.Pool, schema: str = DEFAULT_SCHEMA) -> None:
         self.pool = pool
+        q = self.qualify = Qualifier(schema)
+        self.schema = q.schema
+        self.jobs_channel = q.channel(JOBS_CHANNEL)
+        self.cancel_channel = q.channel(CANCEL_CHANNEL)
+        self._insert_arrays = q(_INSERT_FROM_ARRAYS)
+        self._insert_one = q(_INSERT_ONE)
+        self._replace_set = q(" ON CONFLICT (job_id) " + _REPLACE_SET)
+        self._claim = q(_CLAIM)
+        self._insert_running = q(_INSERT_RUNNING)
+        self._next_due = q(_NEXT_DUE)
+        self._complete = q(_COMPLETE)
+        self._complete_and_delete = q(_COMPLETE_AND_DELETE)
+        self._retry = q(_RETRY)
+        self._fail = q(_FAIL)
+        self._release = q(_RELEASE)
+        self._release_ghosts = q(_RELEASE_GHOSTS)
+        self._heartbeat = q(_HEARTBEAT)
+        self._rescue = q(_RESCUE)
+        self._forget_dead_workers = q(_FORGET_DEAD_WORKERS)
+        self._cancel = q(_CANCEL)
+        self._unknown_tasks = q(_UNKNOWN_TASKS)
+        self._existing_ids = q(_EXISTING_IDS)
+        self._renew_lease = q(_RENEW_LEASE)
+        self._unregister = q(_UNREGISTER)
+        self._live_workers = q(_LIVE_WORKERS)
+        self._get_job = q(_GET_JOB)
+        self._set_status = q(_SET_STATUS)
+        self._missing_privileges = q(_MISSING_PRIVILEGES)
 
     # -- enqueue -----------------------------------------------------------
 
-    @staticmethod
-    async def _insert(db: Executor, jobs: Sequence[NewJob], suffix: str) -> set[str]:
+    async def _insert(self, db: Executor, jobs: Sequence[NewJob], suffix: str) -> set[str]:
         """INSERT ``jobs`` (VALUES for one, unnest() of column arrays for many)
         followed by ``suffix``; the ids it returns."""
         if len(jobs) == 1:
-            rows = await db.fetch(_INSERT_ONE + suffix + " RETURNING job_id", *jobs[0])
+            rows = await db.fetch(self._insert_one + suffix + " RETURNING job_id", *jobs[0])
         else:
             arrays = [list(column) for column in zip(*jobs, strict=True)]
-            rows = await db.fetch(_INSERT_FROM_ARRAYS + suffix + " RETURNING job_id", *arrays)
+            rows = await db.fetch(self._insert_arrays + suffix + " RETURNING job_id", *arrays)
         return {r["job_id"] for r in rows}
 
     async def insert(self, db: Executor, jobs: Sequence[NewJob]) -> set[str]:
@@ -321,17 +369,17 @@ class Store:
         large batches. Only for ids that cannot collide (generated); a duplicate
         still raises asyncpg.UniqueViolationError and writes nothing. COPY fires
         the statement-level INSERT trigger, so workers are woken once."""
-        await db.copy_records_to_table("scheduled_jobs", records=jobs, columns=_COPY_COLUMNS)
+        await db.copy_records_to_table(
+            "scheduled_jobs", records=jobs, columns=_COPY_COLUMNS, schema_name=self.schema
+        )
         return {j.job_id for j in jobs}
 
     async def insert_replace(self, db: Executor, jobs: Sequence[NewJob]) -> set[str]:
         """Insert or overwrite non-running rows; returns the ids written."""
-        return await self._insert(db, jobs, " ON CONFLICT (job_id) " + _REPLACE_SET)
+        return await self._insert(db, jobs, self._replace_set)
 
     async def existing_ids(self, db: Executor, job_ids: Sequence[str]) -> list[str]:
-        rows = await db.fetch(
-            "SELECT job_id FROM scheduled_jobs WHERE job_id = ANY($1::text[])", list(job_ids)
-        )
+        rows = await db.fetch(self._existing_ids, list(job_ids))
         return [r["job_id"] for r in rows]
 
     # -- claim and finish ----------------------------------------------------
@@ -343,22 +391,32 @@ class Store:
         limit: int,
         lease_seconds: float,
         db: Executor | None = None,
+        *,
+        start_now: int | None = None,
     ) -> list[asyncpg.Record]:
+        """Claim up to ``limit`` due jobs; past the first ``start_now`` (default:
+        all) they are marked claimed ahead (see migration 0005)."""
         return await (db or self.pool).fetch(
-            _CLAIM, PRIORITY_DB_VALUES, task_names, limit, worker_id, lease_seconds
+            self._claim,
+            PRIORITY_DB_VALUES,
+            task_names,
+            limit,
+            worker_id,
+            lease_seconds,
+            limit if start_now is None else start_now,
         )
 
     async def insert_running(
         self, db: Executor, job: NewJob, worker_id: str, lease_seconds: float
     ) -> asyncpg.Record:
         """Insert ``job`` claimed by ``worker_id`` if it is due (status says which)."""
-        return await db.fetchrow(_INSERT_RUNNING, *job, worker_id, lease_seconds)
+        return await db.fetchrow(self._insert_running, *job, worker_id, lease_seconds)
 
     async def seconds_until_next_due(
         self, task_names: list[str], db: Executor | None = None
     ) -> float | None:
         """Seconds until the earliest pending job this worker can run (<= 0: due now)."""
-        return await (db or self.pool).fetchval(_NEXT_DUE, PRIORITY_DB_VALUES, task_names)
+        return await (db or self.pool).fetchval(self._next_due, PRIORITY_DB_VALUES, task_names)
 
     async def complete(
         self,
@@ -374,7 +432,7 @@ class Store:
             f"{encode_json(c.job_id)}:[{c.attempt},{'null' if c.result is None else c.result}]"
             for c in done
         )
-        statement = _COMPLETE_AND_DELETE if delete else _COMPLETE
+        statement = self._complete_and_delete if delete else self._complete
         rows = await (db or self.pool).fetch(statement, ids, "{" + by_id + "}", worker_id)
         return {r["job_id"] for r in rows}
 
@@ -389,102 +447,40 @@ class Store:
     ) -> datetime | None:
         """Put a failed attempt back to pending after a delay; None if the lease was lost."""
         return await self.pool.fetchval(
-            _RETRY, job_id, worker_id, attempt, delay_seconds, error, traceback
+            self._retry, job_id, worker_id, attempt, delay_seconds, error, traceback
         )
 
     async def fail(
         self, job_id: str, worker_id: str, attempt: int, error: str, traceback: str | None
     ) -> bool:
-        row = await self.pool.fetchval(_FAIL, job_id, worker_id, attempt, error, traceback)
+        row = await self.pool.fetchval(self._fail, job_id, worker_id, attempt, error, traceback)
         return row is not None
 
     async def release(self, worker_id: str, job_ids: Sequence[str]) -> list[str]:
-        rows = await self.pool.fetch(_RELEASE, list(job_ids), worker_id)
+        rows = await self.pool.fetch(self._release, list(job_ids), worker_id)
+        return [r["job_id"] for r in rows]
+
+    async def release_ghosts(self, worker_id: str, claims: Mapping[str, Any]) -> list[str]:
+        """Release rows the heartbeat saw held here and unowned: job id -> the
+        ``started_at`` it saw (a later claim of the same row is not touched)."""
+        rows = await self.pool.fetch(
+            self._release_ghosts, list(claims), worker_id, list(claims.values())
+        )
         return [r["job_id"] for r in rows]
 
     # -- workers, heartbeats, rescue -------------------------------------------
 
-    async def heartbeat(
-        self,
-        worker_id: str,
-        lease_seconds: float,
-        hostname: str,
-        pid: int,
-        max_concurrent: int,
-        tasks: list[str],
-    ) -> list[asyncpg.Record]:
-        """Renew this worker's row and every lease it holds, in one statement."""
-        return await self.pool.fetch(
-            _HEARTBEAT, worker_id, lease_seconds, hostname, pid, max_concurrent, tasks
-        )
-
-    async def renew_lease(self, job_id: str, worker_id: str, lease_seconds: float) -> bool:
-        value = await self.pool.fetchval(
-            """
-            UPDATE scheduled_jobs
-               SET last_heartbeat = now(), lease_until = now() + make_interval(secs => $3)
-             WHERE job_id = $1 AND worker_id = $2 AND status = 'running'
-            RETURNING job_id
-            """,
-            job_id,
-            worker_id,
-            lease_seconds,
-        )
-        return value is not None
-
-    async def unregister_worker(self, worker_id: str) -> None:
-        await self.pool.execute("DELETE FROM scheduler_workers WHERE worker_id = $1", worker_id)
-
-    async def rescue_orphans(
-        self, heartbeat_threshold: float, max_rescues: int
-    ) -> list[asyncpg.Record]:
-        """Return jobs of dead workers (stale heartbeat or expired lease) to pending."""
-        rows = await self.pool.fetch(_RESCUE, heartbeat_threshold, max_rescues)
-        await self.pool.execute(_FORGET_DEAD_WORKERS, heartbeat_threshold * 10)
-        return rows
-
-    async def live_workers(self, heartbeat_threshold: float) -> list[asyncpg.Record]:
-        return await self.pool.fetch(
-            """
-            SELECT worker_id, hostname, pid, started_at, last_seen, max_concurrent, tasks
-              FROM scheduler_workers
-             WHERE last_seen >= now() - make_interval(secs => $1)
-             ORDER BY started_at
-            """,
-            heartbeat_threshold,
-        )
-
-    async def unknown_tasks(
-        self, local_tasks: list[str], heartbeat_threshold: float
-    ) -> dict[str, int]:
-        """Due pending jobs whose task no live worker has registered, by task name."""
-        rows = await self.pool.fetch(_UNKNOWN_TASKS, local_tasks, heartbeat_threshold)
-        return {r["task_name"]: r["pending"] for r in rows}
-
-    # -- single-job operations -----------------------------------------------
-
     async def cancel(self, job_id: str) -> bool:
         """Cancel a pending or running job; the running worker hears it via NOTIFY."""
-        return await self.pool.fetchval(_CANCEL, job_id) is not None
+        return await self.pool.fetchval(self._cancel, job_id) is not None
 
     async def get_job(self, job_id: str) -> asyncpg.Record | None:
-        return await self.pool.fetchrow(
-            f"SELECT {_JOB_COLUMNS} FROM scheduled_jobs WHERE job_id = $1", job_id
-        )
+        return await self.pool.fetchrow(self._get_job, job_id)
 
     async def set_status(self, job_id: str, status: str) -> bool:
         """Force a status (the 0.2.x ``update_job_status``); final states get finished_at."""
         value = await self.pool.fetchval(
-            """
-            UPDATE scheduled_jobs
-               SET status = $2,
-                   finished_at = CASE WHEN $2 IN ('completed', 'failed', 'cancelled', 'expired')
-                                      THEN now() END,
-                   lease_until = CASE WHEN $2 = 'running' THEN lease_until END,
-                   worker_id = CASE WHEN $2 = 'pending' THEN NULL ELSE worker_id END
-             WHERE job_id = $1
-            RETURNING job_id
-            """,
+            self._set_status,
             job_id,
             status,
         )

@@ -1,6 +1,6 @@
 """SQL of housekeeping and operations: vacuum, statistics, job listing and retry.
 
-Kept apart from ``store.py`` (the hot path) because none of it runs per job.
+Kept apart from ``jobs.py`` (the hot path) because none of it runs per job.
 The vacuum statements find old finished rows through
 ``scheduled_jobs_finished_idx`` (status, finished_at) WHERE finished_at IS NOT
 NULL (migration 0003); a condition ``finished_at < ...`` implies the index
@@ -15,11 +15,11 @@ from datetime import datetime
 
 import asyncpg
 
-from .store import JOBS_CHANNEL
+from ..enums import FINAL_STATUSES
+from .names import DEFAULT_SCHEMA, JOBS_CHANNEL, Qualifier, lock_key_for
 
-Executor = asyncpg.Pool | asyncpg.Connection
-
-FINAL_STATUSES = ("completed", "failed", "cancelled", "expired")
+# The final statuses as the text the statements compare with.
+_FINAL_STATUS_VALUES = sorted(s.value for s in FINAL_STATUSES)
 #: Statuses an operator may put back to pending with ``retry``.
 RETRYABLE_STATUSES = ("failed", "cancelled", "expired")
 
@@ -66,44 +66,77 @@ ON CONFLICT (stat_date) DO UPDATE SET
     last_run = now(), worker_id = EXCLUDED.worker_id
 """
 
+_VACUUM_STATS = """
+SELECT stat_date, COALESCE(deleted_completed, 0) AS deleted_completed,
+       COALESCE(deleted_failed, 0) AS deleted_failed,
+       COALESCE(deleted_cancelled, 0) AS deleted_cancelled,
+       COALESCE(deleted_expired, 0) AS deleted_expired, last_run, worker_id
+  FROM vacuum_stats
+ WHERE stat_date > CURRENT_DATE - $1::int
+ ORDER BY stat_date DESC
+"""
+_VACUUM_TOTALS = """
+SELECT COALESCE(sum(deleted_completed), 0)::bigint AS total_deleted_completed,
+       COALESCE(sum(deleted_failed), 0)::bigint AS total_deleted_failed,
+       COALESCE(sum(deleted_cancelled), 0)::bigint AS total_deleted_cancelled,
+       COALESCE(sum(deleted_expired), 0)::bigint AS total_deleted_expired,
+       max(last_run) AS last_run,
+       count(*) AS days_tracked
+  FROM vacuum_stats
+"""
+
 
 def _count(status_line: str) -> int:
     return int(status_line.split()[-1])
 
 
 class VacuumStore:
-    """Bounded-batch deletes of finished rows, under a session advisory lock."""
+    """Bounded-batch deletes of finished rows, under an advisory lock (one per schema)."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, schema: str = DEFAULT_SCHEMA) -> None:
         self.pool = pool
+        q = Qualifier(schema)
+        self.lock_key = lock_key_for(VACUUM_LOCK_KEY, q.schema)
+        self._older_than = q(_VACUUM_OLDER_THAN)
+        self._keep_last_cutoffs = q(_KEEP_LAST_CUTOFFS)
+        self._up_to_cutoffs = q(_VACUUM_UP_TO_CUTOFFS)
+        self._record = q(_RECORD_VACUUM)
+        self._stats = q(_VACUUM_STATS)
+        self._totals = q(_VACUUM_TOTALS)
 
     async def try_lock(self, conn: asyncpg.Connection) -> bool:
-        return await conn.fetchval("SELECT pg_try_advisory_lock($1)", VACUUM_LOCK_KEY)
+        """The session lock: held across the round's transactions (direct connections)."""
+        return await conn.fetchval("SELECT pg_try_advisory_lock($1)", self.lock_key)
 
     async def unlock(self, conn: asyncpg.Connection) -> None:
-        await conn.execute("SELECT pg_advisory_unlock($1)", VACUUM_LOCK_KEY)
+        await conn.execute("SELECT pg_advisory_unlock($1)", self.lock_key)
 
-    @staticmethod
+    async def try_xact_lock(self, conn: asyncpg.Connection) -> bool:
+        """The same lock for one transaction: safe behind a transaction pooler."""
+        return await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", self.lock_key)
+
     async def delete_older_than(
-        conn: asyncpg.Connection, status: str, batch_size: int, seconds: float
+        self, conn: asyncpg.Connection, status: str, batch_size: int, seconds: float
     ) -> int:
         """Delete at most ``batch_size`` rows of ``status`` finished ``seconds`` ago or more."""
-        return _count(await conn.execute(_VACUUM_OLDER_THAN, status, batch_size, seconds))
+        return _count(await conn.execute(self._older_than, status, batch_size, seconds))
 
-    @staticmethod
     async def keep_last_cutoffs(
-        conn: asyncpg.Connection, status: str, keep: int
+        self, conn: asyncpg.Connection, status: str, keep: int
     ) -> list[asyncpg.Record]:
         """Per job name with more than ``keep`` rows of ``status``: the newest row to delete."""
-        return await conn.fetch(_KEEP_LAST_CUTOFFS, status, keep)
+        return await conn.fetch(self._keep_last_cutoffs, status, keep)
 
-    @staticmethod
     async def delete_up_to_cutoffs(
-        conn: asyncpg.Connection, status: str, batch_size: int, cutoffs: Sequence[asyncpg.Record]
+        self,
+        conn: asyncpg.Connection,
+        status: str,
+        batch_size: int,
+        cutoffs: Sequence[asyncpg.Record],
     ) -> int:
         """Delete at most ``batch_size`` rows at or before their job name's cut-off."""
         result = await conn.execute(
-            _VACUUM_UP_TO_CUTOFFS,
+            self._up_to_cutoffs,
             status,
             batch_size,
             [c["job_name"] for c in cutoffs],
@@ -112,10 +145,11 @@ class VacuumStore:
         )
         return _count(result)
 
-    @staticmethod
-    async def record(conn: asyncpg.Connection, counts: dict[str, int], worker_id: str) -> None:
+    async def record(
+        self, conn: asyncpg.Connection, counts: dict[str, int], worker_id: str
+    ) -> None:
         await conn.execute(
-            _RECORD_VACUUM,
+            self._record,
             counts.get("completed", 0),
             counts.get("failed", 0),
             counts.get("cancelled", 0),
@@ -125,31 +159,10 @@ class VacuumStore:
 
     async def stats(self, days: int) -> list[asyncpg.Record]:
         """Rows of ``vacuum_stats`` for the last ``days`` days, today included, newest first."""
-        return await self.pool.fetch(
-            """
-            SELECT stat_date, COALESCE(deleted_completed, 0) AS deleted_completed,
-                   COALESCE(deleted_failed, 0) AS deleted_failed,
-                   COALESCE(deleted_cancelled, 0) AS deleted_cancelled,
-                   COALESCE(deleted_expired, 0) AS deleted_expired, last_run, worker_id
-              FROM vacuum_stats
-             WHERE stat_date > CURRENT_DATE - $1::int
-             ORDER BY stat_date DESC
-            """,
-            days,
-        )
+        return await self.pool.fetch(self._stats, days)
 
     async def totals(self) -> asyncpg.Record:
-        return await self.pool.fetchrow(
-            """
-            SELECT COALESCE(sum(deleted_completed), 0)::bigint AS total_deleted_completed,
-                   COALESCE(sum(deleted_failed), 0)::bigint AS total_deleted_failed,
-                   COALESCE(sum(deleted_cancelled), 0)::bigint AS total_deleted_cancelled,
-                   COALESCE(sum(deleted_expired), 0)::bigint AS total_deleted_expired,
-                   max(last_run) AS last_run,
-                   count(*) AS days_tracked
-              FROM vacuum_stats
-            """
-        )
+        return await self.pool.fetchrow(self._totals)
 
 
 # -- statistics --------------------------------------------------------------------
@@ -194,59 +207,48 @@ SELECT worker_id, hostname, pid, started_at, last_seen, max_concurrent, tasks,
 class StatsStore:
     """The read-only queries behind :func:`pg_scheduler.stats.collect_stats`."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, schema: str = DEFAULT_SCHEMA) -> None:
         self.pool = pool
+        q = Qualifier(schema)
+        self._counts = q(_COUNTS)
+        self._running_by_worker = q(_RUNNING_BY_WORKER)
+        self._oldest_due = q(_OLDEST_DUE)
+        self._finished_in_windows = q(_FINISHED_IN_WINDOWS)
+        self._workers = q(_WORKERS)
 
     @staticmethod
     async def now(conn: asyncpg.Connection) -> datetime:
         return await conn.fetchval("SELECT now()")
 
-    @staticmethod
-    async def counts(conn: asyncpg.Connection) -> list[asyncpg.Record]:
-        return await conn.fetch(_COUNTS)
+    async def counts(self, conn: asyncpg.Connection) -> list[asyncpg.Record]:
+        return await conn.fetch(self._counts)
 
-    @staticmethod
-    async def running_by_worker(conn: asyncpg.Connection) -> list[asyncpg.Record]:
-        return await conn.fetch(_RUNNING_BY_WORKER)
+    async def running_by_worker(self, conn: asyncpg.Connection) -> list[asyncpg.Record]:
+        return await conn.fetch(self._running_by_worker)
 
-    @staticmethod
-    async def oldest_due_seconds(conn: asyncpg.Connection, priorities: list[int]) -> float | None:
-        return await conn.fetchval(_OLDEST_DUE, priorities)
+    async def oldest_due_seconds(
+        self, conn: asyncpg.Connection, priorities: list[int]
+    ) -> float | None:
+        return await conn.fetchval(self._oldest_due, priorities)
 
-    @staticmethod
     async def finished_in_windows(
-        conn: asyncpg.Connection, windows: Sequence[float]
+        self, conn: asyncpg.Connection, windows: Sequence[float]
     ) -> list[asyncpg.Record]:
-        return await conn.fetch(_FINISHED_IN_WINDOWS, list(windows), list(FINAL_STATUSES))
+        return await conn.fetch(self._finished_in_windows, list(windows), _FINAL_STATUS_VALUES)
 
-    @staticmethod
-    async def workers(conn: asyncpg.Connection) -> list[asyncpg.Record]:
-        return await conn.fetch(_WORKERS)
+    async def workers(self, conn: asyncpg.Connection) -> list[asyncpg.Record]:
+        return await conn.fetch(self._workers)
 
 
 # -- operations (the CLI) --------------------------------------------------------------
 
-_JOB_LIST_COLUMNS = """
-    job_id, job_name, task_name, status, priority, execution_time, created_at, started_at,
-    finished_at, attempts, retry_count, max_retries, worker_id, error_message
-"""
-_LIST_JOBS = f"""
-SELECT {_JOB_LIST_COLUMNS}, COALESCE(finished_at, started_at, execution_time) AS last_change
-  FROM scheduled_jobs
- WHERE ($1::text[] IS NULL OR status = ANY($1::text[]))
-   AND ($2::text IS NULL OR task_name = $2 OR job_name = $2)
-   AND ($3::timestamptz IS NULL OR COALESCE(finished_at, started_at, execution_time) >= $3)
-   AND ($4::timestamptz IS NULL OR COALESCE(finished_at, started_at, execution_time) < $4)
- ORDER BY last_change DESC, job_id
- LIMIT $5
-"""
 # An operator's retry: run once more, now. attempts keeps counting, so the job
 # gets exactly one new attempt (more if max_retries still allows).
 _RETRY_JOBS = f"""
 WITH retried AS (
     UPDATE scheduled_jobs
        SET status = 'pending', execution_time = now(), finished_at = NULL, worker_id = NULL,
-           lease_until = NULL, result = NULL
+           lease_until = NULL, result = NULL, error_message = NULL, error_traceback = NULL
      WHERE job_id = ANY($1::text[]) AND status = ANY($2::text[])
     RETURNING job_id
 )
@@ -258,45 +260,35 @@ SELECT job_id FROM scheduled_jobs
  ORDER BY finished_at, job_id
 """
 
+_PERIODIC_JOBS = """
+SELECT dedup_key, job_name, task_name, schedule, enabled, next_run, last_run,
+       last_finished_at, last_outcome, last_error, last_job_id
+  FROM periodic_jobs
+ WHERE $1::text IS NULL OR dedup_key = $1 OR job_name = $1
+ ORDER BY job_name, dedup_key
+"""
+
 
 class OpsStore:
-    """Operator actions: list, inspect and retry jobs."""
+    """Operator actions: inspect and retry jobs, list periodic jobs."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, schema: str = DEFAULT_SCHEMA) -> None:
         self.pool = pool
-
-    async def list_jobs(
-        self,
-        statuses: Sequence[str] | None,
-        task: str | None,
-        since: datetime | None,
-        until: datetime | None,
-        limit: int,
-    ) -> list[asyncpg.Record]:
-        """Jobs matching every given filter, most recently changed first."""
-        return await self.pool.fetch(
-            _LIST_JOBS, list(statuses) if statuses else None, task, since, until, limit
-        )
+        q = Qualifier(schema)
+        self._retry_jobs = q(_RETRY_JOBS)
+        self._failed_ids = q(_FAILED_IDS)
+        self._periodic_jobs = q(_PERIODIC_JOBS)
 
     async def retry(self, job_ids: Sequence[str]) -> list[str]:
         """Put failed, cancelled or expired jobs back to pending, due now; the ids changed."""
-        rows = await self.pool.fetch(_RETRY_JOBS, list(job_ids), list(RETRYABLE_STATUSES))
+        rows = await self.pool.fetch(self._retry_jobs, list(job_ids), list(RETRYABLE_STATUSES))
         return [r["job_id"] for r in rows]
 
     async def failed_ids(self, task: str | None) -> list[str]:
-        rows = await self.pool.fetch(_FAILED_IDS, task)
+        rows = await self.pool.fetch(self._failed_ids, task)
         return [r["job_id"] for r in rows]
 
     async def periodic_jobs(self, key: str | None = None) -> list[asyncpg.Record]:
         """Rows of ``periodic_jobs`` (migration 0002): all, or those whose dedup key
         or job name is ``key``."""
-        return await self.pool.fetch(
-            """
-            SELECT dedup_key, job_name, task_name, schedule, enabled, next_run, last_run,
-                   last_finished_at, last_outcome, last_error, last_job_id
-              FROM periodic_jobs
-             WHERE $1::text IS NULL OR dedup_key = $1 OR job_name = $1
-             ORDER BY job_name, dedup_key
-            """,
-            key,
-        )
+        return await self.pool.fetch(self._periodic_jobs, key)

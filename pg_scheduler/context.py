@@ -1,0 +1,130 @@
+"""The running job's context: ``pg_scheduler.current_job()``.
+
+The worker sets it (one small object per job, in the job's own task) before
+calling the function; everything else is computed when asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from contextvars import ContextVar
+from datetime import datetime
+from typing import Any
+
+from .codec import clip_text
+from .log import get_logger
+from .store import Store
+from .store.events import EventStore
+
+log = get_logger(__name__)
+
+#: At most this many progress writes per second per job; the latest value
+#: reported is always written, at most 1/PROGRESS_WRITES_PER_SECOND later.
+PROGRESS_WRITES_PER_SECOND = 4
+PROGRESS_MESSAGE_MAX_CHARS = 1_000
+
+_current: ContextVar[JobContext | None] = ContextVar("pg_scheduler_current_job", default=None)
+# Delayed progress writes in flight (a task the loop holds only weakly).
+_flushes: set[asyncio.Task[None]] = set()
+
+
+class JobContext:
+    """What a running job can know about itself, and its progress reports."""
+
+    __slots__ = ("_events", "_flush", "_last_write", "_latest", "_row", "_running", "_store")
+
+    def __init__(self, store: Store, running: Any, row: Any) -> None:
+        self._store = store
+        self._running = running
+        self._row = row
+        self._events: EventStore | None = None
+        self._latest: tuple[float, str | None] | None = None
+        self._last_write = -math.inf
+        self._flush: asyncio.Task[None] | None = None
+
+    @property
+    def job_id(self) -> str:
+        return self._running.job.job_id
+
+    @property
+    def attempt(self) -> int:
+        return self._running.job.attempt
+
+    @property
+    def task(self) -> str:
+        return self._running.job.task_name
+
+    @property
+    def queue(self) -> str:
+        """Always "default" until queues land."""
+        return "default"
+
+    @property
+    def scheduled_at(self) -> datetime | None:
+        return self._row.get("execution_time")
+
+    def cancelled(self) -> bool:
+        """True once cancel_job() (or shutdown) asked this attempt to stop; the
+        job's task is cancelled too, this tells it why at a checkpoint. A thread
+        job (which cannot be killed) also sees True after its timeout: check it
+        and return."""
+        running = self._running
+        return running.cancel_reason is not None or running.stopped
+
+    async def report_progress(self, fraction: float, message: str | None = None) -> None:
+        """Store progress (0.0 to 1.0) for get_job() and ``progress`` events.
+
+        Rate-limited: the first report is written at once, later ones at most
+        PROGRESS_WRITES_PER_SECOND times a second, always ending with the latest.
+        """
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            raise TypeError(f"fraction must be a number, got {type(fraction).__name__}")
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"fraction must be between 0 and 1, got {fraction!r}")
+        if message is not None:
+            if not isinstance(message, str):
+                raise TypeError(f"message must be a str or None, got {type(message).__name__}")
+            message = clip_text(message, PROGRESS_MESSAGE_MAX_CHARS)
+        self._latest = (float(fraction), message)
+        if self._flush is not None:
+            return  # the scheduled write takes the latest value
+        wait = self._last_write + 1 / PROGRESS_WRITES_PER_SECOND - time.monotonic()
+        if wait <= 0:
+            await self._write()
+            return
+        task = asyncio.get_running_loop().create_task(self._write_later(wait))
+        self._flush = task
+        _flushes.add(task)
+        task.add_done_callback(_flushes.discard)
+
+    async def _write_later(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        self._flush = None
+        await self._write()
+
+    async def _write(self) -> None:
+        latest = self._latest
+        if latest is None:
+            return
+        self._last_write = time.monotonic()
+        if self._events is None:
+            self._events = EventStore(self._store.pool, self._store.schema)
+        try:
+            await self._events.write_progress(self.job_id, self.attempt, *latest)
+        except Exception as exc:
+            log.warning("progress not written", job_id=self.job_id, error=repr(exc))
+
+
+def enter_job(store: Store, running: Any, row: Any) -> None:
+    """Called by the worker in the job's task, before the function runs."""
+    _current.set(JobContext(store, running, row))
+
+
+def current_job() -> JobContext:
+    """The context of the job running in this task; RuntimeError outside a job."""
+    context = _current.get()
+    if context is None:
+        raise RuntimeError("current_job() called outside a running pg_scheduler job")
+    return context

@@ -1,0 +1,29 @@
+"""The engine of one Scheduler: claim due jobs, run them, complete them.
+
+``claimer``: the claim loop, the claimed-ahead buffer, each job's task
+(:class:`Worker`). ``slots``: capacity, the one owner of how many may run and
+how many rows are held. ``executor``: one claimed job and what happened to it.
+``completer``: group commit of completions, failed attempts. ``held``: the
+pooled connection a serial hot path keeps. ``local``: the in-process start.
+"""
+
+from .claimer import Holdings, Worker
+from .completer import Completer, write_failure
+from .executor import CANCELLED_REMOTELY, LEASE_LOST, SHUTDOWN, ClaimedJob, Executor, RunningJob
+from .held import HeldConnection
+from .slots import Slots
+
+__all__ = [
+    "CANCELLED_REMOTELY",
+    "LEASE_LOST",
+    "SHUTDOWN",
+    "ClaimedJob",
+    "Completer",
+    "Executor",
+    "HeldConnection",
+    "Holdings",
+    "RunningJob",
+    "Slots",
+    "Worker",
+    "write_failure",
+]

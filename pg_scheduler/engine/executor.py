@@ -1,0 +1,387 @@
+"""The executor: run one claimed job and settle what happened to it.
+
+It decodes the arguments, runs the function (with its timeout), and records
+the result: completed through the completer, a failure as a retry or failed,
+a cancel or shutdown as stopped or handed back. It reports back to the claimer
+through narrow callbacks only (``free_slot``: the function returned, let the
+next job run; ``release``: hand rows back; ``wake_after``: look again when a
+retry is due); it never reads the claimer's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback as tb
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..codec import (
+    ERROR_MAX_CHARS,
+    UnstorableResult,
+    clip_text,
+    decode_json,
+    decode_task_data,
+    encode_json,
+    encode_result,
+)
+from ..config import RetryPolicy
+from ..context import enter_job
+from ..log import get_logger
+from ..store import Completion, Store
+from ..tasks import EXECUTOR_ATTR, TaskRegistry
+from .completer import write_failure
+from .sync import SyncRunners, default_process_pool_size
+
+# The engine's log lines keep the name they had when it was one module.
+log = get_logger("pg_scheduler.worker")
+
+
+def _enabled(level: int) -> bool:
+    # Per-job log calls cost even when filtered (the keyword dict is built):
+    # skip them when the application's structlog level drops them anyway.
+    check = getattr(log, "is_enabled_for", None)
+    return True if check is None else bool(check(level))
+
+
+def _debug_enabled() -> bool:
+    return _enabled(logging.DEBUG)
+
+
+def _info_enabled() -> bool:
+    return _enabled(logging.INFO)
+
+
+# Why a running job's task was cancelled by us (as opposed to by the job itself).
+CANCELLED_REMOTELY = "cancelled"  # cancel_job(): the row is already 'cancelled'
+LEASE_LOST = "lease lost"  # the database no longer has it running here
+SHUTDOWN = "shutdown"  # graceful shutdown ran out of grace: hand it back
+
+
+@dataclass(slots=True)
+class ClaimedJob:
+    """The fields of a claimed row the worker needs."""
+
+    job_id: str
+    job_name: str
+    task_name: str
+    task_data: str | None
+    attempt: int
+    retry_count: int
+    max_retries: int
+    timeout: float | None
+    retry_policy: str | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ClaimedJob:
+        # Read straight from the row (an asyncpg Record or a dict): copying it
+        # into a dict first cost more than the rest of this method.
+        get = row.get
+        task_data = get("task_data")
+        if task_data is not None and not isinstance(task_data, str):
+            task_data = encode_json(task_data)
+        return cls(
+            row["job_id"],
+            row["job_name"],
+            get("task_name") or row["job_name"],
+            task_data,
+            get("attempts") or 1,
+            get("retry_count") or 0,
+            get("max_retries") or 0,
+            get("timeout"),
+            get("retry_policy"),
+        )
+
+
+@dataclass(slots=True)
+class RunningJob:
+    job: ClaimedJob
+    task: asyncio.Task[Any]
+    claimed_at: float
+    cancel_reason: str | None = None
+    #: A sync job was told to stop (cancel or timeout): current_job().cancelled().
+    stopped: bool = False
+    #: A thread job's thread still running after its outcome was recorded.
+    linger: Any = None
+    #: False for thread and process jobs (the watchdog names only jobs on the loop).
+    on_loop: bool = True
+
+
+class _SyncTimeout(Exception):
+    """A sync job ran past its timeout (its process was killed, or its thread told to stop)."""
+
+
+class Executor:
+    """Runs claimed jobs of one worker; each call of :meth:`execute_job` is one job."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        registry: TaskRegistry,
+        worker_id: str,
+        job_timeout: float | None,
+        retry_policy: RetryPolicy,
+        complete: Callable[[Completion], Awaitable[bool | str]],
+        free_slot: Callable[[str], None],
+        release: Callable[[list[str]], Awaitable[list[str]]],
+        wake_after: Callable[[float], None],
+        thread_pool_size: int = 10,
+        process_pool_size: int | None = None,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.worker_id = worker_id
+        self.job_timeout = job_timeout
+        self.retry_policy = retry_policy
+        self._complete = complete
+        self._free_slot = free_slot
+        self._release = release
+        self._wake_after = wake_after
+        #: Jobs whose function runs now, by id (the heartbeat and cancel look here).
+        self.running: dict[str, RunningJob] = {}
+        self.sync = SyncRunners(thread_pool_size, process_pool_size or default_process_pool_size())
+        self.log_debug = self.log_info = True
+
+    def check_log_levels(self) -> None:
+        # Checked once per claim, not per job.
+        self.log_debug = _debug_enabled()
+        self.log_info = _info_enabled()
+
+    async def execute_job(self, job_row: Mapping[str, Any]) -> None:
+        """Run a claimed job, then complete it (or write its failure) under the lease guard."""
+        job = ClaimedJob.from_row(job_row)
+        func = self.registry.resolve(job.task_name)
+        if func is None:
+            # We claim only registered names, so this is a race with a
+            # registry change; hand it back rather than fail it.
+            log.warning(
+                "no function registered for claimed job, releasing it",
+                job_id=job.job_id,
+                task=job.task_name,
+            )
+            await self._release([job.job_id])
+            return
+        current = asyncio.current_task()
+        assert current is not None
+        running = RunningJob(job, current, time.monotonic())
+        self.running[job.job_id] = running
+        enter_job(self.store, running, job_row)  # current_job()
+        started = time.perf_counter()
+        timeout = job.timeout if job.timeout is not None else self.job_timeout
+        if self.log_debug:
+            log.debug("job started", event_type="started", **self._fields(job))
+        try:
+            timer = None
+            # Set at registration, so an async job pays one attribute read.
+            kind = getattr(func, EXECUTOR_ATTR, None)
+            try:
+                args, kwargs = decode_task_data(job.task_data)
+                if kind is not None:
+                    result = await self._run_sync(kind, running, func, args, kwargs, timeout)
+                elif timeout is None:
+                    result = await func(*args, **kwargs)
+                else:
+                    async with asyncio.timeout(timeout) as timer:
+                        result = await func(*args, **kwargs)
+            except asyncio.CancelledError:
+                reason = running.cancel_reason
+                if reason is None and current.cancelling():
+                    raise  # the worker itself is being torn down
+                if reason is None:
+                    # Raised by the job's own code (it awaited something that was
+                    # cancelled): a failed attempt like any other exception. Left
+                    # to propagate, the row would stay running here, be handed
+                    # back and run again, forever.
+                    self.running.pop(job.job_id, None)
+                    self._slot_done(running)
+                    message = "CancelledError: raised inside the job (not a cancel_job())"
+                    duration = time.perf_counter() - started
+                    await self._failed(job, message, tb.format_exc(), duration)
+                    return
+                current.uncancel()
+                self.running.pop(job.job_id, None)
+                duration = time.perf_counter() - started
+                if reason == SHUTDOWN:
+                    await self._release([job.job_id])
+                    log.info(
+                        "job handed back at shutdown",
+                        event_type="released",
+                        duration=duration,
+                        **self._fields(job),
+                    )
+                else:
+                    log.info(
+                        "job stopped",
+                        event_type="cancelled",
+                        reason=reason,
+                        duration=duration,
+                        **self._fields(job),
+                    )
+                return
+            except Exception as exc:
+                self.running.pop(job.job_id, None)
+                self._slot_done(running)
+                duration = time.perf_counter() - started
+                if isinstance(exc, _SyncTimeout) or (timer is not None and timer.expired()):
+                    message = f"timed out after {timeout:g} s"
+                else:
+                    message = f"{type(exc).__name__}: {exc}"
+                await self._failed(job, message, tb.format_exc(), duration)
+                return
+            except BaseException as exc:
+                # SystemExit, KeyboardInterrupt, GeneratorExit raised by the job's
+                # code: a failed attempt like any exception. Left to propagate,
+                # asyncio would stop the loop under the worker (no heartbeat, its
+                # jobs stuck running). A real signal reaches the process through
+                # its own handlers, never from inside a job.
+                self.running.pop(job.job_id, None)
+                self._slot_done(running)
+                duration = time.perf_counter() - started
+                message = (
+                    f"{type(exc).__name__}: {exc} (raised by the job; the worker keeps running)"
+                )
+                await self._failed(job, message, tb.format_exc(), duration)
+                return
+            self.running.pop(job.job_id, None)
+            self._slot_done(running)
+            duration = time.perf_counter() - started
+            try:
+                encoded, note = encode_result(result)
+            except UnstorableResult as exc:
+                # Not a retry: the same function would return the same result.
+                await self._failed(job, str(exc), None, duration, final=True)
+                return
+            if note:
+                log.warning(note, **self._fields(job))
+            try:
+                written = await self._complete(Completion(job.job_id, job.attempt, encoded))
+            except Exception as exc:
+                log.error(
+                    "completion not written; the job will be rescued and run again",
+                    error=repr(exc),
+                    **self._fields(job),
+                )
+                return
+            if written is True:
+                if self.log_info:
+                    log.info(
+                        "job completed",
+                        event_type="completed",
+                        duration=duration,
+                        **self._fields(job),
+                    )
+            elif written:
+                log.error(
+                    "job failed: its result could not be stored",
+                    event_type="failed",
+                    error=written,
+                    duration=duration,
+                    **self._fields(job),
+                )
+            else:
+                log.warning(
+                    "job finished but its lease was lost; outcome not written",
+                    event_type="lease_lost",
+                    duration=duration,
+                    **self._fields(job),
+                )
+        finally:
+            if running.linger is not None:
+                await self._wait_linger(running)
+
+    def _slot_done(self, running: RunningJob) -> None:
+        # A thread still running keeps its slot: the job's task waits for it
+        # (see _wait_linger) and the claimer frees the slot when the task ends.
+        if running.linger is None:
+            self._free_slot(running.job.job_id)
+
+    async def _run_sync(
+        self,
+        kind: str,
+        running: RunningJob,
+        func: Callable[..., Any],
+        args: Any,
+        kwargs: Any,
+        timeout: float | None,
+    ) -> Any:
+        running.on_loop = False
+        run = self.sync.run_thread if kind == "thread" else self.sync.run_process
+        try:
+            if timeout is None:
+                return await run(running, func, args, kwargs)
+            async with asyncio.timeout(timeout) as timer:
+                return await run(running, func, args, kwargs)
+        except TimeoutError:
+            if timer.expired():
+                raise _SyncTimeout(f"timed out after {timeout:g} s") from None
+            raise
+
+    async def _wait_linger(self, running: RunningJob) -> None:
+        # The outcome is written; hold the job's task (so its slot) until the
+        # thread really returns. A second cancel (shutdown) stops waiting.
+        try:
+            await asyncio.wrap_future(running.linger)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            pass  # the job's outcome is already recorded
+        log.info("cancelled thread job returned; slot freed", job_id=running.job.job_id)
+
+    def _fields(self, job: ClaimedJob) -> dict[str, Any]:
+        """What every log line about a job carries (built only when one is written)."""
+        return {
+            "job_id": job.job_id,
+            "task": job.task_name,
+            "worker_id": self.worker_id,
+            "attempt": job.attempt,
+        }
+
+    async def _failed(
+        self,
+        job: ClaimedJob,
+        message: str,
+        trace: str | None,
+        duration: float,
+        final: bool = False,
+    ) -> None:
+        message = clip_text(message, ERROR_MAX_CHARS)
+        if job.attempt <= job.max_retries and not final:
+            stored = decode_json(job.retry_policy)
+            policy = RetryPolicy(**stored) if stored else self.retry_policy
+            delay = policy.delay_for(job.retry_count + 1)
+            retry_at = await write_failure(
+                self.store, job.job_id, self.worker_id, job.attempt, message, trace, delay
+            )
+            if retry_at is not None:
+                self._wake_after(delay)
+                log.warning(
+                    "job failed, will retry",
+                    event_type="retried",
+                    error=message,
+                    retry_in=round(delay, 3),
+                    duration=duration,
+                    **self._fields(job),
+                )
+                return
+        else:
+            written = await write_failure(
+                self.store, job.job_id, self.worker_id, job.attempt, message, trace
+            )
+            if written:
+                log.error(
+                    "job failed",
+                    event_type="failed",
+                    error=message,
+                    duration=duration,
+                    **self._fields(job),
+                )
+                return
+        log.warning(
+            "job failed but its lease was lost; outcome not written",
+            event_type="lease_lost",
+            error=message,
+            **self._fields(job),
+        )

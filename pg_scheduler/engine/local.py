@@ -1,0 +1,119 @@
+"""The in-process start: a due job enqueued in this process starts here at once.
+
+``schedule()`` of a job due now, autocommitted, with a started Scheduler of
+this process (same pool and schema, task registered) that has a free slot:
+the row is written already claimed by that worker (``store.insert_running``)
+and started without a NOTIFY hop or a claim. All of it is here: the choice of
+worker, reserving its slot, the write, and starting the row that came back.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+import asyncpg
+
+from ..reconnect import is_connection_error
+from ..store import NewJob, Store
+from ..tasks import TaskRegistry
+from .claimer import Worker
+
+# Jobs due later than this (by this process's clock) are not tried locally.
+LOCAL_START_HORIZON = timedelta(seconds=1)
+
+
+class LocalHost(Protocol):
+    """What the choice needs of a Scheduler."""
+
+    start_due_jobs_locally: bool
+    db_pool: asyncpg.Pool
+    schema: str
+    registry: TaskRegistry
+    worker: Worker
+
+
+# Started Schedulers of this process: schedule() hands them due jobs directly.
+_started: weakref.WeakSet[LocalHost] = weakref.WeakSet()
+
+
+def offer(host: LocalHost) -> None:
+    """``host`` has started: it may run this process's due jobs."""
+    _started.add(host)
+
+
+def withdraw(host: LocalHost) -> None:
+    _started.discard(host)
+
+
+def local_worker(me: LocalHost, row: NewJob) -> Worker | None:
+    """A running worker of this process, on ``me``'s pool and schema, that runs
+    ``row``'s task (``me`` first)."""
+    if row.execution_time > datetime.now(UTC) + LOCAL_START_HORIZON:
+        return None
+    for host in (me, *_started):
+        if (
+            host in _started
+            and host.start_due_jobs_locally
+            and host.db_pool is me.db_pool
+            and host.schema == me.schema
+            and host.registry.resolve(row.task_name) is not None
+        ):
+            return host.worker
+    return None
+
+
+def reserve(worker: Worker) -> bool:
+    """Hold a free slot of ``worker`` for a due job this process is enqueueing. It
+    counts as a claim in flight, so the heartbeat hands the row back if the
+    insert's answer is lost."""
+    if not worker.claiming or not worker.slots.reserve():
+        return False
+    worker.claims_in_flight += 1
+    worker.claims_sent += 1
+    return True
+
+
+def finish(worker: Worker, row: Mapping[str, Any] | None) -> bool:
+    """Start the inserted row if it came back running here; else free the slot."""
+    worker.claims_in_flight -= 1
+    if row is not None and row["status"] == "running":
+        worker.executor.check_log_levels()
+        worker.accept(row, local=True)
+        return True
+    worker.slots.let_go()
+    return False
+
+
+async def write_started(
+    pool: asyncpg.Pool, store: Store, row: NewJob, worker: Worker
+) -> bool | None:
+    """Write a due row already claimed by ``worker`` (of this process), which
+    starts it at once. True: written (started, or pending when the database
+    says it is not due yet). False: ``worker`` has no free slot, nothing
+    written. None: the connection was lost, the row may or may not be
+    written; ``Enqueuer.write(..., retried=True)`` settles it (and the heartbeat
+    hands back a row that did land)."""
+    if not reserve(worker):
+        return False
+    claimed = None
+    settled = False
+    try:
+        async with pool.acquire() as conn:
+            claimed = await store.insert_running(
+                conn, row, worker.worker_id, worker.lease_seconds()
+            )
+            # Started before the connection goes back to the pool: asyncpg
+            # resets it on the way, a round trip the job need not wait for.
+            settled = True
+            finish(worker, claimed)
+    except Exception as exc:
+        if not is_connection_error(exc):
+            raise
+        return None if claimed is None else True
+    finally:
+        if not settled:
+            finish(worker, None)
+    return True

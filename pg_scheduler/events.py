@@ -1,0 +1,327 @@
+"""Job and worker events from every process sharing the database.
+
+The triggers of migration 0006 send one NOTIFY per statement (many job ids
+per payload) on the schema's events channel. One :class:`EventHub` per
+Scheduler LISTENs on it through the Scheduler's existing listener connection
+(only once someone waits or subscribes) and fans the events out: to
+``wait_for()`` waiters by job id, and to subscriptions through a bounded
+buffer each, so a slow subscriber drops events (counted) and never slows
+anything else.
+
+Delivery is at most once: a notification sent while the listener is
+disconnected, or before it LISTENed, is lost. ``wait_for()`` therefore also
+polls; a subscriber that must not miss a final state reads the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+
+from .log import get_logger
+from .notify import Listener
+from .store.events import EventStore
+
+log = get_logger(__name__)
+
+JOB_KINDS = frozenset(
+    {
+        "scheduled",
+        "started",
+        "progress",
+        "completed",
+        "failed",
+        "retried",
+        "cancelled",
+        "expired",
+        "rescued",
+        "handed_back",
+    }
+)
+WORKER_KINDS = frozenset({"worker_started", "worker_stopped"})
+ALL_KINDS = JOB_KINDS | WORKER_KINDS
+FINAL_KINDS = frozenset({"completed", "failed", "cancelled", "expired"})
+# Sent by the database only while a subscriber keeps its flag fresh.
+FLAGGED_KINDS = frozenset({"scheduled", "started"})
+FLAG_SECONDS = 60.0
+DEFAULT_QUEUE = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One event. ``attempt`` is the job's attempt number when it happened;
+    ``worker_id`` the worker whose attempt it was (for worker events: the worker)."""
+
+    kind: str
+    at: datetime
+    job_id: str | None = None
+    task: str | None = None
+    attempt: int | None = None
+    worker_id: str | None = None
+    #: The fraction reported (``progress`` events).
+    progress: float | None = None
+    #: Queues come in a later issue: every job is in "default" until then.
+    queue: str = DEFAULT_QUEUE
+    hostname: str | None = None
+    pid: int | None = None
+
+    @property
+    def outcome(self) -> str | None:
+        """The final state this event reports (completed, failed, ...), else None."""
+        return self.kind if self.kind in FINAL_KINDS else None
+
+
+def check_kinds(kinds: Iterable[str] | str | None) -> frozenset[str]:
+    if kinds is None:
+        return ALL_KINDS
+    chosen = frozenset([kinds] if isinstance(kinds, str) else kinds)
+    unknown = chosen - ALL_KINDS
+    if unknown:
+        raise ValueError(f"unknown event kinds {sorted(unknown)}; known: {sorted(ALL_KINDS)}")
+    return chosen
+
+
+class Subscription:
+    """Events matching one filter, buffered (at most ``maxsize``; beyond that
+    new events are dropped and counted in :attr:`dropped`).
+
+    ``async with scheduler.events(...) as events: async for event in events``:
+    entering waits until the channel is LISTENed, leaving unsubscribes.
+    """
+
+    def __init__(
+        self,
+        hub: EventHub,
+        kinds: frozenset[str],
+        task: str | None,
+        queue: str | None,
+        maxsize: int,
+    ) -> None:
+        self._hub = hub
+        self.kinds = kinds
+        self.task = task
+        self.queue = queue
+        self._queue: asyncio.Queue[Event | None] = asyncio.Queue(maxsize)
+        self.dropped = 0
+        self.closed = False
+
+    def wants(self, event: Event) -> bool:
+        return (
+            event.kind in self.kinds
+            and (self.task is None or event.task == self.task)
+            and (self.queue is None or event.queue == self.queue)
+        )
+
+    def offer(self, event: Event) -> None:
+        try:
+            self._queue.put_nowait(event)
+        except asyncio.QueueFull:
+            self.dropped += 1
+            if self.dropped == 1:
+                log.warning(
+                    "event subscriber too slow; dropping events (see Subscription.dropped)",
+                    buffer=self._queue.maxsize,
+                )
+
+    async def ready(self) -> None:
+        """Return once events sent from now on reach this subscription."""
+        if not await self._hub.listening():
+            raise RuntimeError(
+                "events need a LISTEN connection: none is available (behind pgbouncer "
+                "pass listen_dsn=, a direct connection to PostgreSQL)"
+            )
+        flagged = sorted(self.kinds & FLAGGED_KINDS)
+        if flagged:  # the trigger sends these from now on (the flagger keeps them on)
+            await self._hub.store.want_kinds(flagged, FLAG_SECONDS)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._hub.remove(self)
+        try:
+            self._queue.put_nowait(None)  # wakes a reader waiting in __anext__
+        except asyncio.QueueFull:
+            pass
+
+    async def __aenter__(self) -> Subscription:
+        await self.ready()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self.close()
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Event:
+        if self.closed and self._queue.empty():
+            raise StopAsyncIteration
+        event = await self._queue.get()
+        if event is None:
+            raise StopAsyncIteration
+        return event
+
+
+class EventHub:
+    """One Scheduler's share of the events channel: waiters and subscriptions."""
+
+    def __init__(
+        self, listener: Listener, pool: asyncpg.Pool, schema: str, enabled: bool = True
+    ) -> None:
+        self._listener = listener
+        # False behind pgbouncer without listen_dsn: no LISTEN, waiters poll.
+        self.enabled = enabled
+        self.store = EventStore(pool, schema)
+        self._subs: set[Subscription] = set()
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._started_listener = False
+        self._flagger: asyncio.Task[None] | None = None
+        self._callbacks: set[asyncio.Task[None]] = set()
+
+    @property
+    def live(self) -> bool:
+        return self._listener.live
+
+    async def listening(self, timeout: float = 10.0) -> bool:
+        """LISTEN on the events channel (starting the listener if this
+        Scheduler was not started); False if notifications are not available."""
+        if not self.enabled:
+            return False
+        if not self._listener.started:
+            if self._started_listener:
+                return False  # stopped by close()
+            self._started_listener = True
+            self._listener.start()
+        await self._listener.add_channel(self.store.channel, self._on_notify)
+        try:
+            await asyncio.wait_for(self._listener.connected.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    # -- waiters ---------------------------------------------------------------
+
+    def watch(self, job_id: str) -> asyncio.Future[None]:
+        """A future resolved when an event says ``job_id`` reached a final state."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(job_id, set()).add(future)
+        return future
+
+    def unwatch(self, job_id: str, future: asyncio.Future[None]) -> None:
+        futures = self._waiters.get(job_id)
+        if futures is not None:
+            futures.discard(future)
+            if not futures:
+                del self._waiters[job_id]
+
+    # -- subscriptions -----------------------------------------------------------
+
+    def subscribe(
+        self,
+        kinds: Iterable[str] | str | None = None,
+        *,
+        task: str | None = None,
+        queue: str | None = None,
+        maxsize: int = 10_000,
+    ) -> Subscription:
+        if maxsize < 1:
+            raise ValueError(f"maxsize must be at least 1, got {maxsize!r}")
+        sub = Subscription(self, check_kinds(kinds), task, queue, maxsize)
+        self._subs.add(sub)
+        if sub.kinds & FLAGGED_KINDS and self._flagger is None:
+            self._flagger = asyncio.create_task(self._keep_flags(), name="pg_scheduler.events")
+        return sub
+
+    def on(
+        self,
+        kind: Iterable[str] | str | None,
+        callback: Callable[[Event], Awaitable[None] | None],
+        **filters: Any,
+    ) -> Subscription:
+        """Call ``callback(event)`` (a function or coroutine function) for each
+        event, one at a time, in order; close the returned subscription to stop."""
+        sub = self.subscribe(kind, **filters)
+
+        async def deliver() -> None:
+            await sub.ready()
+            async for event in sub:
+                try:
+                    outcome = callback(event)
+                    if inspect.isawaitable(outcome):
+                        await outcome
+                except Exception:
+                    log.exception("event callback failed", kind=event.kind)
+
+        task = asyncio.create_task(deliver(), name="pg_scheduler.events.on")
+        self._callbacks.add(task)
+        task.add_done_callback(self._callbacks.discard)
+        return sub
+
+    def remove(self, sub: Subscription) -> None:
+        self._subs.discard(sub)
+
+    async def _keep_flags(self) -> None:
+        # Keep the database sending the flagged kinds while someone wants them.
+        while True:
+            wanted = sorted({k for s in self._subs for k in s.kinds} & FLAGGED_KINDS)
+            if not wanted and not self._subs:
+                self._flagger = None
+                return
+            if wanted:
+                try:
+                    await self.store.want_kinds(wanted, FLAG_SECONDS)
+                except Exception as exc:
+                    log.warning("could not ask for events", kinds=wanted, error=repr(exc))
+            await asyncio.sleep(FLAG_SECONDS / 3)
+
+    async def close(self) -> None:
+        for sub in list(self._subs):
+            sub.close()
+        for task in [self._flagger, *self._callbacks]:
+            if task is not None:
+                task.cancel()
+        self._flagger = None
+        for futures in self._waiters.values():
+            for future in futures:
+                if not future.done():
+                    future.set_result(None)  # waiters look at the job once more
+        if self._started_listener and self._listener.started:
+            await self._listener.stop()
+
+    # -- the notification handler ------------------------------------------------
+
+    def _on_notify(self, payload: str) -> None:
+        if not self._subs and not self._waiters:
+            return
+        data = json.loads(payload)
+        kind = data["k"]
+        at = datetime.fromtimestamp(data["t"], UTC)
+        if "w" in data:
+            events = [
+                Event(kind, at, worker_id=w[0], hostname=w[1], pid=w[2], queue=DEFAULT_QUEUE)
+                for w in data["w"]
+            ]
+        else:
+            items = data["j"]
+            if self._waiters and kind in FINAL_KINDS:
+                for item in items:
+                    for future in self._waiters.pop(item[0], ()):
+                        if not future.done():
+                            future.set_result(None)
+            subs = [s for s in self._subs if kind in s.kinds]
+            if not subs:
+                return
+            events = [Event(kind, at, i[0], i[1], i[2], i[3], i[4]) for i in items]
+        for sub in self._subs:
+            if kind in sub.kinds:
+                for event in events:
+                    if sub.wants(event):
+                        sub.offer(event)

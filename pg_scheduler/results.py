@@ -1,0 +1,123 @@
+"""Awaiting a job from any process: wait_for(), result(), run().
+
+A waiter registers with the Scheduler's :class:`~pg_scheduler.events.EventHub`
+(no connection of its own: every waiter shares the one LISTEN connection),
+then reads the job; a final-state event wakes it, and a poll (every
+``POLL_LIVE`` seconds, ``POLL_DOWN`` while notifications are down) is the
+safety net for a notification that was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from .enums import JobStatus
+from .models import Job
+
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
+
+FINAL_STATUSES = frozenset(
+    {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED}
+)
+POLL_LIVE = 5.0
+POLL_DOWN = 0.5
+
+
+class JobNotFound(LookupError):
+    """No job with this id (never scheduled, or deleted: vacuumed, or completed
+    with the "immediate" vacuum trigger, which deletes the row)."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"no job with id {job_id!r}")
+        self.job_id = job_id
+
+
+class JobError(Exception):
+    """A job did not complete; :attr:`job` is its final state."""
+
+    def __init__(self, job: Job, message: str) -> None:
+        super().__init__(message)
+        self.job = job
+
+
+class JobFailed(JobError):
+    """The job failed; :attr:`error` and :attr:`traceback` are the last attempt's,
+    formatted in the worker process that ran it."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(job, f"job {job.job_id} failed: {job.error}")
+        self.error = job.error
+        self.traceback = job.traceback
+
+
+class JobCancelled(JobError):
+    def __init__(self, job: Job) -> None:
+        super().__init__(job, f"job {job.job_id} was cancelled")
+
+
+class JobExpired(JobError):
+    def __init__(self, job: Job) -> None:
+        super().__init__(job, f"job {job.job_id} expired: {job.error}")
+
+
+async def wait_for(scheduler: Scheduler, job_id: str, timeout: float | None = None) -> Job:
+    """The job once it is completed, failed, cancelled or expired.
+
+    Raises :class:`JobNotFound` at once for an unknown id (or if the row
+    disappears while waiting), TimeoutError after ``timeout`` seconds.
+    """
+    if not isinstance(job_id, str):
+        raise TypeError(f"job_id must be a str, got {type(job_id).__name__}")
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    hub = scheduler.events_hub
+    # A listener still connecting delays the first read by at most this.
+    notified = scheduler.notifications and await hub.listening(
+        10.0 if timeout is None else min(10.0, timeout)
+    )
+    future = hub.watch(job_id)
+    try:
+        while True:
+            job = await scheduler.get_job(job_id)
+            if job is None:
+                raise JobNotFound(job_id)
+            if job.status in FINAL_STATUSES:
+                return job
+            wait = POLL_LIVE if notified and hub.live else POLL_DOWN
+            if deadline is not None:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise TimeoutError(f"job {job_id} not finished after {timeout} s")
+                wait = min(wait, remaining)
+            await asyncio.wait({future}, timeout=wait)
+            if future.done():
+                future = hub.watch(job_id)
+    finally:
+        hub.unwatch(job_id, future)
+
+
+def outcome(job: Job) -> Any:
+    """The stored result of a completed job; raises for any other final state."""
+    if job.status is JobStatus.COMPLETED:
+        return job.result
+    if job.status is JobStatus.FAILED:
+        raise JobFailed(job)
+    if job.status is JobStatus.CANCELLED:
+        raise JobCancelled(job)
+    raise JobExpired(job)
+
+
+async def result(scheduler: Scheduler, job_id: str, timeout: float | None = None) -> Any:
+    return outcome(await wait_for(scheduler, job_id, timeout))
+
+
+async def run(scheduler: Scheduler, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Schedule ``func(*args, **kwargs)`` now and return its result (see result())."""
+    job_id = await scheduler.schedule(
+        func, execution_time=datetime.now(UTC), args=args, kwargs=kwargs
+    )
+    return await result(scheduler, job_id)

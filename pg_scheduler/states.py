@@ -1,0 +1,107 @@
+"""The job state machine: every transition of ``scheduled_jobs.status`` as a table.
+
+Each row names the statement (a constant of the ``store`` package, by module
+and name) that makes the transition and who calls it. ``tests/test_house.py``
+checks that every statement of the store that writes ``status`` is listed here,
+so a new writer cannot appear without a row. ``None`` as a source: the row is
+written new (an INSERT).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .enums import JobStatus
+
+PENDING, RUNNING = JobStatus.PENDING, JobStatus.RUNNING
+COMPLETED, FAILED = JobStatus.COMPLETED, JobStatus.FAILED
+CANCELLED, EXPIRED = JobStatus.CANCELLED, JobStatus.EXPIRED
+FINAL = (COMPLETED, FAILED, CANCELLED, EXPIRED)
+
+
+class Transition(NamedTuple):
+    sources: tuple[JobStatus | None, ...]
+    targets: tuple[JobStatus, ...]
+    statement: str  # "<store module>.<constant>"
+    caller: str
+
+
+TRANSITIONS: tuple[Transition, ...] = (
+    # -- enqueue ---------------------------------------------------------------
+    Transition((None,), (PENDING,), "jobs._INSERT_ONE", "enqueue.Enqueuer (one row)"),
+    Transition((None,), (PENDING,), "jobs._INSERT_FROM_ARRAYS", "enqueue.Enqueuer (many rows)"),
+    Transition(
+        (PENDING, *FINAL),
+        (PENDING,),
+        "jobs._REPLACE_SET",
+        "enqueue.Enqueuer (conflict_resolution=REPLACE; never a running row)",
+    ),
+    Transition(
+        (None,),
+        (RUNNING, PENDING),
+        "jobs._INSERT_RUNNING",
+        "engine/local.py: the in-process start (pending if not due)",
+    ),
+    # -- claim and complete (the hot path) --------------------------------------
+    Transition(
+        (PENDING,),
+        (RUNNING, EXPIRED),
+        "jobs._CLAIM",
+        "engine claim loop (expired: past misfire_grace_time)",
+    ),
+    Transition(
+        (PENDING,), (RUNNING,), "events._CLAIM_ONE", "pg_scheduler.testing eager run of one job"
+    ),
+    Transition((RUNNING,), (COMPLETED,), "jobs._COMPLETE", "engine completer (group commit)"),
+    Transition((RUNNING,), (FAILED,), "jobs._FAIL", "engine executor (retries exhausted)"),
+    Transition((RUNNING,), (PENDING,), "jobs._RETRY", "engine executor (a retry after a delay)"),
+    Transition(
+        (RUNNING,),
+        (PENDING,),
+        "jobs._RELEASE",
+        "engine/claimer.py (buffer or shutdown hand-back, unknown task)",
+    ),
+    Transition(
+        (RUNNING,),
+        (PENDING,),
+        "jobs._RELEASE_GHOSTS",
+        "services/heartbeat.py (claims whose answer was lost; only the claim it saw)",
+    ),
+    # -- rescue ---------------------------------------------------------------
+    Transition(
+        (RUNNING,),
+        (PENDING, FAILED),
+        "workers._RESCUE",
+        "services/rescuer.py (dead worker; failed after max_rescues)",
+    ),
+    # -- single-job operations ------------------------------------------------------
+    Transition((PENDING, RUNNING), (CANCELLED,), "jobs._CANCEL", "Scheduler.cancel_job"),
+    Transition(
+        (PENDING, RUNNING, *FINAL),
+        (PENDING, RUNNING, *FINAL),
+        "jobs._SET_STATUS",
+        "compat: Scheduler.update_job_status (0.2.x, forces any status)",
+    ),
+    Transition(
+        (FAILED, CANCELLED, EXPIRED),
+        (PENDING,),
+        "housekeeping._RETRY_JOBS",
+        "cli retry (operator)",
+    ),
+    # -- periodic windows -------------------------------------------------------------
+    Transition(
+        (PENDING,),
+        (CANCELLED,),
+        "periodic._CANCEL_JOBS",
+        "periodic/enqueuer.py (windows a coalesce policy skips)",
+    ),
+    Transition(
+        (PENDING,),
+        (CANCELLED,),
+        "periodic._CANCEL_PENDING_WINDOWS",
+        "periodic/runtime.py (job disabled or rescheduled)",
+    ),
+)
+
+# Deleting a completed row in the completion itself (``jobs._COMPLETE_AND_DELETE``,
+# the IMMEDIATE vacuum policy) and the vacuum's deletes end a row, not a status.

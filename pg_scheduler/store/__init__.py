@@ -1,0 +1,36 @@
+"""Every SQL statement the scheduler runs, by table or concern, one method per operation.
+
+``names``: schema, channels, qualification. ``jobs``: the ``scheduled_jobs``
+statements (insert, claim, complete, retry, fail, release, cancel). ``workers``:
+heartbeats, leases, rescue. ``periodic``: ``periodic_jobs``. ``housekeeping``:
+vacuum, statistics, operator listings. ``schema``: migration bookkeeping.
+``session``: statements about a connection itself.
+"""
+
+from .jobs import Completion, NewJob, Store
+from .names import (
+    CANCEL_CHANNEL,
+    DEFAULT_SCHEMA,
+    JOBS_CHANNEL,
+    Executor,
+    Qualifier,
+    channel_name,
+    check_schema,
+    lock_key_for,
+    quote_ident,
+)
+
+__all__ = [
+    "CANCEL_CHANNEL",
+    "DEFAULT_SCHEMA",
+    "JOBS_CHANNEL",
+    "Completion",
+    "Executor",
+    "NewJob",
+    "Qualifier",
+    "Store",
+    "channel_name",
+    "check_schema",
+    "lock_key_for",
+    "quote_ident",
+]

@@ -1,0 +1,209 @@
+"""Statements on workers and the leases they hold: register/heartbeat, renew, rescue.
+
+The heartbeat, rescue and release use ``scheduled_jobs_running_idx``. Rows of
+dead workers (stale heartbeat or expired lease) go back to pending here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import asyncpg
+
+from .names import Qualifier
+
+# $7: jobs claimed ahead that started since the last heartbeat.
+_HEARTBEAT = """
+WITH me AS (
+    INSERT INTO scheduler_workers (worker_id, hostname, pid, max_concurrent, tasks)
+    VALUES ($1, $3, $4, $5, $6::text[])
+    ON CONFLICT (worker_id) DO UPDATE SET last_seen = now(), tasks = EXCLUDED.tasks
+)
+UPDATE scheduled_jobs
+   SET last_heartbeat = now(), lease_until = now() + make_interval(secs => $2),
+       claimed_ahead = claimed_ahead AND NOT (job_id = ANY($7::text[]))
+ WHERE worker_id = $1 AND status = 'running'
+RETURNING job_id, attempts, started_at,
+          EXTRACT(EPOCH FROM now() - started_at)::float8 AS running_for
+"""
+
+# A job its dead worker had started counts against max_rescues ($2); one it
+# held claimed ahead, never started, counts only against the cap $3 on such
+# rescues (a job that killed its worker before a heartbeat reported its start
+# still ends failed).
+_RESCUE = """
+WITH orphans AS (
+    SELECT j.job_id, j.worker_id AS old_worker, j.claimed_ahead AS unstarted,
+           CASE WHEN j.lease_until < now() THEN 'lease expired'
+                ELSE 'worker heartbeat older than threshold' END AS reason,
+           CASE WHEN j.claimed_ahead THEN j.unstarted_rescues + 1 > $3
+                ELSE j.rescue_count + 1 > $2 END AS give_up
+      FROM scheduled_jobs j
+      LEFT JOIN scheduler_workers w ON w.worker_id = j.worker_id
+     WHERE j.status = 'running'
+       AND (j.lease_until < now() OR w.last_seen < now() - make_interval(secs => $1))
+       FOR UPDATE OF j SKIP LOCKED
+), rescued AS (
+    UPDATE scheduled_jobs j
+       SET status = CASE WHEN o.give_up THEN 'failed' ELSE 'pending' END,
+           rescue_count = j.rescue_count + CASE WHEN o.unstarted THEN 0 ELSE 1 END,
+           unstarted_rescues = j.unstarted_rescues + CASE WHEN o.unstarted THEN 1 ELSE 0 END,
+           claimed_ahead = false,
+           finished_at = CASE WHEN o.give_up THEN now() END,
+           error_message = CASE WHEN NOT o.give_up THEN NULL
+               WHEN o.give_up AND o.unstarted
+               THEN format('gave up: the workers holding this job (claimed ahead, not known'
+                           ' to have started) died %s times; last: %s (%s)',
+                           j.unstarted_rescues + 1, o.old_worker, o.reason)
+               WHEN o.give_up
+               THEN format('gave up: the workers running this job died %s times (max_rescues=%s);'
+                           ' last: %s (%s)', j.rescue_count + 1, $2, o.old_worker, o.reason)
+               WHEN o.unstarted
+               THEN format('rescued from worker %s (%s) before it started (claimed ahead;'
+                           ' not counted against max_rescues)', o.old_worker, o.reason)
+               ELSE format('rescued from worker %s (%s) during attempt %s',
+                           o.old_worker, o.reason, j.attempts) END,
+           worker_id = CASE WHEN o.give_up THEN j.worker_id END,
+           lease_until = NULL
+      FROM orphans o
+     WHERE j.job_id = o.job_id
+    RETURNING j.job_id, j.task_name, j.status, j.attempts, o.old_worker, o.reason, o.unstarted,
+              j.started_at
+), kept AS (
+    INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome, error)
+    SELECT r.job_id, r.attempts, r.old_worker, r.started_at, 'rescued',
+           CASE WHEN r.unstarted
+                THEN format('rescued from worker %s (%s) before it started (claimed ahead;'
+                            ' not counted against max_rescues)', r.old_worker, r.reason)
+                ELSE format('rescued from worker %s (%s) during attempt %s',
+                            r.old_worker, r.reason, r.attempts) END
+      FROM rescued r
+)
+SELECT r.job_id, r.task_name, r.status, r.attempts, r.old_worker, r.reason, r.unstarted,
+       pg_notify('pg_scheduler_jobs', '')
+  FROM rescued r
+"""
+
+_FORGET_DEAD_WORKERS = """
+DELETE FROM scheduler_workers w
+ WHERE w.last_seen < now() - make_interval(secs => $1)
+   AND NOT EXISTS (SELECT 1 FROM scheduled_jobs j
+                    WHERE j.worker_id = w.worker_id AND j.status = 'running')
+"""
+
+_UNKNOWN_TASKS = """
+SELECT j.task_name, count(*) AS pending
+  FROM scheduled_jobs j
+ WHERE j.status = 'pending' AND j.execution_time <= now()
+   AND NOT (j.task_name = ANY($1::text[]))
+   AND NOT EXISTS (
+       SELECT 1 FROM scheduler_workers w
+        WHERE w.last_seen >= now() - make_interval(secs => $2)
+          AND j.task_name = ANY(w.tasks))
+ GROUP BY j.task_name
+ ORDER BY j.task_name
+"""
+
+_RENEW_LEASE = """
+UPDATE scheduled_jobs
+   SET last_heartbeat = now(), lease_until = now() + make_interval(secs => $3)
+ WHERE job_id = $1 AND worker_id = $2 AND status = 'running'
+RETURNING job_id
+"""
+_UNREGISTER = "DELETE FROM scheduler_workers WHERE worker_id = $1"
+_LIVE_WORKERS = """
+SELECT worker_id, hostname, pid, started_at, last_seen, max_concurrent, tasks
+  FROM scheduler_workers
+ WHERE last_seen >= now() - make_interval(secs => $1)
+ ORDER BY started_at
+"""
+
+# What a worker must be granted (after an owner migrated), per table: see the
+# README's "schemas and privileges". One probe, before the worker registers.
+_MISSING_PRIVILEGES = """
+SELECT t.name, p.privilege
+  FROM unnest($1::text[], $2::text[]) AS t(name, privileges)
+ CROSS JOIN LATERAL unnest(string_to_array(t.privileges, ',')) AS p(privilege)
+ WHERE to_regclass(t.name) IS NULL
+    OR NOT has_table_privilege(to_regclass(t.name), p.privilege)
+ ORDER BY 1, 2
+"""
+
+
+class WorkerStatements:
+    """The workers' half of :class:`~pg_scheduler.store.Store` (qualified there)."""
+
+    pool: asyncpg.Pool
+    _heartbeat: str
+    _renew_lease: str
+    _unregister: str
+    _rescue: str
+    _forget_dead_workers: str
+    _live_workers: str
+    _unknown_tasks: str
+    _missing_privileges: str
+    qualify: Qualifier
+
+    async def missing_privileges(self, needed: dict[str, str]) -> list[str]:
+        """``needed``: table -> comma-separated privileges; those not granted, as
+        "PRIVILEGE on schema.table" (a table that does not exist is reported too)."""
+        names = [self.qualify.table(t) for t in needed]
+        rows = await self.pool.fetch(self._missing_privileges, names, list(needed.values()))
+        return [f"{r['privilege']} on {r['name']}" for r in rows]
+
+    async def heartbeat(
+        self,
+        worker_id: str,
+        lease_seconds: float,
+        hostname: str,
+        pid: int,
+        max_concurrent: int,
+        tasks: list[str],
+        started_ahead: Sequence[str] = (),
+    ) -> list[asyncpg.Record]:
+        """Renew this worker's row and every lease it holds, in one statement;
+        ``started_ahead``: claimed-ahead jobs that have started since the last one."""
+        return await self.pool.fetch(
+            self._heartbeat,
+            worker_id,
+            lease_seconds,
+            hostname,
+            pid,
+            max_concurrent,
+            tasks,
+            list(started_ahead),
+        )
+
+    async def renew_lease(self, job_id: str, worker_id: str, lease_seconds: float) -> bool:
+        value = await self.pool.fetchval(
+            self._renew_lease,
+            job_id,
+            worker_id,
+            lease_seconds,
+        )
+        return value is not None
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        await self.pool.execute(self._unregister, worker_id)
+
+    async def rescue_orphans(
+        self, heartbeat_threshold: float, max_rescues: int, max_unstarted_rescues: int
+    ) -> list[asyncpg.Record]:
+        """Return jobs of dead workers (stale heartbeat or expired lease) to pending."""
+        rows = await self.pool.fetch(
+            self._rescue, heartbeat_threshold, max_rescues, max_unstarted_rescues
+        )
+        await self.pool.execute(self._forget_dead_workers, heartbeat_threshold * 10)
+        return rows
+
+    async def live_workers(self, heartbeat_threshold: float) -> list[asyncpg.Record]:
+        return await self.pool.fetch(self._live_workers, heartbeat_threshold)
+
+    async def unknown_tasks(
+        self, local_tasks: list[str], heartbeat_threshold: float
+    ) -> dict[str, int]:
+        """Due pending jobs whose task no live worker has registered, by task name."""
+        rows = await self.pool.fetch(self._unknown_tasks, local_tasks, heartbeat_threshold)
+        return {r["task_name"]: r["pending"] for r in rows}
+
+    # -- single-job operations -----------------------------------------------

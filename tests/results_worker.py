@@ -1,0 +1,36 @@
+"""A worker process for tests/test_results.py: runs results_tasks until stdin closes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import asyncpg
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import results_tasks  # noqa: F401  (registers the tasks)
+
+from pg_scheduler import Scheduler
+
+
+async def main() -> None:
+    pool = await asyncpg.create_pool(os.environ["PG_SCHEDULER_DSN"], min_size=2, max_size=8)
+    scheduler = Scheduler(
+        pool,
+        max_concurrent_jobs=50,
+        batch_claim_limit=50,
+        vacuum_enabled=False,
+        run_periodic_jobs=False,
+        heartbeat_interval=0.5,
+    )
+    await scheduler.start()
+    print("ready", scheduler.worker_id, file=sys.stderr, flush=True)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, sys.stdin.read)  # EOF: the test is done
+    await scheduler.shutdown(grace_period=2.0)
+    await pool.close()
+
+
+asyncio.run(main())

@@ -1,0 +1,58 @@
+"""Plain-function tasks for test_executors (the process ones are imported by name in a child)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from pg_scheduler import current_job, task
+
+sleeping = threading.Event()
+saw_cancel = threading.Event()
+release = threading.Event()
+
+
+@task(name="sync.sleep_one", executor="thread")
+def sleep_one() -> str:
+    sleeping.set()
+    time.sleep(1)
+    return threading.current_thread().name
+
+
+@task(name="sync.wait_for_cancel", executor="thread")
+def wait_for_cancel() -> str:
+    job = current_job()  # copied into the thread
+    sleeping.set()
+    while not job.cancelled():
+        time.sleep(0.01)
+    saw_cancel.set()
+    release.wait(30)  # still running after its outcome is recorded
+    return "returned"
+
+
+@task(name="sync.add", executor="process")
+def sync_add(a: int, b: int) -> dict[str, int]:
+    return {"sum": a + b, "pid": os.getpid()}
+
+
+@task(name="sync.boom", executor="process")
+def sync_boom() -> None:
+    raise ValueError("boom in the child")
+
+
+@task(name="sync.hang", executor="process")
+def sync_hang(pid_file: str) -> None:
+    with open(pid_file, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(60)
+
+
+@task(name="sync.ignore_timeout", executor="thread")
+def ignore_timeout() -> str:
+    sleeping.set()
+    while not current_job().cancelled():
+        time.sleep(0.01)
+    saw_cancel.set()
+    release.wait(30)
+    return "too late"

@@ -1,0 +1,192 @@
+"""Issue 14: plain functions in a thread pool and in spawned processes."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import sync_tasks
+from conftest import job_status, wait_for_status, wait_until
+from structlog.testing import capture_logs
+
+from pg_scheduler import Scheduler
+from pg_scheduler.tasks import TaskRegistry
+
+started_at: dict[int, float] = {}
+
+
+def read_pid(path: Path) -> int | None:
+    text = path.read_text() if path.exists() else ""
+    return int(text) if text else None
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+async def exec_note_start(n: int) -> None:
+    started_at[n] = time.monotonic()
+
+
+def test_plain_function_without_executor_keeps_the_02x_message() -> None:
+    def plain() -> None: ...
+
+    registry = TaskRegistry()
+    with pytest.raises(TypeError, match="Expected an async function") as info:
+        registry.register(plain)
+    assert 'executor="thread"' in str(info.value)
+    assert len(registry) == 0
+
+
+def test_bad_executor_values_raise_at_registration() -> None:
+    def plain() -> None: ...
+
+    async def coro() -> None: ...
+
+    registry = TaskRegistry()
+    with pytest.raises(ValueError, match="executor"):
+        registry.register(plain, executor="fork")
+    with pytest.raises(TypeError, match="plain def"):
+        registry.register(coro, executor="thread")
+    with pytest.raises(ValueError, match="importable"):
+        registry.register(plain, executor="process")  # a local function
+    assert len(registry) == 0
+    assert not hasattr(plain, "__pg_scheduler_executor__")
+
+
+async def test_pool_sizes_are_validated(pool) -> None:
+    with pytest.raises(ValueError, match="thread_pool_size"):
+        Scheduler(pool, thread_pool_size=0)
+    with pytest.raises(TypeError, match="process_pool_size"):
+        Scheduler(pool, process_pool_size="2")
+    with pytest.raises(ValueError, match="loop_stall_warning"):
+        Scheduler(pool, loop_stall_warning=-1)
+
+
+async def test_thread_job_leaves_the_loop_free_for_async_jobs(pool, make_scheduler):
+    sync_tasks.sleeping.clear()
+    started_at.clear()
+    scheduler = await make_scheduler(max_concurrent_jobs=4)
+    sync_id = await scheduler.schedule(sync_tasks.sleep_one, execution_time=now())
+    await wait_until(sync_tasks.sleeping.is_set, message="thread job to start")
+    due: dict[int, float] = {}
+    for n in range(5):
+        due[n] = time.monotonic()
+        job_id = await scheduler.schedule(exec_note_start, execution_time=now(), args=(n,))
+        await scheduler.wait_for(job_id, timeout=5)
+    # All five ran while the thread job still slept.
+    assert await job_status(pool, sync_id) == "running"
+    assert max(started_at[n] - due[n] for n in range(5)) < 0.3
+    assert (await scheduler.result(sync_id, timeout=5)).startswith("pg_scheduler-job")
+
+
+async def test_thread_job_cancelled_is_recorded_at_once_and_keeps_its_slot(pool, make_scheduler):
+    for event in (sync_tasks.sleeping, sync_tasks.saw_cancel, sync_tasks.release):
+        event.clear()
+    scheduler = await make_scheduler(max_concurrent_jobs=1)
+    job_id = await scheduler.schedule(sync_tasks.wait_for_cancel, execution_time=now())
+    await wait_until(sync_tasks.sleeping.is_set, message="thread job to start")
+    assert await scheduler.cancel_job(job_id)
+    assert await job_status(pool, job_id) == "cancelled"
+    # The thread sees the cooperative signal through current_job().
+    await wait_until(sync_tasks.saw_cancel.is_set, message="thread to see cancelled()")
+    started_at.clear()
+    waiting = await scheduler.schedule(exec_note_start, execution_time=now(), args=(99,))
+    await wait_until(lambda: not scheduler.worker.running, message="job to leave running")
+    # The only slot is still the thread's: the next job is claimed (ahead) but waits.
+    await wait_for_status(pool, waiting, "running")
+    assert scheduler.worker.slots.active == 1
+    assert 99 not in started_at
+    sync_tasks.release.set()
+    await scheduler.wait_for(waiting, timeout=5)
+    assert await job_status(pool, job_id) == "cancelled"
+
+
+async def test_process_job_returns_its_result(pool, make_scheduler):
+    scheduler = await make_scheduler()
+    job_id = await scheduler.schedule(sync_tasks.sync_add, execution_time=now(), args=(2, 3))
+    result = await scheduler.result(job_id, timeout=20)
+    assert result["sum"] == 5 and result["pid"] != os.getpid()
+    failing = await scheduler.schedule(sync_tasks.sync_boom, execution_time=now())
+    await wait_for_status(pool, failing, "failed", timeout=20)
+    job = await scheduler.get_job(failing)
+    assert "boom in the child" in job.attempt_history[-1].error
+
+
+async def test_process_job_past_its_timeout_is_killed_and_fails(pool, make_scheduler, tmp_path):
+    scheduler = await make_scheduler()
+    pid_file: Path = tmp_path / "pid"
+    job_id = await scheduler.schedule(
+        sync_tasks.sync_hang, execution_time=now(), args=(str(pid_file),), timeout=2.0
+    )
+    await wait_until(lambda: read_pid(pid_file) is not None, timeout=20)
+    pid = read_pid(pid_file)
+    assert pid is not None
+    await wait_for_status(pool, job_id, "failed", timeout=20)
+    job = await scheduler.get_job(job_id)
+    assert "timed out after 2 s" in job.attempt_history[-1].error
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # killed and reaped
+    assert not scheduler.worker.executor.sync.pids
+
+
+async def exec_block_loop(seconds: float) -> None:
+    time.sleep(seconds)  # noqa: ASYNC251 - the blocking job under test
+
+
+async def test_watchdog_names_the_job_blocking_the_loop(pool, make_scheduler):
+    scheduler = await make_scheduler(loop_stall_warning=0.2)
+    with capture_logs() as logs:
+        innocent = await scheduler.schedule(sync_tasks.sleep_one, execution_time=now())
+        job_id = await scheduler.schedule(exec_block_loop, execution_time=now(), args=(1.0,))
+        await scheduler.wait_for(job_id, timeout=10)
+        await scheduler.wait_for(innocent, timeout=10)
+
+        def ended() -> bool:
+            return any(e["event"] == "event loop stall ended" for e in logs)
+
+        await wait_until(ended, message="stall end to be logged")
+    blocked = [e for e in logs if e["event"].startswith("event loop blocked")]
+    assert len(blocked) == 1
+    warning = blocked[0]
+    assert warning["log_level"] == "warning"
+    assert job_id in warning["blocking_job"] and "exec_block_loop" in warning["blocking_job"]
+    assert "exec_block_loop" in warning["stuck_at"]
+    # A thread job is not on the loop: not named.
+    assert not any(innocent in name for name in warning["running_jobs"])
+    stalled_for = next(e for e in logs if e["event"] == "event loop stall ended")["stalled_for"]
+    assert 0.5 < stalled_for < 1.5
+    assert scheduler.watchdog is not None and scheduler.watchdog.stalls == 1
+
+
+async def test_no_watchdog_thread_when_disabled(pool, make_scheduler):
+    scheduler = await make_scheduler(loop_stall_warning=None)
+    assert scheduler.watchdog is None
+    assert not [t for t in threading.enumerate() if t.name == "pg_scheduler-watchdog"]
+    enabled = await make_scheduler()
+    assert [t for t in threading.enumerate() if t.name == "pg_scheduler-watchdog"]
+    await enabled.shutdown()
+    assert not [t for t in threading.enumerate() if t.name == "pg_scheduler-watchdog"]
+
+
+async def test_thread_job_past_its_timeout_fails_at_once_and_frees_its_slot_on_return(
+    pool, make_scheduler
+):
+    for event in (sync_tasks.sleeping, sync_tasks.saw_cancel, sync_tasks.release):
+        event.clear()
+    scheduler = await make_scheduler(max_concurrent_jobs=1)
+    job_id = await scheduler.schedule(sync_tasks.ignore_timeout, execution_time=now(), timeout=0.3)
+    await wait_for_status(pool, job_id, "failed")
+    # Recorded while the thread still runs; it saw the signal and holds the slot.
+    assert not sync_tasks.release.is_set()
+    await wait_until(sync_tasks.saw_cancel.is_set, message="thread to see cancelled()")
+    job = await scheduler.get_job(job_id)
+    assert "timed out after 0.3 s" in job.attempt_history[-1].error
+    assert scheduler.worker.slots.active == 1
+    sync_tasks.release.set()
+    await wait_until(lambda: scheduler.worker.slots.active == 0, message="slot to be freed")
+    assert await job_status(pool, job_id) == "failed"

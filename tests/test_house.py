@@ -1,0 +1,172 @@
+"""The package's shape: no import cycles, the 0.2.x import paths, typed for users."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "pg_scheduler"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _module_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Imports run when the module is imported: not inside functions, not under
+    ``if TYPE_CHECKING:``."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    pending: list[ast.stmt] = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        elif isinstance(node, ast.If):
+            if not _is_type_checking(node.test):
+                pending.extend(node.body)
+            pending.extend(node.orelse)
+        elif isinstance(node, ast.Try):
+            pending.extend(node.body + node.orelse + node.finalbody)
+            for handler in node.handlers:
+                pending.extend(handler.body)
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in _module_level_imports(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
+                    base = ".".join([*anchor, base] if base else anchor)
+                # "from .x import y": y may be a submodule or a name in x.
+                targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            for target in targets:
+                if target in modules and target != name:
+                    graph[name].add(target)
+                    # Importing a.b.c runs a/__init__ and a/b/__init__ first.
+                    parts = target.split(".")
+                    for i in range(1, len(parts)):
+                        parent = ".".join(parts[:i])
+                        if (
+                            parent in modules
+                            and parent != name
+                            and not name.startswith(parent + ".")
+                        ):
+                            graph[name].add(parent)
+    return graph
+
+
+def test_no_import_cycle_inside_the_package() -> None:
+    graph = _import_graph()
+    assert graph.get("pg_scheduler.scheduler")
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+# Every name the 0.2.x documentation imports, from the path it documents.
+OLD_PATHS = {
+    "pg_scheduler": [
+        "Scheduler",
+        "JobPriority",
+        "JobSpec",
+        "ConflictResolution",
+        "VacuumConfig",
+        "VacuumPolicy",
+        "VacuumTrigger",
+        "PollingConfig",
+        "RetryPolicy",
+        "periodic",
+        "PeriodicJobConfig",
+    ],
+    "pg_scheduler.scheduler": ["Scheduler"],
+    "pg_scheduler.periodic": ["periodic", "PeriodicJobConfig"],
+    "pg_scheduler.job_spec": ["JobSpec"],
+    "pg_scheduler.job_priority": ["JobPriority"],
+    "pg_scheduler.conflict_resolution": ["ConflictResolution"],
+    "pg_scheduler.vacuum": ["VacuumConfig", "VacuumPolicy", "VacuumTrigger"],
+    "pg_scheduler.polling": ["PollingConfig"],
+}
+
+
+@pytest.mark.parametrize("path", sorted(OLD_PATHS))
+def test_each_documented_name_imports_from_its_0_2_path(path: str) -> None:
+    module = importlib.import_module(path)
+    top = importlib.import_module("pg_scheduler")
+    for name in OLD_PATHS[path]:
+        value = getattr(module, name)
+        assert value is getattr(top, name), f"{path}.{name}"
+
+
+def test_the_package_ships_py_typed() -> None:
+    assert (PACKAGE / "py.typed").is_file()
+
+
+_SET_CLAUSE = re.compile(r"\bSET\b(.*?)(?:\bWHERE\b|\bFROM\b|\bRETURNING\b|$)", re.S | re.I)
+_WRITES_STATUS = re.compile(r"(?<![\w.])status\s*=", re.I)
+_INSERT_JOBS = re.compile(r"\bINSERT\s+INTO\s+scheduled_jobs\b[^(]*\(([^)]*)\)", re.S | re.I)
+
+
+def _writes_status(sql: str) -> bool:
+    """An UPDATE whose SET assigns ``status``, or an INSERT into scheduled_jobs
+    whose columns include ``status``."""
+    if any(_WRITES_STATUS.search(m[1]) for m in _SET_CLAUSE.finditer(sql)):
+        return True
+    return any(re.search(r"\bstatus\b", m[1]) for m in _INSERT_JOBS.finditer(sql))
+
+
+def test_every_statement_that_writes_status_is_in_the_transition_table() -> None:
+    from pg_scheduler.states import TRANSITIONS
+
+    store_dir = PACKAGE / "store"
+    writers = set()
+    for path in store_dir.glob("*.py"):
+        module = importlib.import_module(f"pg_scheduler.store.{path.stem}")
+        # Constants assigned in this module (not imported from another).
+        defined = {
+            target.id
+            for node in ast.parse(path.read_text()).body
+            if isinstance(node, ast.Assign)
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+        for name in defined:
+            value = getattr(module, name)
+            if name.lstrip("_").isupper() and isinstance(value, str) and _writes_status(value):
+                writers.add(f"{path.stem}.{name}")
+    listed = {t.statement for t in TRANSITIONS}
+    assert "jobs._CLAIM" in writers and "workers._RESCUE" in writers  # the parser works
+    assert writers - listed == set(), "status writers missing from states.TRANSITIONS"
+    assert listed - writers == set(), "TRANSITIONS names statements that do not exist"
