@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .enums import JobStatus
 from .models import Job
 
 if TYPE_CHECKING:
+    from .events import Event, EventHub, Subscription
     from .scheduler import Scheduler
 
 FINAL_STATUSES = frozenset(
@@ -121,3 +122,38 @@ async def run(scheduler: Scheduler, func: Callable[..., Any], *args: Any, **kwar
         func, execution_time=datetime.now(UTC), args=args, kwargs=kwargs
     )
     return await result(scheduler, job_id)
+
+
+class ResultsAPI:
+    """The Scheduler's awaiting and event methods (mixed into
+    :class:`~pg_scheduler.Scheduler`)."""
+
+    if TYPE_CHECKING:
+        events_hub: EventHub
+
+    async def wait_for(self, job_id: str, timeout: float | None = None) -> Job:
+        """The job once final (completed, failed, cancelled, expired) (see results.wait_for)."""
+        return await wait_for(cast("Scheduler", self), job_id, timeout)
+
+    async def result(self, job_id: str, timeout: float | None = None) -> Any:
+        """The job's result, or JobFailed / JobCancelled / JobExpired (see results.result)."""
+        return await result(cast("Scheduler", self), job_id, timeout)
+
+    async def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Schedule ``func(*args, **kwargs)`` now and return its result."""
+        return await run(cast("Scheduler", self), func, *args, **kwargs)
+
+    def events(
+        self,
+        kinds: Any = None,
+        *,
+        task: str | None = None,
+        queue: str | None = None,
+        maxsize: int = 10_000,
+    ) -> Subscription:
+        """Subscribe to events from every process; see events.Subscription."""
+        return self.events_hub.subscribe(kinds, task=task, queue=queue, maxsize=maxsize)
+
+    def on(self, kind: Any, callback: Callable[[Event], Any], **filters: Any) -> Subscription:
+        """Call ``callback(event)`` for each event of ``kind``; see events.EventHub.on."""
+        return self.events_hub.on(kind, callback, **filters)

@@ -17,22 +17,18 @@ from .engine import local as local_start
 from .engine.sync import default_process_pool_size
 from .enqueue import Enqueuer, check_conflict_resolution
 from .enums import ConflictResolution, JobPriority
-from .events import Event, EventHub, Subscription
+from .events import EventHub
 from .job_spec import JobSpec
 from .log import get_logger
-from .migrate import migrate
 from .models import Job, TaskInventory
 from .notify import Listener
-from .periodic import PeriodicJobConfig
 from .periodic.runtime import PeriodicManager
 from .reconnect import retry_on_disconnect
-from .results import result as result_of
-from .results import run as run_now
-from .results import wait_for as wait_until_final
+from .results import ResultsAPI
 from .scheduler_args import check_arguments
+from .scheduler_ops import SchedulerOps
 from .services import HeartbeatService, RescuerService, VacuumService
 from .services.watchdog import LoopWatchdog
-from .stats import QueueStats, collect_stats
 from .store import CANCEL_CHANNEL, DEFAULT_SCHEMA, JOBS_CHANNEL, Store
 from .store.housekeeping import VacuumStore
 from .tasks import TaskRegistry, default_registry
@@ -43,7 +39,7 @@ log = get_logger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Scheduler(SchedulerCompat):
+class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
     """Claims and runs due jobs from ``scheduled_jobs``; any number may share one database.
 
     The positional parameters and their defaults are those of pg-scheduler
@@ -205,38 +201,6 @@ class Scheduler(SchedulerCompat):
         self._claim_task: asyncio.Task[None] | None = None
         self._lifecycle = asyncio.Lock()
 
-    # -- timings (instance overrides, else derived from the class constants) --
-
-    @property
-    def heartbeat_threshold(self) -> float:
-        return self._heartbeat_threshold or float(self.HEARTBEAT_THRESHOLD)
-
-    @property
-    def lease_duration(self) -> float:
-        return self._lease_duration or float(self.LEASE_DURATION)
-
-    @property
-    def heartbeat_interval(self) -> float:
-        if self._heartbeat_interval:
-            return self._heartbeat_interval
-        return max(0.05, min(self.lease_duration, self.heartbeat_threshold) / 6)
-
-    @property
-    def rescue_interval(self) -> float:
-        if self._rescue_interval:
-            return self._rescue_interval
-        return max(0.05, min(self.lease_duration, self.heartbeat_threshold) / 4)
-
-    def _delete_on_complete(self) -> bool:
-        from .enums import VacuumTrigger
-
-        policy = self.vacuum_config.completed
-        return (
-            self.vacuum_enabled
-            and policy is not None
-            and (policy.trigger is VacuumTrigger.IMMEDIATE)
-        )
-
     # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> None:
@@ -326,42 +290,6 @@ class Scheduler(SchedulerCompat):
 
     async def __aexit__(self, *_exc: object) -> None:
         await self.shutdown()
-
-    async def initialize_db(self) -> None:
-        """Apply pending migrations (serialized across processes by an advisory lock)."""
-        await retry_on_disconnect(
-            lambda: migrate(self.db_pool, self.schema), what="migrate", give_up_after=30
-        )
-
-    def required_privileges(self) -> dict[str, str]:
-        """Table -> the privileges this worker needs on it (README: schemas and privileges)."""
-        needed = {
-            "pg_scheduler_migrations": "SELECT",
-            # DELETE only for the vacuum (and completed rows deleted at once).
-            "scheduled_jobs": "SELECT,INSERT,UPDATE" + (",DELETE" if self.vacuum_enabled else ""),
-            "scheduler_workers": "SELECT,INSERT,UPDATE,DELETE",
-        }
-        # Migration 0006: attempt history, and the event triggers' flags.
-        needed["job_attempts"] = "SELECT,INSERT" + (",DELETE" if self.vacuum_enabled else "")
-        needed["scheduler_event_flags"] = "SELECT"
-        if self.run_periodic_jobs:
-            needed["periodic_jobs"] = "SELECT,INSERT,UPDATE"
-        if self.vacuum_enabled and self.vacuum_config.track_metrics:
-            needed["vacuum_stats"] = "SELECT,INSERT,UPDATE"
-        return needed
-
-    async def check_privileges(self) -> None:
-        """Raise PermissionError naming every grant this worker lacks."""
-        missing = await retry_on_disconnect(
-            lambda: self.store.missing_privileges(self.required_privileges()),
-            what="check privileges",
-            give_up_after=30,
-        )
-        if missing:
-            raise PermissionError(
-                f"the database role lacks {', '.join(missing)}; the worker did not start "
-                "(README: schemas and privileges)"
-            )
 
     # -- notifications -----------------------------------------------------------
 
@@ -500,35 +428,6 @@ class Scheduler(SchedulerCompat):
         row = await self.store.get_job(job_id)
         return None if row is None else Job.from_record(row, self.retry_policy)
 
-    # -- results and events (results.py, events.py) ----------------------------------
-
-    async def wait_for(self, job_id: str, timeout: float | None = None) -> Job:
-        """The job once final (completed, failed, cancelled, expired) (see results.wait_for)."""
-        return await wait_until_final(self, job_id, timeout)
-
-    async def result(self, job_id: str, timeout: float | None = None) -> Any:
-        """The job's result, or JobFailed / JobCancelled / JobExpired (see results.result)."""
-        return await result_of(self, job_id, timeout)
-
-    async def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Schedule ``func(*args, **kwargs)`` now and return its result."""
-        return await run_now(self, func, *args, **kwargs)
-
-    def events(
-        self,
-        kinds: Any = None,
-        *,
-        task: str | None = None,
-        queue: str | None = None,
-        maxsize: int = 10_000,
-    ) -> Subscription:
-        """Subscribe to events from every process; see events.Subscription."""
-        return self.events_hub.subscribe(kinds, task=task, queue=queue, maxsize=maxsize)
-
-    def on(self, kind: Any, callback: Callable[[Event], Any], **filters: Any) -> Subscription:
-        """Call ``callback(event)`` for each event of ``kind``; see events.EventHub.on."""
-        return self.events_hub.on(kind, callback, **filters)
-
     async def cancel_job(self, job_id: str) -> bool:
         """Cancel a pending or running job. A running job's coroutine is cancelled on
         whichever worker runs it (NOTIFY, with the heartbeat as the fallback).
@@ -540,66 +439,3 @@ class Scheduler(SchedulerCompat):
             self.worker.cancel_local(job_id, CANCELLED_REMOTELY)
             log.info("job cancelled", event_type="cancelled", job_id=job_id)
         return cancelled
-
-    async def recover_orphaned_jobs(self) -> int:
-        """One rescue pass: jobs of dead workers go back to pending. Returns how many."""
-        return await retry_on_disconnect(self.rescuer.run_once, what="rescue", give_up_after=30)
-
-    # -- vacuum ----------------------------------------------------------------------
-
-    async def run_vacuum(self) -> dict[str, int]:
-        """Apply the vacuum policies now; deleted counts by status ({} if another
-        replica is vacuuming at this moment)."""
-        return await self.vacuum.run_once() or {}
-
-    async def get_vacuum_stats(self, days: int = 7) -> list[dict[str, Any]]:
-        """Per-day vacuum counts for the last ``days`` days (needs ``track_metrics=True``)."""
-        check_int("days", days, 0)
-        return [dict(r) for r in await self.vacuum_store.stats(days)]
-
-    async def get_total_vacuum_stats(self) -> dict[str, Any]:
-        """Totals across all days and workers (needs ``track_metrics=True``)."""
-        return dict(await self.vacuum_store.totals())
-
-    # -- statistics ------------------------------------------------------------------
-
-    async def stats(self) -> QueueStats:
-        """Counts by status and task, running jobs per worker, oldest due job's wait,
-        recent throughput and failure rate, and workers (see :mod:`pg_scheduler.stats`)."""
-        return await collect_stats(
-            self.db_pool,
-            schema=self.schema,
-            heartbeat_threshold=self.heartbeat_threshold,
-            completed_deleted=self._delete_on_complete(),
-        )
-
-    # -- periodic jobs -------------------------------------------------------------
-
-    def get_periodic_jobs(self) -> dict[str, PeriodicJobConfig]:
-        """Every registered periodic job, by dedup key."""
-        return self.periodic.get_jobs()
-
-    def enable_periodic_job(self, dedup_key: str) -> bool:
-        """Enable a periodic job here at once and in the database (and so on every replica)
-        shortly after; False if no such job is registered."""
-        return self.periodic.set_enabled_soon(dedup_key, True)
-
-    def disable_periodic_job(self, dedup_key: str) -> bool:
-        """Disable a periodic job here at once and on every replica shortly after."""
-        return self.periodic.set_enabled_soon(dedup_key, False)
-
-    async def set_periodic_job_enabled(self, dedup_key: str, enabled: bool) -> bool:
-        """Awaitable form of enable/disable: returns once the change is stored."""
-        return await self.periodic.set_enabled(dedup_key, enabled)
-
-    async def trigger_periodic_job(self, dedup_key: str) -> str | None:
-        """Run a periodic job once now, outside its windows; the new job id or None."""
-        return await self.periodic.trigger(dedup_key)
-
-    async def fetch_periodic_job_status(self, dedup_key: str) -> dict[str, Any] | None:
-        """Awaitable form of :meth:`get_periodic_job_status`, read from the database now."""
-        return await self.periodic.fetch_status(dedup_key)
-
-    def get_periodic_job_status(self, dedup_key: str) -> dict[str, Any] | None:
-        """Configuration and state (enabled, next and last run, last outcome) of one job."""
-        return self.periodic.status(dedup_key)

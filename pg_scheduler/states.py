@@ -28,43 +28,43 @@ class Transition(NamedTuple):
 
 TRANSITIONS: tuple[Transition, ...] = (
     # -- enqueue ---------------------------------------------------------------
-    Transition((None,), (PENDING,), "jobs._INSERT_ONE", "enqueue.Enqueuer (one row)"),
-    Transition((None,), (PENDING,), "jobs._INSERT_FROM_ARRAYS", "enqueue.Enqueuer (many rows)"),
+    Transition((None,), (PENDING,), "job_sql._INSERT_ONE", "enqueue.Enqueuer (one row)"),
+    Transition((None,), (PENDING,), "job_sql._INSERT_FROM_ARRAYS", "enqueue.Enqueuer (many rows)"),
     Transition(
         (PENDING, *FINAL),
         (PENDING,),
-        "jobs._REPLACE_SET",
+        "job_sql._REPLACE_SET",
         "enqueue.Enqueuer (conflict_resolution=REPLACE; never a running row)",
     ),
     Transition(
         (None,),
         (RUNNING, PENDING),
-        "jobs._INSERT_RUNNING",
+        "job_sql._INSERT_RUNNING",
         "engine/local.py: the in-process start (pending if not due)",
     ),
     # -- claim and complete (the hot path) --------------------------------------
     Transition(
         (PENDING,),
         (RUNNING, EXPIRED),
-        "jobs._CLAIM",
+        "job_sql._CLAIM",
         "engine claim loop (expired: past misfire_grace_time)",
     ),
     Transition(
         (PENDING,), (RUNNING,), "events._CLAIM_ONE", "pg_scheduler.testing eager run of one job"
     ),
-    Transition((RUNNING,), (COMPLETED,), "jobs._COMPLETE", "engine completer (group commit)"),
-    Transition((RUNNING,), (FAILED,), "jobs._FAIL", "engine executor (retries exhausted)"),
-    Transition((RUNNING,), (PENDING,), "jobs._RETRY", "engine executor (a retry after a delay)"),
+    Transition((RUNNING,), (COMPLETED,), "job_sql._COMPLETE", "engine completer (group commit)"),
+    Transition((RUNNING,), (FAILED,), "job_sql._FAIL", "engine executor (retries exhausted)"),
+    Transition((RUNNING,), (PENDING,), "job_sql._RETRY", "engine executor (a retry after a delay)"),
     Transition(
         (RUNNING,),
         (PENDING,),
-        "jobs._RELEASE",
+        "job_sql._RELEASE",
         "engine/claimer.py (buffer or shutdown hand-back, unknown task)",
     ),
     Transition(
         (RUNNING,),
         (PENDING,),
-        "jobs._RELEASE_GHOSTS",
+        "job_sql._RELEASE_GHOSTS",
         "services/heartbeat.py (claims whose answer was lost; only the claim it saw)",
     ),
     # -- rescue ---------------------------------------------------------------
@@ -75,11 +75,11 @@ TRANSITIONS: tuple[Transition, ...] = (
         "services/rescuer.py (dead worker; failed after max_rescues)",
     ),
     # -- single-job operations ------------------------------------------------------
-    Transition((PENDING, RUNNING), (CANCELLED,), "jobs._CANCEL", "Scheduler.cancel_job"),
+    Transition((PENDING, RUNNING), (CANCELLED,), "job_sql._CANCEL", "Scheduler.cancel_job"),
     Transition(
         (PENDING, RUNNING, *FINAL),
         (PENDING, RUNNING, *FINAL),
-        "jobs._SET_STATUS",
+        "job_sql._SET_STATUS",
         "compat: Scheduler.update_job_status (0.2.x, forces any status)",
     ),
     Transition(

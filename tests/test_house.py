@@ -167,6 +167,6 @@ def test_every_statement_that_writes_status_is_in_the_transition_table() -> None
             if name.lstrip("_").isupper() and isinstance(value, str) and _writes_status(value):
                 writers.add(f"{path.stem}.{name}")
     listed = {t.statement for t in TRANSITIONS}
-    assert "jobs._CLAIM" in writers and "workers._RESCUE" in writers  # the parser works
+    assert "job_sql._CLAIM" in writers and "workers._RESCUE" in writers  # the parser works
     assert writers - listed == set(), "status writers missing from states.TRANSITIONS"
     assert listed - writers == set(), "TRANSITIONS names statements that do not exist"

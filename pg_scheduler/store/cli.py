@@ -13,7 +13,7 @@ import asyncpg
 
 from ..config import VacuumPolicy
 from ..enums import VacuumTrigger
-from .jobs import _JOB_COLUMNS
+from .job_sql import _JOB_COLUMNS
 from .names import DEFAULT_SCHEMA, Qualifier
 
 # The same filters and order as OpsStore.list_jobs, with every column a Job
