@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from . import dedupe
 from .codec import encode_task_data
 from .config import UNSET
 from .enqueue import check_conflict_resolution
@@ -68,12 +69,16 @@ class SchedulerCompat:
         job_id: str | None = None,
         conflict_resolution: ConflictResolution = ConflictResolution.RAISE,
         misfire_grace_time: int | None = None,
+        *,
+        dedupe_key: str | None = None,
+        dedupe_scope: str | None = None,
     ) -> str:
         """Low-level insert by name (0.2.x): ``task_data`` is ``{"args": [...], "kwargs": {...}}``.
 
         The job runs on a worker that registered a task named ``job_name``
         (its ``module:qualname``, or its bare ``__name__`` when unambiguous).
         ``misfire_grace_time=None`` means the scheduler default.
+        ``dedupe_key``: as for ``schedule()`` (a task's own key does not apply here).
         """
         if not isinstance(job_name, str) or not job_name:
             raise ValueError("job_name must be a non-empty string")
@@ -84,6 +89,7 @@ class SchedulerCompat:
         if unknown_keys:
             raise ValueError(f"task_data may hold only 'args' and 'kwargs', got {unknown_keys}")
         check_conflict_resolution(conflict_resolution)
+        key, scope = dedupe.resolve(None, dedupe_key, dedupe_scope)
         encoded = encode_task_data(
             task_data.get("args") or (), task_data.get("kwargs") or {}, job_name
         )
@@ -98,8 +104,14 @@ class SchedulerCompat:
             misfire_grace_time=UNSET if misfire_grace_time is None else misfire_grace_time,
             timeout=None,
             retry_policy=None,
+            dedupe_key=key,
+            dedupe_scope=scope,
         )
         row = self.enqueuer.new_row(fields)
+        if key is not None:
+            return await self.enqueuer.write_keyed_one(
+                row, conflict_resolution, None, job_id is not None
+            )
         await self.enqueuer.write([row], conflict_resolution, None, user_ids=job_id is not None)
         log.debug("job scheduled", event_type="scheduled", job_id=row.job_id, task=job_name)
         return row.job_id

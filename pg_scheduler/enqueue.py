@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import asyncpg
 
+from . import dedupe
 from .codec import encode_task_data
+from .enqueue_dedupe import KeyedWriter, KeyRace, check_batch_keys, is_dedupe_violation
 from .enums import ConflictResolution
 from .job_fields import JobFields, row_of
 from .job_spec import JobSpec
@@ -25,7 +27,11 @@ from .validation import check_int, check_job_fields
 
 # schedule_bulk batches at least this large are written with COPY (generated ids only).
 COPY_THRESHOLD = 100
+# A write that finds a dedupe key changing hands under it starts over this often.
+KEY_RACE_ATTEMPTS = 20
 
+
+T = TypeVar("T")
 
 # The variant nibble of an RFC 9562 UUID is 8, 9, a or b: two random bits.
 _VARIANT = dict(zip("0123456789abcdef", "89ab" * 4, strict=True))
@@ -73,6 +79,7 @@ class Enqueuer:
         self.pool = pool
         self.registry = registry
         self.default_misfire_grace_time = default_misfire_grace_time
+        self.keyed = KeyedWriter(store)
 
     def register(self, func: Callable[..., Any]) -> str:
         """Check ``func`` and register it so this worker runs it; its task name."""
@@ -91,8 +98,16 @@ class Enqueuer:
         keywords of ``schedule()``); registers ``func`` so this worker runs it."""
         task_name = self.register(func)
         task_data = encode_task_data(args, {} if kwargs is None else kwargs, task_name)
+        key, scope = dedupe.resolve(
+            func, fields.pop("dedupe_key", None), fields.pop("dedupe_scope", None), args, kwargs
+        )
         return JobFields.checked(
-            job_name=func.__name__, task_name=task_name, task_data=task_data, **fields
+            job_name=func.__name__,
+            task_name=task_name,
+            task_data=task_data,
+            dedupe_key=key,
+            dedupe_scope=scope,
+            **fields,
         )
 
     def new_row(self, fields: JobFields, job_id: str | None = None) -> NewJob:
@@ -140,6 +155,9 @@ class Enqueuer:
             if spec.execution_time is not last_time:
                 last_time = spec.execution_time
                 aware_time = to_aware(last_time)
+            key, scope = dedupe.resolve(
+                func, spec.dedupe_key, spec.dedupe_scope, spec.args, spec.kwargs
+            )
             fields = JobFields(
                 func.__name__,
                 task_name,
@@ -151,24 +169,32 @@ class Enqueuer:
                 spec.misfire_grace_time,
                 spec.timeout,
                 spec.retry_policy,
+                key,
+                scope,
             )
             row_id = next(fresh_ids) if spec.job_id is None else spec.job_id
             rows.append(row_of(fields, row_id, default_grace))
         if not rows:
             return [], 0
+        check_batch_keys(rows, conflict)
         user_ids = [spec.job_id for spec in jobs if spec.job_id is not None]
         if user_ids:
             await self._check_user_ids(user_ids, conflict, connection)
-        written = await self._write_all(rows, conflict, batch_size, connection, bool(user_ids))
+        written, keyed = await self._write_all(
+            rows, conflict, batch_size, connection, bool(user_ids)
+        )
         if conflict is not ConflictResolution.IGNORE:
-            return [row.job_id for row in rows], len(written)
+            # Keyed rows: the id of the job that holds the key now (REPLACE).
+            return [keyed.get(i) or row.job_id for i, row in enumerate(rows)], len(written)
         result: list[str | None] = []
         returned: set[str] = set()
-        for row in rows:
-            fresh = row.job_id in written and row.job_id not in returned
-            returned.add(row.job_id)
-            result.append(row.job_id if fresh else None)
-        return result, len(written)
+        for index, row in enumerate(rows):
+            got = keyed[index] if index in keyed else row.job_id
+            fresh = got is not None and (got in written or index in keyed) and got not in returned
+            if got is not None:
+                returned.add(got)
+            result.append(got if fresh else None)
+        return result, len(written) + sum(1 for v in keyed.values() if v is not None)
 
     async def _check_user_ids(
         self,
@@ -202,39 +228,80 @@ class Enqueuer:
         batch_size: int,
         connection: asyncpg.Connection | None,
         user_ids: bool,
-    ) -> set[str]:
+    ) -> tuple[set[str], dict[int, str | None]]:
         """Every row of one schedule_bulk call in one transaction (a savepoint
         inside the caller's): all are written or none. Generated ids go in one
         COPY, which streams, so the server inserts while the rest are encoded;
-        caller's ids in INSERT statements of ``batch_size`` rows."""
-        if not user_ids and len(rows) >= COPY_THRESHOLD:
-            steps = [(self.store.copy_insert, rows)]
+        caller's ids in INSERT statements of ``batch_size`` rows. Rows with a
+        dedupe key never go through COPY (it has no ON CONFLICT): they are
+        written last, by ``KeyedWriter``. Returns the ids written without a
+        key, and per keyed row (by index) the id it resolved to."""
+        keyed_at = [i for i, row in enumerate(rows) if row.dedupe_key is not None]
+        plain = [row for row in rows if row.dedupe_key is None] if keyed_at else rows
+        keyed_rows = [rows[i] for i in keyed_at]
+        steps: list[tuple[Callable[..., Any], list[NewJob]]]
+        if not user_ids and len(plain) >= COPY_THRESHOLD:
+            steps = [(self.store.copy_insert, plain)]
         else:
             insert = self._insert_for(conflict)
             steps = [
-                (insert, rows[start : start + batch_size])
-                for start in range(0, len(rows), batch_size)
+                (insert, plain[start : start + batch_size])
+                for start in range(0, len(plain), batch_size)
             ]
 
-        async def on(conn: asyncpg.Connection) -> set[str]:
-            written: set[str] = set()
-            async with conn.transaction():
-                for insert, batch in steps:
-                    written |= await insert(conn, batch)
-            return written
+        async def on(conn: asyncpg.Connection) -> tuple[set[str], dict[int, str | None]]:
+            for _ in range(KEY_RACE_ATTEMPTS):
+                written: set[str] = set()
+                try:
+                    async with conn.transaction():
+                        for insert, batch in steps:
+                            written |= await insert(conn, batch)
+                        keyed: list[str | None] = []
+                        if keyed_rows:
+                            keyed = await self.keyed.write(conn, keyed_rows, conflict, user_ids)
+                    return written, dict(zip(keyed_at, keyed, strict=True))
+                except KeyRace:
+                    continue
+            raise _key_race_error()
 
         if connection is not None:
             return await self._attempts(lambda: on(connection), rows, user_ids, False, False)
 
-        async def pooled() -> set[str]:
-            if len(steps) == 1:
+        def lost() -> tuple[set[str], dict[int, str | None]]:
+            return {r.job_id for r in plain}, {i: rows[i].job_id for i in keyed_at}
+
+        async def pooled() -> tuple[set[str], dict[int, str | None]]:
+            if len(steps) == 1 and not keyed_rows:
                 # One statement is atomic on its own: no BEGIN/COMMIT round trips.
                 insert, batch = steps[0]
-                return await insert(self.pool, batch)
+                return await insert(self.pool, batch), {}
             async with self.pool.acquire() as conn:
                 return await on(conn)
 
-        return await self._attempts(pooled, rows, user_ids, False, True)
+        return await self._attempts(pooled, rows, user_ids, False, True, lost)
+
+    async def write_keyed_one(
+        self,
+        row: NewJob,
+        conflict: ConflictResolution,
+        connection: asyncpg.Connection | None,
+        user_id: bool,
+    ) -> str:
+        """Write one row with a dedupe key; the id of the job that carries it:
+        its own, or (IGNORE, REPLACE) the job that holds the key."""
+        for _ in range(KEY_RACE_ATTEMPTS):
+            _, keyed = await self._write_all([row], conflict, 1, connection, user_id)
+            job_id = keyed[0]
+            if job_id is not None:
+                return job_id
+            # IGNORE skipped it: a job with this id exists, or another holds the key.
+            db = connection or self.pool
+            if user_id and await self.store.existing_ids(db, [row.job_id]):
+                return row.job_id
+            holder = (await self.keyed.holders(db, [row])).get((row.dedupe_key, row.dedupe_scope))  # type: ignore[arg-type]
+            if holder is not None:
+                return holder[0]
+        raise _key_race_error()
 
     async def write(
         self,
@@ -273,28 +340,36 @@ class Enqueuer:
 
     async def _attempts(
         self,
-        once: Callable[[], Any],
+        once: Callable[[], Awaitable[T]],
         rows: list[NewJob],
         user_ids: bool,
         retried: bool,
         pooled: bool,
-    ) -> set[str]:
-        """Run ``once`` (retried on a lost pooled connection); a duplicate id -> ValueError.
+        lost: Callable[[], T] | None = None,
+    ) -> T:
+        """Run ``once`` (retried on a lost pooled connection); a duplicate id or
+        a held dedupe key -> ValueError.
 
         ``retried``: an earlier attempt at these rows lost its answer.
+        ``lost``: the answer when it turns out that attempt committed (default:
+        every row's id).
         """
         attempts = 0
 
-        async def attempt() -> set[str]:
+        async def attempt() -> T:
             nonlocal attempts
             attempts += 1
             try:
                 return await once()
             except asyncpg.UniqueViolationError as exc:
-                if (attempts > 1 or retried) and not user_ids:
+                again = (attempts > 1 or retried) and not user_ids
+                if again and await self._all_landed(rows):
                     # Our generated ids are unique: the earlier attempt committed
                     # and only its answer was lost.
-                    return {r.job_id for r in rows}
+                    return lost() if lost is not None else {r.job_id for r in rows}  # type: ignore[return-value]
+                if is_dedupe_violation(exc):
+                    error = await self.keyed.held_error(self.pool, rows, exc.detail or str(exc))
+                    raise error from None
                 raise ValueError(
                     f"Job ID already exists: {exc.detail or exc}. Choose a different job_id, "
                     "omit it for auto-generation, or use ConflictResolution.IGNORE/REPLACE"
@@ -303,3 +378,15 @@ class Enqueuer:
         if not pooled:
             return await attempt()
         return await retry_on_disconnect(attempt, what="schedule", give_up_after=10)
+
+    async def _all_landed(self, rows: list[NewJob]) -> bool:
+        """After a lost answer: did every row (generated ids) get written?"""
+        ids = [r.job_id for r in rows]
+        return len(await self.store.existing_ids(self.pool, ids)) == len(set(ids))
+
+
+def _key_race_error() -> ValueError:
+    return ValueError(
+        f"a dedupe key changed hands {KEY_RACE_ATTEMPTS} times while this write ran; "
+        "nothing was scheduled, try again"
+    )

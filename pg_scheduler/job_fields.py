@@ -34,6 +34,8 @@ class JobFields(NamedTuple):
     misfire_grace_time: Any = UNSET  # int | None, or UNSET: the Scheduler's default
     timeout: float | None = None
     retry_policy: RetryPolicy | None = None
+    dedupe_key: str | None = None
+    dedupe_scope: str | None = None  # resolved: "active" or "pending" with a key
 
     @classmethod
     def checked(
@@ -49,6 +51,8 @@ class JobFields(NamedTuple):
         misfire_grace_time: Any,
         timeout: Any,
         retry_policy: Any,
+        dedupe_key: str | None = None,
+        dedupe_scope: str | None = None,
     ) -> JobFields:
         """Validate the caller's values (TypeError/ValueError naming the field)."""
         check_job_fields(
@@ -65,6 +69,8 @@ class JobFields(NamedTuple):
             misfire_grace_time,
             timeout,
             retry_policy,
+            dedupe_key,
+            dedupe_scope,
         )
 
 
@@ -85,4 +91,6 @@ def row_of(fields: JobFields, job_id: str, default_grace: Callable[[], int | Non
         grace,
         None if timeout is None else float(timeout),
         None if policy is None else encode_retry_policy(policy),
+        fields.dedupe_key,
+        fields.dedupe_scope,
     )

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from .config import UNSET, RetryPolicy
+from .dedupe import check_dedupe_key, check_dedupe_scope
 from .enums import JobPriority
 from .validation import as_args, as_kwargs, check_job_fields
 
@@ -33,6 +34,8 @@ class JobSpec:
 
     __slots__ = (
         "args",
+        "dedupe_key",
+        "dedupe_scope",
         "execution_time",
         "func",
         "job_id",
@@ -56,12 +59,16 @@ class JobSpec:
         misfire_grace_time: int | None = _UNSET,
         timeout: float | None = None,
         retry_policy: RetryPolicy | None = None,
+        dedupe_key: str | None = None,
+        dedupe_scope: str | None = None,
     ) -> None:
         if not callable(func):
             raise TypeError(f"func must be a callable (an async function), got {func!r}")
         check_job_fields(
             execution_time, priority, max_retries, job_id, misfire_grace_time, timeout, retry_policy
         )
+        check_dedupe_key(dedupe_key)
+        check_dedupe_scope(dedupe_scope)
         self.func = func
         self.execution_time = execution_time
         self.args = as_args(args)
@@ -72,6 +79,8 @@ class JobSpec:
         self.misfire_grace_time = misfire_grace_time
         self.timeout = timeout
         self.retry_policy = retry_policy
+        self.dedupe_key = dedupe_key
+        self.dedupe_scope = dedupe_scope
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in _FIELD_ORDER)
@@ -97,4 +106,6 @@ _FIELD_ORDER = (
     "misfire_grace_time",
     "timeout",
     "retry_policy",
+    "dedupe_key",
+    "dedupe_scope",
 )

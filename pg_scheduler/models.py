@@ -83,6 +83,9 @@ class Job(BaseModel):
     progress: float | None = None
     progress_message: str | None = None
     progress_at: datetime | None = None
+    #: The job's dedupe key and its scope ("active" or "pending"), or None.
+    dedupe_key: str | None = None
+    dedupe_scope: str | None = None
 
     @classmethod
     def from_record(cls, row: Any, default_retry: RetryPolicy) -> Job:
@@ -127,6 +130,8 @@ class Job(BaseModel):
             progress=row.get("progress"),
             progress_message=row.get("progress_message"),
             progress_at=row.get("progress_at"),
+            dedupe_key=row.get("dedupe_key"),
+            dedupe_scope=row.get("dedupe_scope"),
         )
 
 

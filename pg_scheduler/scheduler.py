@@ -343,12 +343,19 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
         timeout: float | None = None,
         retry_policy: RetryPolicy | None = None,
         connection: asyncpg.Connection | None = None,
+        dedupe_key: str | None = None,
+        dedupe_scope: str | None = None,
     ) -> str:
         """Schedule ``func(*args, **kwargs)`` to run at ``execution_time``; returns the job id.
 
         With ``connection``, the row is written through the caller's connection
         (inside its transaction, if one is open): it exists, and wakes workers,
         only if that transaction commits.
+
+        ``dedupe_key`` (or the task's): at most one job per key and
+        ``dedupe_scope`` ("active", the default, or "pending"); on a held key
+        ``conflict_resolution`` decides, and IGNORE/REPLACE return the id of
+        the job that holds it. See the README's Dedupe keys.
         """
         check_conflict_resolution(conflict_resolution)
         fields = self.enqueuer.fields_for_call(
@@ -362,8 +369,15 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
             misfire_grace_time=misfire_grace_time,
             timeout=timeout,
             retry_policy=retry_policy,
+            dedupe_key=dedupe_key,
+            dedupe_scope=dedupe_scope,
         )
         row = self.enqueuer.new_row(fields)
+        if row.dedupe_key is not None:
+            # Not started in process: the key's conflict policy settles it first.
+            return await self.enqueuer.write_keyed_one(
+                row, conflict_resolution, connection, job_id is not None
+            )
         # Due now, autocommitted, and a worker of this process has a free slot:
         # written already claimed by it and started at once. (Not inside the
         # caller's transaction: the job must not start before that commits.)

@@ -37,6 +37,12 @@ TRANSITIONS: tuple[Transition, ...] = (
         "enqueue.Enqueuer (conflict_resolution=REPLACE; never a running row)",
     ),
     Transition(
+        (PENDING,),
+        (PENDING,),
+        "dedupe._REPLACE_PENDING",
+        "enqueue_dedupe.py (REPLACE on a dedupe key: the pending holder takes the new fields)",
+    ),
+    Transition(
         (None,),
         (RUNNING, PENDING),
         "job_sql._INSERT_RUNNING",

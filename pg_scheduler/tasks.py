@@ -12,6 +12,7 @@ import inspect
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
 
+from .dedupe import mark_task
 from .validation import check_name
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -151,17 +152,34 @@ default_registry = TaskRegistry()
 @overload
 def task(func: F, /) -> F: ...
 @overload
-def task(*, name: str | None = None, executor: str | None = None) -> Callable[[F], F]: ...
-def task(func: Any = None, /, *, name: str | None = None, executor: str | None = None) -> Any:
+def task(
+    *,
+    name: str | None = None,
+    executor: str | None = None,
+    dedupe_key: str | Callable[..., str] | None = None,
+    dedupe_scope: str | None = None,
+) -> Callable[[F], F]: ...
+def task(
+    func: Any = None,
+    /,
+    *,
+    name: str | None = None,
+    executor: str | None = None,
+    dedupe_key: str | Callable[..., str] | None = None,
+    dedupe_scope: str | None = None,
+) -> Any:
     """Register an async function as a task, usable before any Scheduler exists.
 
     ``@task`` names it ``module:qualname``; ``@task(name="emails.send")`` gives a
     stable name that survives moving the function to another module.
     ``@task(executor="thread")`` runs a plain ``def`` in the worker's thread
     pool, ``executor="process"`` in a spawned process of its own.
+    ``dedupe_key``: every job of the task carries this key, or the key this
+    function of the job's arguments returns (see the README's Dedupe keys).
     """
 
     def decorate(f: F) -> F:
+        mark_task(f, dedupe_key, dedupe_scope)
         return default_registry.register(f, name=name, executor=executor)
 
     return decorate(func) if func is not None else decorate

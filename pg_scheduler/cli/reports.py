@@ -243,6 +243,7 @@ def render_job(job: Job) -> None:
         ("attempts", f"{job.attempts} (retries {job.retry_count}/{job.max_retries})"),
         ("rescues", job.rescue_count),
         ("worker", job.worker_id),
+        ("dedupe key", f"{job.dedupe_key} (scope {job.dedupe_scope})" if job.dedupe_key else None),
         ("next retry", when(job.next_retry_at) if job.next_retry_at else None),
         ("args", json.dumps(job.args, default=str)),
         ("kwargs", json.dumps(job.kwargs, default=str)),

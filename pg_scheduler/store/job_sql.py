@@ -12,21 +12,23 @@ from __future__ import annotations
 
 _INSERT_COLUMNS = """
     job_id, job_name, task_name, execution_time, status, task_data, priority,
-    max_retries, misfire_grace_time, timeout, retry_policy
+    max_retries, misfire_grace_time, timeout, retry_policy, dedupe_key, dedupe_scope
 """
 _INSERT_FROM_ARRAYS = f"""
     INSERT INTO scheduled_jobs ({_INSERT_COLUMNS})
     SELECT d.job_id, d.job_name, d.task_name, d.execution_time, 'pending', d.task_data::jsonb,
-           d.priority, d.max_retries, d.misfire_grace_time, d.timeout, d.retry_policy::jsonb
+           d.priority, d.max_retries, d.misfire_grace_time, d.timeout, d.retry_policy::jsonb,
+           d.dedupe_key, d.dedupe_scope
       FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::text[],
-                  $6::int[], $7::int[], $8::int[], $9::float8[], $10::text[])
+                  $6::int[], $7::int[], $8::int[], $9::float8[], $10::text[],
+                  $11::text[], $12::text[])
         AS d(job_id, job_name, task_name, execution_time, task_data, priority,
-             max_retries, misfire_grace_time, timeout, retry_policy)
+             max_retries, misfire_grace_time, timeout, retry_policy, dedupe_key, dedupe_scope)
 """
 # One row: plain VALUES plans and runs about 0.3 ms faster than unnest().
 _INSERT_ONE = f"""
     INSERT INTO scheduled_jobs ({_INSERT_COLUMNS})
-    VALUES ($1, $2, $3, $4, 'pending', $5::jsonb, $6, $7, $8, $9, $10::jsonb)
+    VALUES ($1, $2, $3, $4, 'pending', $5::jsonb, $6, $7, $8, $9, $10::jsonb, $11, $12)
 """
 # REPLACE overwrites a pending or finished job and makes it pending with fresh
 # counters; a running attempt is never touched (its lease stays valid).
@@ -35,7 +37,8 @@ _REPLACE_SET = """
         execution_time = EXCLUDED.execution_time, task_data = EXCLUDED.task_data,
         priority = EXCLUDED.priority, max_retries = EXCLUDED.max_retries,
         misfire_grace_time = EXCLUDED.misfire_grace_time, timeout = EXCLUDED.timeout,
-        retry_policy = EXCLUDED.retry_policy, status = 'pending', retry_count = 0,
+        retry_policy = EXCLUDED.retry_policy, dedupe_key = EXCLUDED.dedupe_key,
+        dedupe_scope = EXCLUDED.dedupe_scope, status = 'pending', retry_count = 0,
         attempts = 0, rescue_count = 0, unstarted_rescues = 0, error_message = NULL,
         error_traceback = NULL,
         result = NULL, worker_id = NULL, last_heartbeat = NULL, lease_until = NULL,
@@ -90,7 +93,7 @@ UPDATE scheduled_jobs j
 RETURNING {_CLAIMED_COLUMNS}
 """
 
-# One due job written already claimed by a worker of this process (``$11``),
+# One due job written already claimed by a worker of this process (``$13``),
 # which starts it at once: no NOTIFY hop, no claim. Whether it is due is the
 # database's call; a job that is not, or that is past its misfire grace (the
 # claim expires those), comes back pending like any insert.
@@ -98,10 +101,10 @@ _INSERT_RUNNING = f"""
 INSERT INTO scheduled_jobs AS j ({_INSERT_COLUMNS},
                                  worker_id, attempts, started_at, last_heartbeat, lease_until)
 SELECT $1, $2, $3, $4, CASE WHEN d.due THEN 'running' ELSE 'pending' END, $5::jsonb,
-       $6, $7, $8, $9, $10::jsonb,
-       CASE WHEN d.due THEN $11 END, CASE WHEN d.due THEN 1 ELSE 0 END,
+       $6, $7, $8, $9, $10::jsonb, $11, $12,
+       CASE WHEN d.due THEN $13 END, CASE WHEN d.due THEN 1 ELSE 0 END,
        CASE WHEN d.due THEN now() END, CASE WHEN d.due THEN now() END,
-       CASE WHEN d.due THEN now() + make_interval(secs => $12) END
+       CASE WHEN d.due THEN now() + make_interval(secs => $14) END
   FROM (SELECT $4::timestamptz <= now()
                AND ($8::int IS NULL OR $4::timestamptz + make_interval(secs => $8::int) >= now())
                    AS due) AS d
@@ -232,7 +235,7 @@ _JOB_COLUMNS = """
     started_at, finished_at, last_heartbeat, lease_until, attempts, retry_count,
     max_retries, rescue_count, worker_id, misfire_grace_time, timeout,
     retry_policy::text AS retry_policy, task_data::text AS task_data,
-    result::text AS result, error_message, error_traceback
+    result::text AS result, error_message, error_traceback, dedupe_key, dedupe_scope
 """
 
 _EXISTING_IDS = "SELECT job_id FROM scheduled_jobs WHERE job_id = ANY($1::text[])"

@@ -61,6 +61,8 @@ class NewJob(NamedTuple):
     misfire_grace_time: int | None
     timeout: float | None
     retry_policy: str | None
+    dedupe_key: str | None = None
+    dedupe_scope: str | None = None  # "active" or "pending" when dedupe_key is set
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +130,9 @@ class Store(WorkerStatements):
         return await self._insert(db, jobs, "")
 
     async def insert_ignore(self, db: Executor, jobs: Sequence[NewJob]) -> set[str]:
-        """Insert the new ids, skip existing ones; returns the inserted ids."""
-        return await self._insert(db, jobs, " ON CONFLICT (job_id) DO NOTHING")
+        """Insert the new ids, skip existing ones and rows whose dedupe key is
+        held (no conflict target: every unique index); returns the inserted ids."""
+        return await self._insert(db, jobs, " ON CONFLICT DO NOTHING")
 
     async def copy_insert(self, db: Executor, jobs: Sequence[NewJob]) -> set[str]:
         """Bulk insert through COPY (binary): several times faster than INSERT for

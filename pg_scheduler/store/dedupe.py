@@ -1,0 +1,88 @@
+"""Statements on dedupe keys (migration 0008): who holds a key, and replacing
+the pending job that holds one.
+
+Each scope has its own partial unique index; a statement names its scope's
+predicate as constants so the planner can use that index (a predicate that
+compared the scope with a parameter could not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .jobs import NewJob
+from .names import Executor, Qualifier
+
+#: What holding a key means in each scope: the predicate of its unique index.
+HELD_IN_SCOPE = {
+    "active": "j.dedupe_scope = 'active' AND j.status IN ('pending', 'running')",
+    "pending": "j.dedupe_scope = 'pending' AND j.status = 'pending' AND j.started_at IS NULL",
+}
+#: The unique indexes, by name: a UniqueViolationError names its index.
+DEDUPE_INDEXES = frozenset(
+    {"scheduled_jobs_dedupe_active_idx", "scheduled_jobs_dedupe_pending_idx"}
+)
+
+_HOLDERS = """
+SELECT j.dedupe_key, j.job_id, j.status FROM scheduled_jobs j
+ WHERE j.dedupe_key = ANY($1::text[]) AND {held}
+"""
+
+# The pending holder takes the new job's fields and starts afresh (as REPLACE
+# by job id does); it keeps its job id. A running holder is never touched.
+_REPLACE_PENDING = """
+UPDATE scheduled_jobs j
+   SET job_name = d.job_name, task_name = d.task_name, execution_time = d.execution_time,
+       task_data = d.task_data::jsonb, priority = d.priority, max_retries = d.max_retries,
+       misfire_grace_time = d.misfire_grace_time, timeout = d.timeout,
+       retry_policy = d.retry_policy::jsonb, status = 'pending', retry_count = 0,
+       attempts = 0, rescue_count = 0, unstarted_rescues = 0, error_message = NULL,
+       error_traceback = NULL, result = NULL, worker_id = NULL, last_heartbeat = NULL,
+       lease_until = NULL, started_at = NULL, finished_at = NULL, created_at = now()
+  FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[], $5::int[], $6::int[],
+              $7::int[], $8::float8[], $9::text[], $10::text[])
+    AS d(job_name, task_name, execution_time, task_data, priority, max_retries,
+         misfire_grace_time, timeout, retry_policy, dedupe_key)
+ WHERE j.dedupe_key = d.dedupe_key AND j.status = 'pending' AND {held}
+RETURNING j.dedupe_key, j.job_id
+"""
+
+
+class DedupeStore:
+    """The dedupe statements of one schema (one variant per scope)."""
+
+    def __init__(self, q: Qualifier) -> None:
+        self._holders = {s: q(_HOLDERS.format(held=p)) for s, p in HELD_IN_SCOPE.items()}
+        self._replace = {s: q(_REPLACE_PENDING.format(held=p)) for s, p in HELD_IN_SCOPE.items()}
+
+    async def holders(
+        self, db: Executor, scope: str, keys: Sequence[str]
+    ) -> dict[str, tuple[str, str]]:
+        """key -> (job id, status) of the job holding each of ``keys`` in ``scope``."""
+        rows = await db.fetch(self._holders[scope], list(keys))
+        return {r["dedupe_key"]: (r["job_id"], r["status"]) for r in rows}
+
+    async def replace_pending(
+        self, db: Executor, scope: str, jobs: Sequence[NewJob]
+    ) -> dict[str, str]:
+        """Give each pending holder of a key in ``scope`` the fields of the job in
+        ``jobs`` with that key (one job per key); key -> the holder's job id."""
+        columns: list[list[Any]] = [[] for _ in range(10)]
+        for j in jobs:
+            values = (
+                j.job_name,
+                j.task_name,
+                j.execution_time,
+                j.task_data,
+                j.priority,
+                j.max_retries,
+                j.misfire_grace_time,
+                j.timeout,
+                j.retry_policy,
+                j.dedupe_key,
+            )
+            for column, value in zip(columns, values, strict=True):
+                column.append(value)
+        rows = await db.fetch(self._replace[scope], *columns)
+        return {r["dedupe_key"]: r["job_id"] for r in rows}
