@@ -15,9 +15,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from . import dedupe
 from .codec import encode_task_data
 from .config import UNSET
+from .dedupe import resolve as resolve_dedupe
 from .enqueue import check_conflict_resolution
 from .enums import ConflictResolution, JobPriority, JobStatus
 from .job_fields import JobFields
@@ -89,7 +89,7 @@ class SchedulerCompat:
         if unknown_keys:
             raise ValueError(f"task_data may hold only 'args' and 'kwargs', got {unknown_keys}")
         check_conflict_resolution(conflict_resolution)
-        key, scope = dedupe.resolve(None, dedupe_key, dedupe_scope)
+        key, scope = resolve_dedupe(None, dedupe_key, dedupe_scope)
         encoded = encode_task_data(
             task_data.get("args") or (), task_data.get("kwargs") or {}, job_name
         )

@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from . import dedupe
 from .codec import encode_task_data
+from .dedupe import resolve as resolve_dedupe
 from .enqueue_dedupe import KeyedWriter, KeyRace, check_batch_keys, is_dedupe_violation
 from .enums import ConflictResolution
 from .job_fields import JobFields, row_of
@@ -98,7 +98,7 @@ class Enqueuer:
         keywords of ``schedule()``); registers ``func`` so this worker runs it."""
         task_name = self.register(func)
         task_data = encode_task_data(args, {} if kwargs is None else kwargs, task_name)
-        key, scope = dedupe.resolve(
+        key, scope = resolve_dedupe(
             func, fields.pop("dedupe_key", None), fields.pop("dedupe_scope", None), args, kwargs
         )
         return JobFields.checked(
@@ -155,7 +155,7 @@ class Enqueuer:
             if spec.execution_time is not last_time:
                 last_time = spec.execution_time
                 aware_time = to_aware(last_time)
-            key, scope = dedupe.resolve(
+            key, scope = resolve_dedupe(
                 func, spec.dedupe_key, spec.dedupe_scope, spec.args, spec.kwargs
             )
             fields = JobFields(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import dedupe_tasks
 import pytest
-from conftest import wait_for_status, wait_until
+from conftest import wait_for_status
 
 from pg_scheduler import ConflictResolution, JobSpec, RetryPolicy, task
 
