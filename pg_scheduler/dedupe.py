@@ -53,6 +53,11 @@ def mark_task(func: Any, dedupe_key: Any, dedupe_scope: Any) -> None:
         setattr(func, _SCOPE_ATTR, dedupe_scope)
 
 
+def has_task_key(func: Any) -> bool:
+    """Whether ``func`` was registered with ``@task(dedupe_key=...)``."""
+    return getattr(func, _KEY_ATTR, None) is not None
+
+
 def resolve(
     func: Callable[..., Any] | None,
     dedupe_key: Any,

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from .codec import encode_task_data
+from .dedupe import has_task_key
 from .dedupe import resolve as resolve_dedupe
 from .enqueue_dedupe import KeyedWriter, KeyRace, check_batch_keys, is_dedupe_violation
 from .enums import ConflictResolution
@@ -131,6 +132,7 @@ class Enqueuer:
         rows: list[NewJob] = []
         # Bulk lists repeat one function and one time: each is looked at once.
         task_names: dict[Any, str] = {}
+        keyed_tasks: dict[Any, bool] = {}
         fresh_ids = iter(new_job_ids(len(jobs)))
         default_grace = self.default_misfire_grace_time
         last_time: Any = None
@@ -152,12 +154,16 @@ class Enqueuer:
             task_name = task_names.get(func)
             if task_name is None:
                 task_name = task_names[func] = self.register(func)
+                keyed_tasks[func] = has_task_key(func)
+            keyed_task = keyed_tasks[func]
             if spec.execution_time is not last_time:
                 last_time = spec.execution_time
                 aware_time = to_aware(last_time)
-            key, scope = resolve_dedupe(
-                func, spec.dedupe_key, spec.dedupe_scope, spec.args, spec.kwargs
-            )
+            key = scope = None
+            if spec.dedupe_key is not None or spec.dedupe_scope is not None or keyed_task:
+                key, scope = resolve_dedupe(
+                    func, spec.dedupe_key, spec.dedupe_scope, spec.args, spec.kwargs
+                )
             fields = JobFields(
                 func.__name__,
                 task_name,

@@ -67,8 +67,9 @@ class JobSpec:
         check_job_fields(
             execution_time, priority, max_retries, job_id, misfire_grace_time, timeout, retry_policy
         )
-        check_dedupe_key(dedupe_key)
-        check_dedupe_scope(dedupe_scope)
+        if dedupe_key is not None or dedupe_scope is not None:
+            check_dedupe_key(dedupe_key)
+            check_dedupe_scope(dedupe_scope)
         self.func = func
         self.execution_time = execution_time
         self.args = as_args(args)
