@@ -10,11 +10,13 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import asyncpg
 import dedupe_tasks
 import pytest
 from conftest import wait_for_status
 
 from pg_scheduler import ConflictResolution, JobSpec, RetryPolicy, task
+from pg_scheduler.migrate import migrate
 
 RAISE, IGNORE, REPLACE = (
     ConflictResolution.RAISE,
@@ -508,3 +510,62 @@ async def test_key_inside_the_callers_transaction(pool, make_scheduler):
             dedupe_tasks.noop, execution_time=later(), dedupe_key="tx2", connection=conn
         )
     assert {r["job_id"] for r in await rows(pool)} == {holder, mine}
+
+
+async def test_forcing_a_finished_job_back_onto_a_held_key_changes_nothing(pool, make_scheduler):
+    s = await make_scheduler(start=False)
+    old = await s.schedule(dedupe_tasks.noop, execution_time=later(), dedupe_key="op")
+    await s.update_job_status(old, "failed")
+    holder = await s.schedule(dedupe_tasks.noop, execution_time=later(), dedupe_key="op")
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await s.update_job_status(old, "pending")
+    assert (await s.get_job(old)).status.value == "failed"  # type: ignore[union-attr]
+    assert (await s.get_job(holder)).status.value == "pending"  # type: ignore[union-attr]
+
+
+async def test_keys_in_another_schema(pool, make_scheduler):
+    await migrate(pool, schema="dedupe_schema")
+    s = await make_scheduler(start=False, schema="dedupe_schema")
+    await pool.execute("TRUNCATE dedupe_schema.scheduled_jobs CASCADE")
+    first = await s.schedule(dedupe_tasks.noop, execution_time=later(), dedupe_key="s")
+    assert (
+        await s.schedule(
+            dedupe_tasks.noop,
+            execution_time=later(),
+            dedupe_key="s",
+            conflict_resolution=REPLACE,
+            args=(2,),
+        )
+        == first
+    )
+    with pytest.raises(ValueError, match=first):
+        await s.schedule(dedupe_tasks.noop, execution_time=later(), dedupe_key="s")
+    assert await pool.fetchval("SELECT count(*) FROM dedupe_schema.scheduled_jobs") == 1
+    assert await count(pool) == 0  # nothing in public
+
+
+async def test_the_cli_shows_a_jobs_key(pool, dsn, make_scheduler):
+    s = await make_scheduler(start=False)
+    job_id = await s.schedule(
+        dedupe_tasks.noop, execution_time=later(), dedupe_key="cli:1", dedupe_scope="pending"
+    )
+    for extra in ([], ["--json"]):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "pg_scheduler.cli",
+            "--dsn",
+            dsn,
+            "jobs",
+            job_id,
+            *extra,
+            stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0
+        if extra:
+            shown = json.loads(out)
+            assert (shown["dedupe_key"], shown["dedupe_scope"]) == ("cli:1", "pending")
+        else:
+            assert "cli:1 (scope pending)" in out.decode()
