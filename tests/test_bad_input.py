@@ -100,13 +100,26 @@ FIELDS = [
         ValueError,
         r"execution_time .* out of range",
     ),
+    ("dedupe-key-nul", "dedupe_key", "a\x00b", ValueError, r"dedupe_key .*NUL"),
+    ("dedupe-key-surrogate", "dedupe_key", "k-\udc00", ValueError, r"dedupe_key .*surrogate"),
+    ("dedupe-key-100k", "dedupe_key", "x" * 100_000, ValueError, r"dedupe_key is 100000 bytes"),
+    ("dedupe-key-empty", "dedupe_key", "", ValueError, r"dedupe_key must be a non-empty"),
+    ("dedupe-key-int", "dedupe_key", 7, TypeError, r"dedupe_key must be a str"),
+    ("dedupe-scope", "dedupe_scope", "running", ValueError, r"dedupe_scope must be one of"),
     # asyncpg would send these two as -infinity and infinity.
     ("time-min-utc", "execution_time", datetime.min.replace(tzinfo=UTC), ValueError, r"execution"),
     ("time-max-utc", "execution_time", datetime.max.replace(tzinfo=UTC), ValueError, r"execution"),
 ]
 
 # schedule_job (0.2.x) has no timeout.
-LEGACY_FIELDS = {"job_id", "max_retries", "misfire_grace_time", "execution_time"}
+LEGACY_FIELDS = {
+    "job_id",
+    "max_retries",
+    "misfire_grace_time",
+    "execution_time",
+    "dedupe_key",
+    "dedupe_scope",
+}
 
 
 def cases() -> list[Any]:
