@@ -569,3 +569,21 @@ async def test_the_cli_shows_a_jobs_key(pool, dsn, make_scheduler):
             assert (shown["dedupe_key"], shown["dedupe_scope"]) == ("cli:1", "pending")
         else:
             assert "cli:1 (scope pending)" in out.decode()
+
+
+async def test_bulk_replace_skips_a_running_holder_and_replaces_a_pending_one(pool, make_scheduler):
+    s = await make_scheduler(start=False)
+    running = await s.schedule(dedupe_tasks.noop, execution_time=later(), dedupe_key="r")
+    await make_running(pool, running)
+    pending = await s.schedule(dedupe_tasks.noop, execution_time=later(), dedupe_key="p")
+    specs = [
+        JobSpec(dedupe_tasks.noop, later(), args=(1,), dedupe_key="r"),
+        JobSpec(dedupe_tasks.noop, later(), args=(2,), dedupe_key="p"),
+        JobSpec(dedupe_tasks.noop, later(), args=(3,), dedupe_key="new"),
+    ]
+    got = await s.schedule_bulk(specs, conflict_resolution=REPLACE)
+    assert got[:2] == [running, pending] and got[2] not in (running, pending)
+    stored = {r["dedupe_key"]: r for r in await rows(pool)}
+    assert stored["r"]["status"] == "running" and json.loads(stored["r"]["data"])["args"] == []
+    assert json.loads(stored["p"]["data"])["args"] == [2]
+    assert stored["new"]["job_id"] == got[2] and len(stored) == 3
