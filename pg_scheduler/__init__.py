@@ -1,6 +1,7 @@
 """pg_scheduler: a PostgreSQL-native job queue and scheduler for asyncio, on asyncpg."""
 
 from .config import PollingConfig, RetryPolicy, VacuumConfig, VacuumPolicy
+from .limits import RateLimit
 from .context import JobContext, current_job
 from .enums import ConflictResolution, JobPriority, JobStatus, VacuumTrigger
 from .events import Event, Subscription
@@ -31,6 +32,7 @@ __all__ = [
     "MigrationError",
     "PeriodicJobConfig",
     "PollingConfig",
+    "RateLimit",
     "RetryPolicy",
     "Scheduler",
     "Subscription",

@@ -12,6 +12,7 @@ import inspect
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
 
+from .limits import Limits, RateLimit
 from .validation import check_name
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -73,11 +74,20 @@ class TaskRegistry:
     def __init__(self, parent: TaskRegistry | None = None) -> None:
         self._parent = parent
         self._by_name: dict[str, Callable[..., Any]] = {}
+        #: Limits declared in code (``@task(max_running=..., rate_limit=...)``),
+        #: written to the database when a Scheduler starts.
+        self.limits: dict[str, Limits] = {}
         self._listeners: list[Callable[[str], None]] = []
         if parent is not None:
             parent._listeners.append(self._notify)
 
-    def register(self, func: F, name: str | None = None, executor: str | None = None) -> F:
+    def register(
+        self,
+        func: F,
+        name: str | None = None,
+        executor: str | None = None,
+        limits: Limits | None = None,
+    ) -> F:
         kind = _check_executor(func, executor)
         if name is not None:
             if not isinstance(name, str) or not name:
@@ -86,6 +96,8 @@ class TaskRegistry:
         task_name = task_name_of(func)
         existing = self._by_name.get(task_name)
         if existing is func:
+            if limits is not None and not limits.empty:
+                self.limits[task_name] = limits
             return func
         # Both land in text columns of every job row (task_name, job_name).
         check_name("task name", task_name)
@@ -93,8 +105,16 @@ class TaskRegistry:
         if kind is not None:
             setattr(func, EXECUTOR_ATTR, kind)
         self._by_name[task_name] = func
+        if limits is not None and not limits.empty:
+            self.limits[task_name] = limits
         self._notify(task_name)
         return func
+
+    def all_limits(self) -> dict[str, Limits]:
+        """Declared limits of every task here and in the parent registry."""
+        merged = dict(self._parent.all_limits()) if self._parent is not None else {}
+        merged.update(self.limits)
+        return merged
 
     def _notify(self, task_name: str) -> None:
         for listener in list(self._listeners):
@@ -151,17 +171,35 @@ default_registry = TaskRegistry()
 @overload
 def task(func: F, /) -> F: ...
 @overload
-def task(*, name: str | None = None, executor: str | None = None) -> Callable[[F], F]: ...
-def task(func: Any = None, /, *, name: str | None = None, executor: str | None = None) -> Any:
+def task(
+    *,
+    name: str | None = None,
+    executor: str | None = None,
+    max_running: int | None = None,
+    rate_limit: str | RateLimit | None = None,
+) -> Callable[[F], F]: ...
+def task(
+    func: Any = None,
+    /,
+    *,
+    name: str | None = None,
+    executor: str | None = None,
+    max_running: int | None = None,
+    rate_limit: str | RateLimit | None = None,
+) -> Any:
     """Register an async function as a task, usable before any Scheduler exists.
 
     ``@task`` names it ``module:qualname``; ``@task(name="emails.send")`` gives a
     stable name that survives moving the function to another module.
     ``@task(executor="thread")`` runs a plain ``def`` in the worker's thread
     pool, ``executor="process"`` in a spawned process of its own.
+    ``max_running`` and ``rate_limit`` (``"100/m"``) are global limits across
+    every worker, written to the database when a Scheduler starts (README:
+    Queues and limits).
     """
+    limits = Limits.of(max_running, rate_limit)
 
     def decorate(f: F) -> F:
-        return default_registry.register(f, name=name, executor=executor)
+        return default_registry.register(f, name=name, executor=executor, limits=limits)
 
     return decorate(func) if func is not None else decorate
