@@ -1,11 +1,11 @@
 """pg_scheduler: a PostgreSQL-native job queue and scheduler for asyncio, on asyncpg."""
 
 from .config import PollingConfig, RetryPolicy, VacuumConfig, VacuumPolicy
-from .limits import RateLimit
 from .context import JobContext, current_job
 from .enums import ConflictResolution, JobPriority, JobStatus, VacuumTrigger
 from .events import Event, Subscription
 from .job_spec import JobSpec
+from .limits import RateLimit
 from .migrate import MigrationError
 from .models import Attempt, Job, TaskInventory
 from .periodic import CoalescePolicy, PeriodicJobConfig, periodic

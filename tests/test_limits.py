@@ -8,10 +8,10 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+import limit_tasks
 import pytest
 from conftest import wait_until
 
-import limit_tasks
 from pg_scheduler import JobSpec, RateLimit, Scheduler, task
 from pg_scheduler.limits import parse_rate_limit
 
@@ -28,8 +28,7 @@ def _env(dsn: str) -> dict[str, str]:
 
 async def _runs_table(pool) -> None:
     await pool.execute(
-        "CREATE TABLE IF NOT EXISTS limit_runs"
-        " (n int, pid int, started float8, ended float8)"
+        "CREATE TABLE IF NOT EXISTS limit_runs (n int, pid int, started float8, ended float8)"
     )
     await pool.execute("TRUNCATE limit_runs")
 
@@ -237,3 +236,43 @@ async def test_rate_limit_20_per_second_across_two_worker_processes(pool, dsn):
         assert max(starts) - min(starts) >= 4.0  # 100 starts at 20/s: at least 4 s
     finally:
         await _stop(workers)
+
+
+# -- the command line --------------------------------------------------------------------
+
+
+async def test_cli_sets_lists_and_clears_limits(pool, dsn, make_scheduler):
+    from test_cli_ops import cli
+
+    await (await make_scheduler(start=False)).initialize_db()
+    done = await cli(dsn, "limits", "set", "task", "mail.send", "--rate-limit", "100/m", "--json")
+    assert done.code == 0, done.err
+    assert done.json()["rate_limit"] == "100/m"
+    done = await cli(dsn, "limits", "set", "queue", "reports", "--max-running", "3")
+    assert done.code == 0, done.err
+    listing = await cli(dsn, "limits", "list", "--json")
+    assert {(r["scope"], r["name"]) for r in listing.json()} == {
+        ("task", "mail.send"),
+        ("queue", "reports"),
+    }
+    assert "reports" in (await cli(dsn, "limits", "list")).out
+    bad = await cli(dsn, "limits", "set", "task", "mail.send", "--rate-limit", "lots")
+    assert bad.code == 1 and "rate_limit" in bad.err
+    assert (await cli(dsn, "limits", "clear", "task", "mail.send")).code == 0
+    assert (await cli(dsn, "limits", "clear", "task", "mail.send")).code == 1
+    assert await pool.fetchval("SELECT count(*) FROM scheduler_limits") == 1
+
+
+async def test_stats_and_status_show_limits(pool, dsn, make_scheduler):
+    from test_cli_ops import cli
+
+    scheduler = await make_scheduler(start=False)
+    await scheduler.initialize_db()
+    await scheduler.configure_queue("reports", max_running=2, rate_limit="10/s")
+    stats = await scheduler.stats()
+    assert [(x.scope, x.name, x.max_running, x.rate_limit) for x in stats.limits] == [
+        ("queue", "reports", 2, "10/s")
+    ]
+    status = await cli(dsn, "status", "--json")
+    assert status.json()["limits"][0]["name"] == "reports"
+    assert "Limits" in (await cli(dsn, "status")).out

@@ -113,6 +113,7 @@ WITH lim AS (
 SELECT * FROM claimed
 """
 
+
 class LimitStore:
     """Reads and writes ``scheduler_limits``; runs the limited claim."""
 
@@ -150,8 +151,8 @@ class LimitStore:
     async def keys(self, db: Executor | None = None) -> list[tuple[str, str]]:
         return [(r["scope"], r["name"]) for r in await (db or self.pool).fetch(self._keys)]
 
-    async def listing(self) -> list[asyncpg.Record]:
-        return await self.pool.fetch(self._list)
+    async def listing(self, db: Executor | None = None) -> list[asyncpg.Record]:
+        return await (db or self.pool).fetch(self._list)
 
     async def claim(
         self,
