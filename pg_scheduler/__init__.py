@@ -5,6 +5,7 @@ from .context import JobContext, current_job
 from .enums import ConflictResolution, JobPriority, JobStatus, VacuumTrigger
 from .events import Event, Subscription
 from .job_spec import JobSpec
+from .limits import RateLimit
 from .migrate import MigrationError
 from .models import Attempt, Job, TaskInventory
 from .periodic import CoalescePolicy, PeriodicJobConfig, periodic
@@ -31,6 +32,7 @@ __all__ = [
     "MigrationError",
     "PeriodicJobConfig",
     "PollingConfig",
+    "RateLimit",
     "RetryPolicy",
     "Scheduler",
     "Subscription",

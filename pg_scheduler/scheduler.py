@@ -12,6 +12,7 @@ import asyncpg
 
 from .compat import SchedulerCompat
 from .config import UNSET, PollingConfig, RetryPolicy, VacuumConfig
+from .dedupe import mark_task
 from .engine import CANCELLED_REMOTELY, Worker
 from .engine import local as local_start
 from .engine.sync import default_process_pool_size
@@ -19,6 +20,7 @@ from .enqueue import Enqueuer, check_conflict_resolution
 from .enums import ConflictResolution, JobPriority
 from .events import EventHub
 from .job_spec import JobSpec
+from .limits import Limits, RateLimit
 from .log import get_logger
 from .models import Job, TaskInventory
 from .notify import Listener
@@ -216,6 +218,9 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
                 self.heartbeat.run_once, what="register worker", give_up_after=30
             )
             await self.recover_orphaned_jobs()
+            await retry_on_disconnect(
+                self._write_declared_limits, what="write task limits", give_up_after=30
+            )
             if self.notifications:
                 self.listener.start()
             self.is_running = True
@@ -307,12 +312,22 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
     # -- tasks --------------------------------------------------------------------
 
     def task(
-        self, func: F | None = None, *, name: str | None = None, executor: str | None = None
+        self,
+        func: F | None = None,
+        *,
+        name: str | None = None,
+        executor: str | None = None,
+        dedupe_key: str | Callable[..., str] | None = None,
+        dedupe_scope: str | None = None,
+        max_running: int | None = None,
+        rate_limit: str | RateLimit | None = None,
     ) -> Any:
         """Decorator: register a function this scheduler can run (see :func:`pg_scheduler.task`)."""
+        limits = Limits.of(max_running, rate_limit)
 
         def decorate(f: F) -> F:
-            return self.registry.register(f, name=name, executor=executor)
+            mark_task(f, dedupe_key, dedupe_scope)
+            return self.registry.register(f, name=name, executor=executor, limits=limits)
 
         return decorate(func) if func is not None else decorate
 

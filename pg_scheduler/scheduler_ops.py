@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .config import VacuumConfig
 from .enums import VacuumTrigger
+from .limits import Limits, RateLimit, check_scope, limit_record
 from .migrate import migrate
 from .periodic import PeriodicJobConfig
 from .reconnect import retry_on_disconnect
@@ -17,10 +18,12 @@ from .validation import check_int
 if TYPE_CHECKING:
     import asyncpg
 
+    from .engine import Worker
     from .periodic.runtime import PeriodicManager
     from .services import RescuerService, VacuumService
     from .store import Store
     from .store.housekeeping import VacuumStore
+    from .tasks import TaskRegistry
 
 
 class SchedulerOps:
@@ -32,6 +35,8 @@ class SchedulerOps:
         db_pool: asyncpg.Pool
         schema: str
         store: Store
+        worker: Worker
+        registry: TaskRegistry
         vacuum_store: VacuumStore
         vacuum_config: VacuumConfig
         vacuum_enabled: bool
@@ -74,6 +79,52 @@ class SchedulerOps:
             and (policy.trigger is VacuumTrigger.IMMEDIATE)
         )
 
+    # -- global limits (README: Queues and limits) ---------------------------------
+
+    async def configure_task(
+        self,
+        name: str,
+        *,
+        max_running: int | None = None,
+        rate_limit: str | RateLimit | None = None,
+    ) -> None:
+        """Set (or, with both None, remove) the global limits of task ``name``."""
+        await self._set_limits("task", name, Limits.of(max_running, rate_limit))
+
+    async def configure_queue(
+        self,
+        name: str,
+        *,
+        max_running: int | None = None,
+        rate_limit: str | RateLimit | None = None,
+    ) -> None:
+        """Set (or, with both None, remove) the global limits of queue ``name``."""
+        await self._set_limits("queue", name, Limits.of(max_running, rate_limit))
+
+    async def list_limits(self) -> list[dict[str, Any]]:
+        """Every limit, with what runs now and what started in its rate window."""
+        return [limit_record(r) for r in await self.store.limits.listing()]
+
+    async def _set_limits(self, scope: str, name: str, limits: Limits) -> None:
+        check_scope(scope, name)
+        if limits.empty:
+            await self.store.limits.clear(scope, name)
+        else:
+            rate = limits.rate_limit
+            await self.store.limits.set(
+                scope,
+                name,
+                limits.max_running,
+                None if rate is None else rate.count,
+                None if rate is None else rate.period,
+            )
+        self.worker.limits.forget()
+
+    async def _write_declared_limits(self) -> None:
+        """Write the limits declared with ``@task(max_running=..., rate_limit=...)``."""
+        for name, limits in self.registry.all_limits().items():
+            await self._set_limits("task", name, limits)
+
     # -- schema and grants -------------------------------------------------------
 
     async def initialize_db(self) -> None:
@@ -93,6 +144,10 @@ class SchedulerOps:
         # Migration 0006: attempt history, and the event triggers' flags.
         needed["job_attempts"] = "SELECT,INSERT" + (",DELETE" if self.vacuum_enabled else "")
         needed["scheduler_event_flags"] = "SELECT"
+        # Migration 0011: the limited claim locks and stamps limit rows; declared
+        # limits are written at start.
+        declared = bool(self.registry.all_limits())
+        needed["scheduler_limits"] = "SELECT,UPDATE" + (",INSERT,DELETE" if declared else "")
         if self.run_periodic_jobs:
             needed["periodic_jobs"] = "SELECT,INSERT,UPDATE"
         if self.vacuum_enabled and self.vacuum_config.track_metrics:

@@ -56,6 +56,12 @@ TRANSITIONS: tuple[Transition, ...] = (
         "engine claim loop (expired: past misfire_grace_time)",
     ),
     Transition(
+        (PENDING,),
+        (RUNNING, EXPIRED),
+        "limits._LIMITED_CLAIM",
+        "engine/limited.py: the claim of a limited task or queue",
+    ),
+    Transition(
         (PENDING,), (RUNNING,), "events._CLAIM_ONE", "pg_scheduler.testing eager run of one job"
     ),
     Transition((RUNNING,), (COMPLETED,), "job_sql._COMPLETE", "engine completer (group commit)"),

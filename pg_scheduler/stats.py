@@ -17,7 +17,10 @@ import asyncpg
 from pydantic import BaseModel, ConfigDict
 
 from .enums import PRIORITY_DB_VALUES, JobStatus
+from .limits import limit_record
 from .store.housekeeping import StatsStore
+from .store.limits import LimitStore
+from .store.names import Qualifier
 
 #: The default windows for throughput and failure rate: 1 minute, 5 minutes, 1 hour.
 DEFAULT_WINDOWS: tuple[float, ...] = (60.0, 300.0, 3600.0)
@@ -73,6 +76,20 @@ class WorkerStats(BaseModel):
     alive: bool
 
 
+class LimitStats(BaseModel):
+    """One global limit (README: Queues and limits) and how close it is."""
+
+    model_config = ConfigDict(frozen=True)
+
+    scope: str  # "task" or "queue"
+    name: str
+    max_running: int | None
+    rate_limit: str | None  # "100/m"
+    running: int
+    #: Starts in the current rolling window (None without a rate limit).
+    started_in_window: int | None
+
+
 class QueueStats(BaseModel):
     """What :meth:`Scheduler.stats` returns."""
 
@@ -96,6 +113,8 @@ class QueueStats(BaseModel):
     live_workers: int
     #: True when completed rows are deleted on completion (no completed counts).
     completed_deleted: bool
+    #: Global limits per task and queue.
+    limits: list[LimitStats] = []
 
     def window(self, seconds: float) -> WindowStats | None:
         """The window of exactly ``seconds``, if it was computed."""
@@ -122,6 +141,7 @@ async def collect_stats(
         oldest = await store.oldest_due_seconds(conn, PRIORITY_DB_VALUES)
         window_rows = await store.finished_in_windows(conn, windows)
         worker_rows = await store.workers(conn)
+        limit_rows = await LimitStore(pool, Qualifier(schema)).listing(conn)
 
     counts = {status.value: 0 for status in JobStatus}
     tasks: dict[str, dict[str, Any]] = {}
@@ -186,4 +206,5 @@ async def collect_stats(
         workers=workers,
         live_workers=sum(1 for w in workers if w.alive),
         completed_deleted=completed_deleted,
+        limits=[LimitStats(**limit_record(r)) for r in limit_rows],
     )

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
 
 from .dedupe import mark_task
+from .limits import Limits, RateLimit
 from .validation import check_name
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -74,11 +75,20 @@ class TaskRegistry:
     def __init__(self, parent: TaskRegistry | None = None) -> None:
         self._parent = parent
         self._by_name: dict[str, Callable[..., Any]] = {}
+        #: Limits declared in code (``@task(max_running=..., rate_limit=...)``),
+        #: written to the database when a Scheduler starts.
+        self.limits: dict[str, Limits] = {}
         self._listeners: list[Callable[[str], None]] = []
         if parent is not None:
             parent._listeners.append(self._notify)
 
-    def register(self, func: F, name: str | None = None, executor: str | None = None) -> F:
+    def register(
+        self,
+        func: F,
+        name: str | None = None,
+        executor: str | None = None,
+        limits: Limits | None = None,
+    ) -> F:
         kind = _check_executor(func, executor)
         if name is not None:
             if not isinstance(name, str) or not name:
@@ -87,6 +97,8 @@ class TaskRegistry:
         task_name = task_name_of(func)
         existing = self._by_name.get(task_name)
         if existing is func:
+            if limits is not None and not limits.empty:
+                self.limits[task_name] = limits
             return func
         # Both land in text columns of every job row (task_name, job_name).
         check_name("task name", task_name)
@@ -94,8 +106,16 @@ class TaskRegistry:
         if kind is not None:
             setattr(func, EXECUTOR_ATTR, kind)
         self._by_name[task_name] = func
+        if limits is not None and not limits.empty:
+            self.limits[task_name] = limits
         self._notify(task_name)
         return func
+
+    def all_limits(self) -> dict[str, Limits]:
+        """Declared limits of every task here and in the parent registry."""
+        merged = dict(self._parent.all_limits()) if self._parent is not None else {}
+        merged.update(self.limits)
+        return merged
 
     def _notify(self, task_name: str) -> None:
         for listener in list(self._listeners):
@@ -158,6 +178,8 @@ def task(
     executor: str | None = None,
     dedupe_key: str | Callable[..., str] | None = None,
     dedupe_scope: str | None = None,
+    max_running: int | None = None,
+    rate_limit: str | RateLimit | None = None,
 ) -> Callable[[F], F]: ...
 def task(
     func: Any = None,
@@ -167,6 +189,8 @@ def task(
     executor: str | None = None,
     dedupe_key: str | Callable[..., str] | None = None,
     dedupe_scope: str | None = None,
+    max_running: int | None = None,
+    rate_limit: str | RateLimit | None = None,
 ) -> Any:
     """Register an async function as a task, usable before any Scheduler exists.
 
@@ -176,10 +200,14 @@ def task(
     pool, ``executor="process"`` in a spawned process of its own.
     ``dedupe_key``: every job of the task carries this key, or the key this
     function of the job's arguments returns (see the README's Dedupe keys).
+    ``max_running`` and ``rate_limit`` (``"100/m"``) are global limits across
+    every worker, written to the database when a Scheduler starts (README:
+    Queues and limits).
     """
+    limits = Limits.of(max_running, rate_limit)
 
     def decorate(f: F) -> F:
         mark_task(f, dedupe_key, dedupe_scope)
-        return default_registry.register(f, name=name, executor=executor)
+        return default_registry.register(f, name=name, executor=executor, limits=limits)
 
     return decorate(func) if func is not None else decorate

@@ -32,6 +32,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.scheduled_jobs, {schema}.schedu
 GRANT SELECT, INSERT, UPDATE ON {schema}.periodic_jobs TO {role};
 GRANT SELECT, INSERT, DELETE ON {schema}.job_attempts TO {role};
 GRANT SELECT ON {schema}.scheduler_event_flags TO {role};
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.scheduler_limits TO {role};
 """
 
 

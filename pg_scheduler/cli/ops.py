@@ -26,6 +26,7 @@ from ..config import VacuumPolicy
 from ..enums import JobStatus
 from .common import configure_logging, open_pool, run_async
 from .job_actions import cmd_cancel, cmd_retry, cmd_vacuum
+from .limits import cmd_limits_clear, cmd_limits_list, cmd_limits_set
 from .output import EXIT_INTERRUPTED, EXIT_NOT_FOUND, CommandError
 from .periodic_jobs import cmd_periodic_enable, cmd_periodic_list, cmd_periodic_trigger
 from .reports import cmd_jobs, cmd_metrics, cmd_status
@@ -217,6 +218,26 @@ def register(commands: argparse._SubParsersAction) -> None:
     trigger.add_argument("key", metavar="KEY")
     trigger.add_argument("--app", metavar="MODULE", help="module declaring the @periodic job")
     trigger.set_defaults(handler=_handler(cmd_periodic_trigger))
+
+    limits = commands.add_parser(
+        "limits",
+        help="list, set or clear global limits of a task or queue",
+        description="max running: never more than N jobs of the task or queue running at "
+        "once on all workers; rate limit: at most N starts in any rolling window "
+        '("100/m", "5/s", "20/10s"). Every worker follows within about a second.',
+    )
+    limit_actions = limits.add_subparsers(dest="action", required=True, metavar="ACTION")
+    limit_list = limit_actions.add_parser("list", parents=[json_flag], help="every limit")
+    limit_list.set_defaults(handler=_handler(cmd_limits_list))
+    limit_set = limit_actions.add_parser("set", parents=[json_flag], help="set limits")
+    limit_clear = limit_actions.add_parser("clear", parents=[json_flag], help="remove limits")
+    for sub in (limit_set, limit_clear):
+        sub.add_argument("scope", choices=("task", "queue"))
+        sub.add_argument("name", metavar="NAME")
+    limit_set.add_argument("--max-running", type=positive_int, metavar="N")
+    limit_set.add_argument("--rate-limit", metavar="N/UNIT", help='e.g. "100/m", "5/s"')
+    limit_set.set_defaults(handler=_handler(cmd_limits_set))
+    limit_clear.set_defaults(handler=_handler(cmd_limits_clear))
 
     metrics = commands.add_parser(
         "metrics",

@@ -145,6 +145,24 @@ def render_status(stats: QueueStats, out: Any = None) -> None:
         )
     else:
         out.print("No workers registered.")
+    if stats.limits:
+        out.print(
+            table(
+                "Limits",
+                ("scope", "name", "running", "max running", "rate limit", "started in window"),
+                [
+                    (
+                        x.scope,
+                        x.name,
+                        x.running,
+                        x.max_running,
+                        x.rate_limit,
+                        x.started_in_window,
+                    )
+                    for x in stats.limits
+                ],
+            )
+        )
     out.print(
         table(
             "Finished recently",

@@ -24,6 +24,7 @@ from ..tasks import TaskRegistry
 from .completer import Completer
 from .executor import LEASE_LOST, SHUTDOWN, Executor, log
 from .held import HeldConnection
+from .limited import LimitedClaims
 from .slots import Slots
 
 
@@ -110,6 +111,8 @@ class Worker:
         # third of a claim's time here. Not behind pgbouncer: a SET there stays
         # on the server connection and reaches other clients.
         self.connection = HeldConnection(store.pool, asynchronous_commit=asynchronous_commit)
+        # Global limits: limited tasks and queues are claimed apart (engine/limited.py).
+        self.limits = LimitedClaims(store.limits)
 
     # -- claim loop --------------------------------------------------------
 
@@ -148,6 +151,8 @@ class Worker:
             self._wake.clear()
             try:
                 names = self.registry.names()
+                limits = self.limits
+                await self.connection.run(limits.refresh)
                 self.claims_in_flight += 1
                 self.claims_sent += 1
                 try:
@@ -158,7 +163,7 @@ class Worker:
                         partial(
                             self.store.claim,
                             self.worker_id,
-                            names,
+                            limits.unlimited(names) if limits.active else names,
                             limit,
                             self.lease_seconds(),
                             start_now=slots.start_now(),
@@ -171,6 +176,8 @@ class Worker:
                     idle_wait = self.polling.idle_start_interval
                     continue
                 self.dispatch(rows)
+                if limits.active:
+                    rows += await self._claim_limited(names)
                 due_in = await self.connection.run(
                     partial(self.store.seconds_until_next_due, names)
                 )
@@ -187,6 +194,30 @@ class Worker:
                 idle_wait = min(
                     idle_wait * self.polling.backoff_multiplier, self.polling.max_interval
                 )
+
+    async def _claim_limited(self, names: list[str]) -> list[Any]:
+        """Jobs of limited tasks and queues, only as many as start at once
+        (never claimed ahead: a buffered row would count against the limit)."""
+        room = min(self.slots.start_now(), self.slots.batch_claim_limit)
+        if room <= 0:
+            return []
+        self.claims_in_flight += 1
+        self.claims_sent += 1
+        try:
+            rows = await self.connection.run(
+                partial(
+                    self.limits.claim,
+                    names=names,
+                    queues=["default"],
+                    room=room,
+                    worker_id=self.worker_id,
+                    lease_seconds=self.lease_seconds(),
+                )
+            )
+        finally:
+            self.claims_in_flight -= 1
+        self.dispatch(rows)
+        return rows
 
     def _idle_timeout(self, due_in: float | None, claimed_some: bool, idle_wait: float) -> float:
         # With live notifications, sleep until the next due job (a NOTIFY

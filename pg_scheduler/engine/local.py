@@ -60,6 +60,8 @@ def local_worker(me: LocalHost, row: NewJob) -> Worker | None:
             and host.db_pool is me.db_pool
             and host.schema == me.schema
             and host.registry.resolve(row.task_name) is not None
+            # A limited task or queue starts only through the limited claim.
+            and not host.worker.limits.is_limited(row.task_name)
         ):
             return host.worker
     return None

@@ -31,6 +31,7 @@ from .job_sql import (
     _RETRY,
     _SET_STATUS,
 )
+from .limits import LimitStore
 from .names import CANCEL_CHANNEL, DEFAULT_SCHEMA, JOBS_CHANNEL, Executor, Qualifier
 from .workers import (
     _FORGET_DEAD_WORKERS,
@@ -112,6 +113,7 @@ class Store(WorkerStatements):
         self._get_job = q(_GET_JOB)
         self._set_status = q(_SET_STATUS)
         self._missing_privileges = q(_MISSING_PRIVILEGES)
+        self.limits = LimitStore(pool, q)
 
     # -- enqueue -----------------------------------------------------------
 

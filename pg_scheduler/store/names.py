@@ -29,6 +29,7 @@ TABLES = (
     "vacuum_stats",
     "pg_scheduler_migrations",
     "job_attempts",
+    "scheduler_limits",
     "scheduler_event_flags",
 )
 _TABLE_RE = re.compile(r'(?<![."\w])(' + "|".join(TABLES) + r")\b")

@@ -1,0 +1,88 @@
+"""``limits list``, ``set`` and ``clear``: global limits per task or queue."""
+
+from __future__ import annotations
+
+import argparse
+
+import asyncpg
+
+from ..limits import Limits, check_scope, limit_record
+from ..store.limits import LimitStore
+from ..store.names import Qualifier
+from .output import CommandError, console, emit_json, table
+
+
+def _store(pool: asyncpg.Pool, args: argparse.Namespace) -> LimitStore:
+    return LimitStore(pool, Qualifier(args.schema))
+
+
+async def cmd_limits_list(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
+    rows = [limit_record(r) for r in await _store(pool, args).listing()]
+    if args.json:
+        emit_json(rows)
+        return 0
+    if not rows:
+        console().print("No limits set.")
+        return 0
+    console().print(
+        table(
+            None,
+            ("scope", "name", "max running", "running", "rate limit", "started in window"),
+            [
+                (
+                    r["scope"],
+                    r["name"],
+                    r["max_running"],
+                    r["running"],
+                    r["rate_limit"],
+                    r["started_in_window"],
+                )
+                for r in rows
+            ],
+        )
+    )
+    return 0
+
+
+async def cmd_limits_set(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
+    try:
+        check_scope(args.scope, args.name)
+        limits = Limits.of(args.max_running, args.rate_limit)
+    except (TypeError, ValueError) as exc:
+        raise CommandError(str(exc)) from None
+    store = _store(pool, args)
+    if limits.empty:
+        raise CommandError("give --max-running and/or --rate-limit (or use `limits clear`)")
+    rate = limits.rate_limit
+    await store.set(
+        args.scope,
+        args.name,
+        limits.max_running,
+        None if rate is None else rate.count,
+        None if rate is None else rate.period,
+    )
+    return await _show_one(store, args)
+
+
+async def cmd_limits_clear(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
+    removed = await _store(pool, args).clear(args.scope, args.name)
+    if not removed:
+        raise CommandError(f"no limit on {args.scope} {args.name!r}")
+    if args.json:
+        emit_json({"scope": args.scope, "name": args.name, "removed": True})
+    else:
+        console().print(f"Removed the limits of {args.scope} {args.name}.")
+    return 0
+
+
+async def _show_one(store: LimitStore, args: argparse.Namespace) -> int:
+    rows = [limit_record(r) for r in await store.listing()]
+    row = next(r for r in rows if (r["scope"], r["name"]) == (args.scope, args.name))
+    if args.json:
+        emit_json(row)
+    else:
+        console().print(
+            f"{row['scope']} {row['name']}: max running {row['max_running'] or '-'}, "
+            f"rate limit {row['rate_limit'] or '-'}"
+        )
+    return 0

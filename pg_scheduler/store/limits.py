@@ -1,0 +1,185 @@
+"""Statements on ``scheduler_limits`` and the limited claim (see migration 0011).
+
+A claim that may start jobs of a limited task or queue runs in one
+transaction of two statements: the first locks the limit rows involved (in
+key order, so claims never deadlock), the second (a fresh snapshot under READ
+COMMITTED, so it sees every start committed before the lock was granted)
+counts what runs, picks at most what the limits leave, starts it and stamps
+the starts. Workers claiming the same limited task or queue therefore take
+turns, and no race can start more than the limits allow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import asyncpg
+
+from ..enums import PRIORITY_DB_VALUES
+from .job_sql import _CLAIMED_COLUMNS
+from .names import Executor, Qualifier
+
+_SET_LIMITS = """
+INSERT INTO scheduler_limits AS l (scope, name, max_running, rate_count, rate_period)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (scope, name) DO UPDATE
+   SET max_running = EXCLUDED.max_running, rate_count = EXCLUDED.rate_count,
+       rate_period = EXCLUDED.rate_period, updated_at = now(),
+       recent_starts = CASE WHEN EXCLUDED.rate_count IS NULL THEN '{}'
+                            ELSE l.recent_starts END
+"""
+_CLEAR_LIMITS = "DELETE FROM scheduler_limits WHERE scope = $1 AND name = $2 RETURNING name"
+_LIMITED_KEYS = "SELECT scope, name FROM scheduler_limits"
+
+# Starts older than the window (plus a slack, see LimitStore.RATE_MARGIN) no longer count.
+_IN_WINDOW = """ARRAY(SELECT s FROM unnest(l.recent_starts) AS s
+                   WHERE s > clock_timestamp() - make_interval(
+                       secs => l.rate_period + {margin} * LEAST(0.25, 0.1 * l.rate_period))
+                   ORDER BY s)"""
+
+_LIST_LIMITS = f"""
+SELECT l.scope, l.name, l.max_running, l.rate_count, l.rate_period,
+       cardinality({_IN_WINDOW.format(margin="0")}) AS started_in_window,
+       (SELECT count(*) FROM scheduled_jobs r
+         WHERE r.status = 'running'
+           AND CASE l.scope WHEN 'task' THEN r.task_name ELSE r.queue END = l.name)::int
+           AS running
+  FROM scheduler_limits l
+ ORDER BY l.scope, l.name
+"""
+
+_LOCK = """
+SELECT l.scope, l.name FROM scheduler_limits l
+  JOIN unnest($1::text[], $2::text[]) AS k(scope, name) USING (scope, name)
+ ORDER BY l.scope, l.name
+   FOR UPDATE OF l
+"""
+
+# $1/$2: the limit rows (locked by _LOCK in this transaction); $3: at most this
+# many (the worker's free slots); $4: tasks; $5: queues; $6: worker; $7: lease
+# seconds; $8: priorities; $9: seconds of margin on the rate window.
+_LIMITED_CLAIM = f"""
+WITH lim AS (
+    SELECT l.scope, l.name, l.max_running, l.rate_count,
+           {_IN_WINDOW.format(margin="$9")} AS recent
+      FROM scheduler_limits l
+      JOIN unnest($1::text[], $2::text[]) AS k(scope, name) USING (scope, name)
+), room AS (
+    SELECT GREATEST(0, LEAST($3::int, min(LEAST(
+               lim.max_running - (SELECT count(*) FROM scheduled_jobs r
+                                   WHERE r.status = 'running'
+                                     AND CASE lim.scope WHEN 'task' THEN r.task_name
+                                                        ELSE r.queue END = lim.name),
+               lim.rate_count - cardinality(lim.recent))))) AS n
+      FROM lim
+), picked AS (
+    SELECT j.job_id,
+           (j.misfire_grace_time IS NOT NULL AND j.started_at IS NULL
+            AND j.execution_time + make_interval(secs => j.misfire_grace_time) < now())
+               AS expired
+      FROM scheduled_jobs j
+     WHERE j.status = 'pending' AND j.execution_time <= now()
+       AND j.task_name = ANY($4::text[]) AND j.queue = ANY($5::text[])
+       AND j.priority = ANY($8::int[])
+     ORDER BY j.priority, j.execution_time
+     LIMIT (SELECT n FROM room)
+       FOR UPDATE OF j SKIP LOCKED
+), claimed AS (
+    UPDATE scheduled_jobs j
+       SET status = CASE WHEN picked.expired THEN 'expired' ELSE 'running' END,
+           worker_id = $6,
+           attempts = j.attempts + CASE WHEN picked.expired THEN 0 ELSE 1 END,
+           started_at = CASE WHEN picked.expired THEN j.started_at ELSE now() END,
+           last_heartbeat = now(),
+           lease_until = CASE WHEN picked.expired THEN NULL
+                              ELSE now() + make_interval(secs => $7) END,
+           finished_at = CASE WHEN picked.expired THEN now() END,
+           claimed_ahead = false,
+           error_message = CASE WHEN picked.expired
+               THEN format('expired: not started within misfire_grace_time (%s s) of %s',
+                           j.misfire_grace_time, j.execution_time)
+               ELSE j.error_message END
+      FROM picked
+     WHERE j.job_id = picked.job_id
+    RETURNING {_CLAIMED_COLUMNS}
+), stamped AS (
+    UPDATE scheduler_limits l
+       SET recent_starts = lim.recent || array_fill(
+               clock_timestamp(),
+               ARRAY[(SELECT count(*) FROM claimed WHERE claimed.status = 'running')::int])
+      FROM lim
+     WHERE l.scope = lim.scope AND l.name = lim.name AND lim.rate_count IS NOT NULL
+)
+SELECT * FROM claimed
+"""
+
+
+class LimitStore:
+    """Reads and writes ``scheduler_limits``; runs the limited claim."""
+
+    #: Slack on the rate window for the gap between a claim and the job's own
+    #: start stamp: starts are counted over ``period`` plus min(10 % of it,
+    #: 0.25 s), so no window of ``period`` holds more than ``count`` starts
+    #: even when one job starts late. 0 turns the slack off.
+    RATE_MARGIN = 1.0
+
+    def __init__(self, pool: asyncpg.Pool, qualify: Qualifier) -> None:
+        self.pool = pool
+        self._set = qualify(_SET_LIMITS)
+        self._clear = qualify(_CLEAR_LIMITS)
+        self._keys = qualify(_LIMITED_KEYS)
+        self._list = qualify(_LIST_LIMITS)
+        self._lock = qualify(_LOCK)
+        self._claim = qualify(_LIMITED_CLAIM)
+
+    async def set(
+        self,
+        scope: str,
+        name: str,
+        max_running: int | None,
+        rate_count: int | None,
+        rate_period: float | None,
+        db: Executor | None = None,
+    ) -> None:
+        await (db or self.pool).execute(
+            self._set, scope, name, max_running, rate_count, rate_period
+        )
+
+    async def clear(self, scope: str, name: str) -> bool:
+        return await self.pool.fetchval(self._clear, scope, name) is not None
+
+    async def keys(self, db: Executor | None = None) -> list[tuple[str, str]]:
+        return [(r["scope"], r["name"]) for r in await (db or self.pool).fetch(self._keys)]
+
+    async def listing(self, db: Executor | None = None) -> list[asyncpg.Record]:
+        return await (db or self.pool).fetch(self._list)
+
+    async def claim(
+        self,
+        conn: asyncpg.Connection,
+        keys: Sequence[tuple[str, str]],
+        *,
+        limit: int,
+        tasks: Sequence[str],
+        queues: Sequence[str],
+        worker_id: str,
+        lease_seconds: float,
+    ) -> list[asyncpg.Record]:
+        """Start up to ``limit`` due jobs of ``tasks`` in ``queues`` within the
+        limit rows ``keys`` ((scope, name) pairs)."""
+        scopes = [k[0] for k in keys]
+        names = [k[1] for k in keys]
+        async with conn.transaction():
+            await conn.execute(self._lock, scopes, names)
+            return await conn.fetch(
+                self._claim,
+                scopes,
+                names,
+                limit,
+                list(tasks),
+                list(queues),
+                worker_id,
+                lease_seconds,
+                PRIORITY_DB_VALUES,
+                self.RATE_MARGIN,
+            )
