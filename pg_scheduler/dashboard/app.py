@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from importlib import resources
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
 
 import asyncpg
 
@@ -83,11 +84,11 @@ class Dashboard:
         elif hasattr(source, "db_pool") and hasattr(source, "events_hub"):
             self._scheduler = source
             self._pool = source.db_pool
-            schema = schema or source.schema
+            schema = source.schema if schema is None else schema
             pgbouncer = pgbouncer or source.pgbouncer
         else:
             raise TypeError("source must be a DSN (str), an asyncpg.Pool or a Scheduler")
-        self.schema = check_schema(schema or "public")
+        self.schema = check_schema("public" if schema is None else schema)
         self.pgbouncer = pgbouncer
         self.token = token
         self.poll_seconds = float(poll_seconds)
@@ -195,9 +196,10 @@ async def _body(request: Request) -> dict[str, Any]:
         if not isinstance(data, dict):
             raise ValueError("the request body must be a JSON object")
         return data
-    if kind.startswith(("application/x-www-form-urlencoded", "multipart/form-data")):
-        form = await request.form()
-        return {k: v for k, v in form.items() if isinstance(v, str)}
+    if kind.startswith("application/x-www-form-urlencoded"):
+        # Parsed here: starlette's form parser needs one more package.
+        fields = parse_qs((await request.body()).decode("utf-8", "replace"))
+        return {k: v[-1] for k, v in fields.items()}
     return {}
 
 
