@@ -22,7 +22,7 @@ function el(tag, attrs, ...children) {
     else if (key.startsWith("data-")) node.setAttribute(key, String(value));
     else node[key] = value;
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined) continue;
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
@@ -322,7 +322,7 @@ const RENDER = { overview, jobs, job, workers, queues, periodic };
 
 // -- refresh: live events, polling as the fallback ------------------------------------
 
-let refreshTimer = null, rendering = false, again = false;
+let refreshTimer = null, trailingTimer = null, rendering = false, again = false;
 
 async function refresh() {
   if (rendering) { again = true; return; }
@@ -361,7 +361,12 @@ function connect() {
     setMode(live ? "live" : "polling", live ? "live" : "poll");
     if (!live) source.close();
   });
-  source.addEventListener("change", () => scheduleRefresh(150));
+  source.addEventListener("change", () => {
+    scheduleRefresh(150);
+    // The server reuses an overview for up to a second: look once more after it.
+    clearTimeout(trailingTimer);
+    trailingTimer = setTimeout(refresh, 1200);
+  });
   source.onerror = () => setMode("polling", "poll");
 }
 
