@@ -13,6 +13,8 @@ from typing import Any
 
 import asyncpg
 
+import pg_scheduler.instrument as instrument
+
 from .codec import encode_task_data
 from .enums import ConflictResolution
 from .job_fields import JobFields, row_of
@@ -91,6 +93,8 @@ class Enqueuer:
         keywords of ``schedule()``); registers ``func`` so this worker runs it."""
         task_name = self.register(func)
         task_data = encode_task_data(args, {} if kwargs is None else kwargs, task_name)
+        if instrument.trace_injector is not None:  # the caller's trace context (issue 16)
+            task_data = instrument.trace_injector(task_data)
         return JobFields.checked(
             job_name=func.__name__, task_name=task_name, task_data=task_data, **fields
         )
@@ -120,6 +124,7 @@ class Enqueuer:
         default_grace = self.default_misfire_grace_time
         last_time: Any = None
         aware_time: Any = None
+        inject = instrument.trace_injector  # the caller's trace context (issue 16)
         for index, spec in enumerate(jobs):
             if not isinstance(spec, JobSpec):
                 raise TypeError(f"jobs[{index}] must be a JobSpec, got {type(spec).__name__}")
@@ -144,7 +149,11 @@ class Enqueuer:
                 func.__name__,
                 task_name,
                 aware_time,
-                encode_task_data(spec.args, spec.kwargs, task_name),
+                (
+                    encode_task_data(spec.args, spec.kwargs, task_name)
+                    if inject is None
+                    else inject(encode_task_data(spec.args, spec.kwargs, task_name))
+                ),
                 spec.priority,
                 spec.max_retries,
                 spec.job_id,

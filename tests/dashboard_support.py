@@ -18,8 +18,10 @@ import httpx
 import uvicorn
 
 CHROMIUM = os.environ.get("PG_SCHEDULER_CHROMIUM", "/usr/bin/chromium")
-CHROMEDRIVER = os.environ.get("PG_SCHEDULER_CHROMEDRIVER") or shutil.which("chromedriver") or (
-    "/usr/bin/chromedriver"
+CHROMEDRIVER = (
+    os.environ.get("PG_SCHEDULER_CHROMEDRIVER")
+    or shutil.which("chromedriver")
+    or ("/usr/bin/chromedriver")
 )
 
 
@@ -100,15 +102,15 @@ class Browser:
 
     async def screenshot(self, path: Path) -> None:
         data = await self.command("GET", "/screenshot")
-        path.write_bytes(base64.b64decode(data))
+        await asyncio.to_thread(path.write_bytes, base64.b64decode(data))
 
 
 @contextlib.asynccontextmanager
 async def chromium(width: int = 1400, height: int = 1000) -> AsyncIterator[Browser]:
     """Start chromedriver and one headless Chromium; both end with the block."""
     port = free_port()
-    driver = subprocess.Popen(
-        [CHROMEDRIVER, f"--port={port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    driver = await asyncio.create_subprocess_exec(
+        CHROMEDRIVER, f"--port={port}", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
@@ -149,7 +151,7 @@ async def chromium(width: int = 1400, height: int = 1000) -> AsyncIterator[Brows
     finally:
         driver.terminate()
         try:
-            driver.wait(10)
-        except subprocess.TimeoutExpired:
+            await asyncio.wait_for(driver.wait(), 10)
+        except TimeoutError:
             driver.kill()
-            driver.wait()
+            await driver.wait()

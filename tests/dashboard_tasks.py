@@ -25,3 +25,10 @@ async def gated(n: int) -> int:
     await current_job().report_progress(0.5, "waiting at the gate")
     await gate.wait()
     return n
+
+
+@task(name="dash.span_id")
+async def span_id() -> str:
+    from opentelemetry import trace
+
+    return format(trace.get_current_span().get_span_context().span_id, "016x")

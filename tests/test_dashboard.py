@@ -112,9 +112,7 @@ async def test_overview_counts_queues_and_series(client, pool):
         "WHERE status = 'failed'"
     )
     await add_jobs(pool, 4, status="completed")
-    await pool.execute(
-        "UPDATE scheduled_jobs SET finished_at = now() WHERE status = 'completed'"
-    )
+    await pool.execute("UPDATE scheduled_jobs SET finished_at = now() WHERE status = 'completed'")
     data = (await client.get("/api/overview")).json()
     assert data["counts"]["pending"] == 3
     assert data["counts"]["failed"] == 2
@@ -423,8 +421,8 @@ async def test_the_command_serves_the_dashboard(dsn, pool):
 
     await add_jobs(pool, 3)
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pg_scheduler.cli", "dashboard", "--dsn", dsn, "--port", str(port)],
+    proc = await asyncio.create_subprocess_exec(
+        *[sys.executable, "-m", "pg_scheduler.cli", "dashboard", "--dsn", dsn, "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "PG_SCHEDULER_DASHBOARD_TOKEN": ""},
@@ -444,6 +442,5 @@ async def test_the_command_serves_the_dashboard(dsn, pool):
             assert refused.status_code == 403
     finally:
         proc.terminate()
-        out, err = proc.communicate(timeout=20)
+        out, err = await asyncio.wait_for(proc.communicate(), 20)
     assert b"read-only" in out, (out, err)
-

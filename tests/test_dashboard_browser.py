@@ -7,6 +7,7 @@ test saves DIR/dashboard-<page>.png (the README's screenshots come from here).
 
 from __future__ import annotations
 
+import asyncio
 import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -122,7 +123,7 @@ async def test_each_page_loads(browser, site, pool, make_scheduler):
         else:
             await shows(browser, selector, text)
         if shots:
-            Path(shots).mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(Path(shots).mkdir, parents=True, exist_ok=True)
             await browser.screenshot(Path(shots) / f"dashboard-{name}.png")
     dashboard_tasks.gate.set()
     await wait_for_status(pool, running, "completed")
@@ -180,9 +181,10 @@ async def test_a_wrong_token_is_refused(browser, site, pool, make_scheduler):
         return "token is required" in (await browser.text("#toast") or "")
 
     await wait_until(refused, message="the refusal to show")
-    assert await pool.fetchval(
-        "SELECT status FROM scheduled_jobs WHERE job_id = $1", job_id
-    ) == "pending"
+    assert (
+        await pool.fetchval("SELECT status FROM scheduled_jobs WHERE job_id = $1", job_id)
+        == "pending"
+    )
 
 
 async def test_read_only_mode_refuses_actions(browser, readonly_site, pool, make_scheduler):
@@ -199,9 +201,10 @@ async def test_read_only_mode_refuses_actions(browser, readonly_site, pool, make
         return "read-only" in (await browser.text("#toast") or "")
 
     await wait_until(refused, message="the read-only refusal to show")
-    assert await pool.fetchval(
-        "SELECT status FROM scheduled_jobs WHERE job_id = $1", job_id
-    ) == "pending"
+    assert (
+        await pool.fetchval("SELECT status FROM scheduled_jobs WHERE job_id = $1", job_id)
+        == "pending"
+    )
 
 
 async def test_markup_in_a_job_is_shown_as_text(browser, site, pool, make_scheduler):
@@ -211,6 +214,9 @@ async def test_markup_in_a_job_is_shown_as_text(browser, site, pool, make_schedu
     for path in ("/jobs", f"/job?id={job_id}"):
         await load(browser, site + path)
         assert await browser.js("return window.__pwned === undefined") is True, path
-        assert await browser.js("return document.querySelectorAll('main script, main img').length") == 0
+        assert (
+            await browser.js("return document.querySelectorAll('main script, main img').length")
+            == 0
+        )
     arguments = await browser.text("[data-field=arguments]")
     assert "<script>window.__pwned = 1</script>" in arguments

@@ -40,7 +40,9 @@ def dashboard_app(
     from .app import Dashboard, build_app
 
     return build_app(
-        Dashboard(source, token=token, schema=schema, pgbouncer=pgbouncer, poll_seconds=poll_seconds)
+        Dashboard(
+            source, token=token, schema=schema, pgbouncer=pgbouncer, poll_seconds=poll_seconds
+        )
     )
 
 

@@ -211,9 +211,11 @@ def _given_token(request: Request, body: dict[str, Any]) -> str | None:
     if auth.lower().startswith("bearer "):
         return auth[7:].strip()
     # Only a form post may carry it in the body: JS always sends the header.
-    token = body.get("token") if not request.headers.get("content-type", "").startswith(
-        "application/json"
-    ) else None
+    token = (
+        body.get("token")
+        if not request.headers.get("content-type", "").startswith("application/json")
+        else None
+    )
     return token if isinstance(token, str) else None
 
 
@@ -259,7 +261,9 @@ def build_app(dashboard: Dashboard) -> Starlette:
         return await _api(lambda service, _request: run(service, body), dashboard)(request)
 
     async def config(_request: Request) -> Response:
-        return JSONResponse({"read_only": dashboard.read_only, "poll_seconds": dashboard.poll_seconds})
+        return JSONResponse(
+            {"read_only": dashboard.read_only, "poll_seconds": dashboard.poll_seconds}
+        )
 
     async def stream(_request: Request) -> Response:
         try:

@@ -60,9 +60,11 @@ _LIST_COLUMNS = """
     j.max_retries, j.worker_id, j.progress, left(j.task_data::text, 300) AS args,
     left(j.error_message, 300) AS error
 """
-# $1 statuses, ($2, $3) the keyset cursor (exclusive), $4 task or job name,
-# [$5, $6) created_at bounds, $7 search text (a job id, or text in the
-# arguments), $8 page size, $9 queue.
+# $1 statuses, ($2, $3) the keyset cursor (exclusive; an "until" time is
+# folded into it), $4 task or job name, $5 created_at lower bound, $6 search
+# text (a job id, or text in the arguments), $7 page size, $8 queue. One
+# upper bound only: a row comparison and a scalar bound on the same column
+# would leave the index scan starting at the looser one.
 _LIST = """
 SELECT x.* FROM unnest($1::text[]) AS s(status)
  CROSS JOIN LATERAL (
@@ -72,16 +74,15 @@ SELECT x.* FROM unnest($1::text[]) AS s(status)
        AND (j.created_at, j.job_id)
            < (COALESCE($2::timestamptz, 'infinity'), COALESCE($3::text, ''))
        AND j.created_at >= COALESCE($5::timestamptz, '-infinity')
-       AND j.created_at < COALESCE($6::timestamptz, 'infinity')
        AND ($4::text IS NULL OR j.task_name = $4 OR j.job_name = $4)
-       AND ($7::text IS NULL OR j.job_id = $7
-            OR strpos(lower(j.task_data::text), lower($7)) > 0)
+       AND ($6::text IS NULL OR j.job_id = $6
+            OR strpos(lower(j.task_data::text), lower($6)) > 0)
        AND {queue_filter}
      ORDER BY j.created_at DESC, j.job_id DESC
-     LIMIT $8
+     LIMIT $7
  ) x
  ORDER BY x.created_at DESC, x.job_id DESC
- LIMIT $8
+ LIMIT $7
 """
 _JOB_QUEUE = "SELECT queue FROM scheduled_jobs WHERE job_id = $1"
 _RUNNING = """
@@ -132,9 +133,9 @@ class DashboardStore:
         self._counts = q(_COUNTS.format(queue=queue.removeprefix("j.")))
         self._series = q(_SERIES)
         queue_filter = (
-            "($9::text IS NULL OR j.queue = $9)"
+            "($8::text IS NULL OR j.queue = $8)"
             if self.catalog.has_queue_column
-            else f"($9::text IS NULL OR $9 = '{DEFAULT_QUEUE}')"
+            else f"($8::text IS NULL OR $8 = '{DEFAULT_QUEUE}')"
         )
         self._list = q(
             _LIST.format(columns=_LIST_COLUMNS.format(queue=queue), queue_filter=queue_filter)
@@ -150,9 +151,7 @@ class DashboardStore:
     async def open(cls, pool: asyncpg.Pool, schema: str = DEFAULT_SCHEMA) -> DashboardStore:
         """Read the catalog once and build the statements for what this schema has."""
         q = Qualifier(schema)
-        row = await pool.fetchrow(
-            _DETECT, q.table("scheduled_jobs"), q.table("scheduler_queues")
-        )
+        row = await pool.fetchrow(_DETECT, q.table("scheduled_jobs"), q.table("scheduler_queues"))
         return cls(pool, schema, Catalog(**dict(row)))
 
     async def counts(self) -> list[asyncpg.Record]:
@@ -177,7 +176,10 @@ class DashboardStore:
         after: Cursor | None = None,
         limit: int = 50,
     ) -> list[asyncpg.Record]:
-        """One page of jobs, newest first, strictly after ``after`` when given."""
+        """One page of jobs, newest first, strictly after ``after`` when given;
+        created in [``since``, ``until``)."""
+        if until is not None and (after is None or until <= after.created_at):
+            after = Cursor(until, "")  # (created_at, job_id) < (until, '') is created_at < until
         return await self.pool.fetch(
             self._list,
             list(statuses) if statuses else ALL_STATUSES,
@@ -185,7 +187,6 @@ class DashboardStore:
             after.job_id if after else None,
             task,
             since,
-            until,
             search,
             limit,
             queue,
