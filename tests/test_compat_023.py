@@ -176,7 +176,7 @@ async def test_only_versions_from_the_first_damaged_one_are_reapplied(fresh_pool
     assert created, "the migrations create relations after the first version"
     version, relation = max(created)
     kind = await fresh_pool.fetchval(
-        "SELECT relkind FROM pg_class WHERE oid = to_regclass($1)", relation.name
+        "SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)", relation.name
     )
     await fresh_pool.execute(f"DROP {'INDEX' if kind == 'i' else 'TABLE'} {relation.name}")
     expected = [v for v in versions if v >= version]

@@ -332,8 +332,8 @@ async def test_named_queues_when_the_schema_has_them(dsn):
             ALTER TABLE dash_q.scheduled_jobs
                 ADD COLUMN IF NOT EXISTS queue TEXT NOT NULL DEFAULT 'default';
             CREATE TABLE IF NOT EXISTS dash_q.scheduler_queues (
-                name TEXT PRIMARY KEY, paused BOOLEAN NOT NULL DEFAULT false,
-                concurrency INTEGER);
+                name TEXT PRIMARY KEY, paused BOOLEAN NOT NULL DEFAULT false);
+            ALTER TABLE dash_q.scheduler_queues ADD COLUMN IF NOT EXISTS concurrency INTEGER;
             INSERT INTO dash_q.scheduler_queues (name, concurrency) VALUES ('mail', 3);
             INSERT INTO dash_q.scheduled_jobs (job_id, job_name, task_name, execution_time, queue)
             VALUES ('m1', 't', 't', now(), 'mail'), ('m2', 't', 't', now(), 'mail'),
@@ -347,7 +347,7 @@ async def test_named_queues_when_the_schema_has_them(dsn):
             assert data["named_queues"] is True
             by_name = {q["queue"]: q for q in data["queues"]}
             assert by_name["mail"]["counts"] == {"pending": 2}
-            assert by_name["mail"]["settings"] == {"concurrency": 3}
+            assert by_name["mail"]["settings"]["concurrency"] == 3
             assert by_name["default"]["counts"] == {"pending": 1}
             mail = (await c.get("/api/jobs?queue=mail")).json()["jobs"]
             assert {(j["job_id"], j["queue"]) for j in mail} == {("m1", "mail"), ("m2", "mail")}
