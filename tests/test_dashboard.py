@@ -444,3 +444,15 @@ async def test_the_command_serves_the_dashboard(dsn, pool):
         proc.terminate()
         out, err = await asyncio.wait_for(proc.communicate(), 20)
     assert b"read-only" in out, (out, err)
+
+
+async def test_without_listen_the_stream_tells_the_page_to_poll(pool):
+    # Behind pgbouncer without a direct LISTEN connection there are no events.
+    app = dashboard_app(pool, pgbouncer=True)
+    try:
+        async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=30) as http:
+            response = await http.get("/api/stream")
+            assert response.text == 'event: mode\ndata: {"live": false}\n\n'
+            assert (await http.get("/api/config")).json()["read_only"] is True
+    finally:
+        await app.state.dashboard.close()

@@ -220,3 +220,19 @@ async def test_markup_in_a_job_is_shown_as_text(browser, site, pool, make_schedu
         )
     arguments = await browser.text("[data-field=arguments]")
     assert "<script>window.__pwned = 1</script>" in arguments
+
+
+async def test_polling_fallback_updates_counts(browser, pool):
+    app = dashboard_app(pool, pgbouncer=True, poll_seconds=0.5)  # no events: polling only
+    try:
+        async with serve(app) as url:
+            await load(browser, url + "/")
+            await shows(browser, "#live", "polling")
+            await shows(browser, "[data-count=pending]", "0")
+            await pool.execute(
+                "INSERT INTO scheduled_jobs (job_id, job_name, task_name, execution_time) "
+                "VALUES ('poll-1', 't', 't', now() + interval '1 hour')"
+            )
+            await shows(browser, "[data-count=pending]", "1")
+    finally:
+        await app.state.dashboard.close()
