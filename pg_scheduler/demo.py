@@ -97,8 +97,9 @@ async def run_demo(pool: asyncpg.Pool, seconds: float = 12.0) -> None:
     finally:
         await scheduler.shutdown()
     print(
-        "\ndemo: done. The jobs stay in the database: watch the queue with\n"
-        "  pg-scheduler status --watch\n"
-        "list them with `pg-scheduler jobs`, and point your own code at the embedded\n"
-        "database with PG_SCHEDULER_DSN=$(pg-scheduler dsn)."
+        "\ndemo: done. The jobs stay in the database: see them in the web dashboard\n"
+        "  pg-scheduler dashboard        (needs pip install 'pg-scheduler[dashboard]')\n"
+        "or in the terminal with `pg-scheduler status --watch` and `pg-scheduler jobs`.\n"
+        "Point your own code at the embedded database with\n"
+        "PG_SCHEDULER_DSN=$(pg-scheduler dsn)."
     )

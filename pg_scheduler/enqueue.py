@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
+from . import instrument
 from .codec import encode_task_data
 from .dedupe import has_task_key
 from .dedupe import resolve as resolve_dedupe
@@ -102,6 +103,8 @@ class Enqueuer:
         key, scope = resolve_dedupe(
             func, fields.pop("dedupe_key", None), fields.pop("dedupe_scope", None), args, kwargs
         )
+        if instrument.trace_injector is not None:  # the caller's trace context (issue 16)
+            task_data = instrument.trace_injector(task_data)
         return JobFields.checked(
             job_name=func.__name__,
             task_name=task_name,
@@ -137,6 +140,7 @@ class Enqueuer:
         default_grace = self.default_misfire_grace_time
         last_time: Any = None
         aware_time: Any = None
+        inject = instrument.trace_injector  # the caller's trace context (issue 16)
         for index, spec in enumerate(jobs):
             if not isinstance(spec, JobSpec):
                 raise TypeError(f"jobs[{index}] must be a JobSpec, got {type(spec).__name__}")
@@ -168,7 +172,11 @@ class Enqueuer:
                 func.__name__,
                 task_name,
                 aware_time,
-                encode_task_data(spec.args, spec.kwargs, task_name),
+                (
+                    encode_task_data(spec.args, spec.kwargs, task_name)
+                    if inject is None
+                    else inject(encode_task_data(spec.args, spec.kwargs, task_name))
+                ),
                 spec.priority,
                 spec.max_retries,
                 spec.job_id,

@@ -129,11 +129,101 @@ class _QueueCollector:
         yield failure
 
 
+# -- per-job histograms and counters (recorded where the engine finishes jobs) ----------
+
+#: Buckets (seconds) of the duration and wait histograms: 1 ms to 10 min.
+DEFAULT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
+DEFAULT_QUEUE = "default"
+
+
+class JobMetrics:
+    """Histograms of job duration and wait (due -> start) and a counter of
+    outcomes, per task and queue, fed by the engine (see :mod:`pg_scheduler.instrument`).
+
+    Use :func:`enable_job_metrics`; it records jobs this process runs. Wait is
+    the worker's clock at start minus the job's due time (clocks of worker and
+    database are assumed close); duration is the function's run time.
+    """
+
+    def __init__(self, registry: Any = None, buckets: tuple[float, ...] = DEFAULT_BUCKETS) -> None:
+        prometheus = _require_prometheus()
+        registry = prometheus.REGISTRY if registry is None else registry
+        labels = ["task", "queue"]
+        self.registry = registry
+        self.duration = prometheus.Histogram(
+            "pg_scheduler_job_duration_seconds",
+            "Run time of job attempts in this process, by task and queue",
+            labels,
+            registry=registry,
+            buckets=buckets,
+        )
+        self.wait = prometheus.Histogram(
+            "pg_scheduler_job_wait_seconds",
+            "From a job's due time to the start of its attempt, by task and queue",
+            labels,
+            registry=registry,
+            buckets=buckets,
+        )
+        self.outcomes = prometheus.Counter(
+            "pg_scheduler_job_outcomes",
+            "Job attempts by how they ended: completed, retried, failed, cancelled, "
+            "handed_back, lost, interrupted",
+            [*labels, "outcome"],
+            registry=registry,
+        )
+        # Label children by (task, queue): one dict lookup per job after the first.
+        self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+    def job_started(self, row: Any, task: str) -> tuple[str, str]:
+        queue = row.get("queue") or DEFAULT_QUEUE
+        key = (task, queue)
+        children = self._children.get(key)
+        if children is None:
+            children = self._children[key] = (self.duration.labels(*key), self.wait.labels(*key))
+        due = row.get("execution_time")
+        if due is not None:
+            children[1].observe(max(0.0, time.time() - due.timestamp()))
+        return key
+
+    def job_finished(self, handle: tuple[str, str], outcome: str, duration: float | None) -> None:
+        if duration is not None:
+            self._children[handle][0].observe(duration)
+        self.outcomes.labels(handle[0], handle[1], outcome).inc()
+
+
+_job_metrics: dict[int, JobMetrics] = {}
+
+
+def enable_job_metrics(registry: Any = None) -> JobMetrics:
+    """Record per-job histograms and outcome counters in ``registry`` (default:
+    prometheus_client's global one) for every job this process runs. Calling
+    it again for the same registry returns the same recorder."""
+    import pg_scheduler.instrument as instrument
+
+    prometheus = _require_prometheus()
+    key = id(prometheus.REGISTRY if registry is None else registry)
+    metrics = _job_metrics.get(key)
+    if metrics is None:
+        metrics = _job_metrics[key] = JobMetrics(registry)
+    instrument.add_observer(metrics)
+    return metrics
+
+
+def disable_job_metrics(metrics: JobMetrics) -> None:
+    """Stop recording into ``metrics`` (its figures stay registered)."""
+    import pg_scheduler.instrument as instrument
+
+    instrument.remove_observer(metrics)
+
+
 class MetricsExporter:
     """Serve queue statistics at ``http://addr:port/metrics``.
 
     ``source`` is a :class:`Scheduler` (its ``stats()``) or an asyncpg pool.
     ``port=0`` picks a free port (read :attr:`port` after :meth:`start`).
+    ``job_metrics``: also serve the per-job histograms and outcome counters of
+    the jobs this process runs (:class:`JobMetrics`); default: when ``source``
+    is a Scheduler.
     """
 
     def __init__(
@@ -144,11 +234,13 @@ class MetricsExporter:
         addr: str = "0.0.0.0",
         interval: float = 15.0,
         schema: str = "public",
+        job_metrics: bool | None = None,
     ) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an int in 0..65535, got {port!r}")
         if isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0:
             raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
+        is_scheduler = False
         if isinstance(source, asyncpg.Pool):
             pool = source
             self._read: Callable[[], Awaitable[QueueStats]] = lambda: collect_stats(
@@ -156,11 +248,16 @@ class MetricsExporter:
             )
         elif hasattr(source, "stats"):
             self._read = source.stats
+            is_scheduler = True
         else:
             raise TypeError("source must be a Scheduler or an asyncpg.Pool")
         self.port = port
         self.addr = addr
         self.interval = interval
+        #: Per-job histograms and outcome counters of this process's jobs:
+        #: on by default when ``source`` is a Scheduler.
+        self.job_metrics = is_scheduler if job_metrics is None else job_metrics
+        self._job_metrics: JobMetrics | None = None
         self.snapshot: QueueStats | None = None
         self.refreshed_at: float | None = None
         self.last_error: str | None = None
@@ -184,6 +281,9 @@ class MetricsExporter:
         prometheus = _require_prometheus()
         registry = prometheus.CollectorRegistry(auto_describe=False)
         registry.register(_QueueCollector(self))
+        if self.job_metrics:
+            # A Scheduler runs jobs here: serve their histograms too.
+            self._job_metrics = enable_job_metrics(registry)
         await self.refresh()
         server, _thread = prometheus.start_http_server(self.port, self.addr, registry=registry)
         self._server = server
@@ -197,6 +297,9 @@ class MetricsExporter:
             await self.refresh()
 
     async def stop(self) -> None:
+        if self._job_metrics is not None:
+            disable_job_metrics(self._job_metrics)
+            self._job_metrics = None
         task, self._task = self._task, None
         if task is not None:
             task.cancel()

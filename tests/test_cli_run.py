@@ -76,6 +76,7 @@ def test_demo_shows_every_kind_of_job(dsn):
     assert any(r[0] == "heartbeat" for r in completed)  # the periodic job ran
     assert any(r[4] == '"hello, later"' for r in completed)  # the delayed job ran
     assert "pg-scheduler status --watch" in out.split("demo: done")[1]
+    assert "pg-scheduler dashboard" in out.split("demo: done")[1]
 
 
 def test_worker_argument_errors():

@@ -43,6 +43,8 @@ def test_wheel_install_carries_migrations(tmp_path, dsn):
     assert install.returncode == 0, install.stderr[-3000:]
     assert (target / "pg_scheduler" / "migrations" / "0001_initial.sql").is_file()
     assert (target / "pg_scheduler" / "py.typed").is_file()  # typed for its users
+    for asset in ("index.html", "app.js", "style.css"):  # the dashboard's, as package data
+        assert (target / "pg_scheduler" / "dashboard" / "static" / asset).is_file()
     probe = (
         "import asyncio, asyncpg, sys, pg_scheduler\n"
         "from pg_scheduler.migrate import load_migrations, migrate\n"

@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from . import ops, run
+from . import dashboard, ops, run
 
 
 def add_global_options(parser: argparse.ArgumentParser, suppress: bool) -> None:
@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run.register(commands)
     ops.register(commands)
+    dashboard.register(commands)  # issue 16
     # Global options work after the command too (``status --dsn X``).
     for sub in _subcommand_parsers(parser):
         add_global_options(sub, suppress=True)

@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import pg_scheduler.instrument as instrument
+
 from ..codec import (
     ERROR_MAX_CHARS,
     UnstorableResult,
@@ -169,6 +171,10 @@ class Executor:
         running = RunningJob(job, current, time.monotonic())
         self.running[job.job_id] = running
         enter_job(self.store, running, job_row)  # current_job()
+        # Metrics and tracing observers (issue 16); none installed: one attribute read.
+        observed = instrument.started(job_row, job.task_name) if instrument.observers else None
+        outcome = "interrupted"
+        duration: float | None = None
         started = time.perf_counter()
         timeout = job.timeout if job.timeout is not None else self.job_timeout
         if self.log_debug:
@@ -199,12 +205,13 @@ class Executor:
                     self._slot_done(running)
                     message = "CancelledError: raised inside the job (not a cancel_job())"
                     duration = time.perf_counter() - started
-                    await self._failed(job, message, tb.format_exc(), duration)
+                    outcome = await self._failed(job, message, tb.format_exc(), duration)
                     return
                 current.uncancel()
                 self.running.pop(job.job_id, None)
                 duration = time.perf_counter() - started
                 if reason == SHUTDOWN:
+                    outcome = "handed_back"
                     await self._release([job.job_id])
                     log.info(
                         "job handed back at shutdown",
@@ -213,6 +220,7 @@ class Executor:
                         **self._fields(job),
                     )
                 else:
+                    outcome = "cancelled" if reason == CANCELLED_REMOTELY else "lost"
                     log.info(
                         "job stopped",
                         event_type="cancelled",
@@ -229,7 +237,7 @@ class Executor:
                     message = f"timed out after {timeout:g} s"
                 else:
                     message = f"{type(exc).__name__}: {exc}"
-                await self._failed(job, message, tb.format_exc(), duration)
+                outcome = await self._failed(job, message, tb.format_exc(), duration)
                 return
             except BaseException as exc:
                 # SystemExit, KeyboardInterrupt, GeneratorExit raised by the job's
@@ -243,7 +251,7 @@ class Executor:
                 message = (
                     f"{type(exc).__name__}: {exc} (raised by the job; the worker keeps running)"
                 )
-                await self._failed(job, message, tb.format_exc(), duration)
+                outcome = await self._failed(job, message, tb.format_exc(), duration)
                 return
             self.running.pop(job.job_id, None)
             self._slot_done(running)
@@ -252,19 +260,21 @@ class Executor:
                 encoded, note = encode_result(result)
             except UnstorableResult as exc:
                 # Not a retry: the same function would return the same result.
-                await self._failed(job, str(exc), None, duration, final=True)
+                outcome = await self._failed(job, str(exc), None, duration, final=True)
                 return
             if note:
                 log.warning(note, **self._fields(job))
             try:
                 written = await self._complete(Completion(job.job_id, job.attempt, encoded))
             except Exception as exc:
+                outcome = "lost"
                 log.error(
                     "completion not written; the job will be rescued and run again",
                     error=repr(exc),
                     **self._fields(job),
                 )
                 return
+            outcome = "completed" if written is True else "failed" if written else "lost"
             if written is True:
                 if self.log_info:
                     log.info(
@@ -289,6 +299,8 @@ class Executor:
                     **self._fields(job),
                 )
         finally:
+            if observed:
+                instrument.finished(observed, outcome, duration)
             if running.linger is not None:
                 await self._wait_linger(running)
 
@@ -346,7 +358,8 @@ class Executor:
         trace: str | None,
         duration: float,
         final: bool = False,
-    ) -> None:
+    ) -> str:
+        """Write a failed attempt; what it became: retried, failed or lost."""
         message = clip_text(message, ERROR_MAX_CHARS)
         if job.attempt <= job.max_retries and not final:
             stored = decode_json(job.retry_policy)
@@ -365,7 +378,7 @@ class Executor:
                     duration=duration,
                     **self._fields(job),
                 )
-                return
+                return "retried"
         else:
             written = await write_failure(
                 self.store, job.job_id, self.worker_id, job.attempt, message, trace
@@ -378,10 +391,11 @@ class Executor:
                     duration=duration,
                     **self._fields(job),
                 )
-                return
+                return "failed"
         log.warning(
             "job failed but its lease was lost; outcome not written",
             event_type="lease_lost",
             error=message,
             **self._fields(job),
         )
+        return "lost"

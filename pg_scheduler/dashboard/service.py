@@ -1,0 +1,352 @@
+"""What the dashboard shows and does, as plain JSON-ready data; no HTTP here.
+
+Reads go through ``store.dashboard`` (and the statistics store); actions go
+through what the CLI uses: ``OpsStore.retry``, ``Store.cancel``, and a
+never-started Scheduler's periodic methods (or the application's own
+Scheduler when the dashboard was given one, so that triggering a periodic job
+finds its function).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+import time
+from datetime import UTC, datetime, timedelta
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+
+from ..codec import decode_json
+from ..config import RetryPolicy
+from ..enums import PRIORITY_DB_VALUES, JobPriority, JobStatus
+from ..models import Job
+from ..store import Store
+from ..store.dashboard import DEFAULT_QUEUE, Cursor, DashboardStore
+from ..store.housekeeping import RETRYABLE_STATUSES, OpsStore, StatsStore
+
+if TYPE_CHECKING:
+    from ..scheduler import Scheduler
+
+#: Seconds a worker may be silent and still count as alive (the Scheduler's default).
+HEARTBEAT_THRESHOLD = 120.0
+SERIES_SECONDS = 3600.0
+SERIES_BUCKET = 60.0
+#: Seconds an overview is reused: many open pages cost one table pass per second.
+OVERVIEW_TTL = 1.0
+MAX_PAGE = 500
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+class NotFound(LookupError):
+    """No such job, periodic job or queue."""
+
+
+class Conflict(ValueError):
+    """The action does not apply to the thing in its current state."""
+
+
+def plain(value: Any) -> Any:
+    """``value`` made JSON-ready: ISO 8601 UTC times, enum values, nested."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.astimezone()
+        return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if isinstance(value, asyncpg.Record):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
+def parse_time(value: str | None) -> datetime | None:
+    """``30m``/``2h``/``1d`` ago, or an ISO 8601 time (naive = UTC); ValueError else."""
+    if not value:
+        return None
+    match = _DURATION.match(value.strip())
+    if match:
+        seconds = float(match[1]) * _UNIT_SECONDS[match[2]]
+        return datetime.now(UTC) - timedelta(seconds=seconds)
+    try:
+        parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{value!r} is neither a duration like 30m, 2h, 1d nor ISO 8601") from None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def encode_cursor(cursor: Cursor) -> str:
+    raw = f"{cursor.created_at.isoformat()}|{cursor.job_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(text: str | None) -> Cursor | None:
+    if not text:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode()
+        when, _, job_id = raw.partition("|")
+        return Cursor(datetime.fromisoformat(when), job_id)
+    except ValueError:
+        raise ValueError(f"not a page cursor: {text!r}") from None
+
+
+class DashboardService:
+    """One dashboard's reads and actions on one pool and schema."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        store: DashboardStore,
+        schema: str,
+        scheduler: Scheduler | None = None,
+        pgbouncer: bool = False,
+    ) -> None:
+        self.pool = pool
+        self.store = store
+        self.schema = schema
+        self.stats = StatsStore(pool, schema)
+        self.ops = OpsStore(pool, schema)
+        self.jobs_store = Store(pool, schema)
+        self._scheduler = scheduler
+        self._pgbouncer = pgbouncer
+        self._overview: tuple[float, dict[str, Any]] | None = None
+        self._overview_lock = asyncio.Lock()
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The application's Scheduler, else one never started (for its periodic methods)."""
+        if self._scheduler is None:
+            from ..scheduler import Scheduler
+
+            self._scheduler = Scheduler(
+                self.pool,
+                vacuum_enabled=False,
+                run_periodic_jobs=False,
+                schema=self.schema,
+                pgbouncer=self._pgbouncer,
+            )
+        return self._scheduler
+
+    # -- reads -----------------------------------------------------------------
+
+    async def overview(self) -> dict[str, Any]:
+        async with self._overview_lock:
+            cached = self._overview
+            if cached is not None and time.monotonic() - cached[0] < OVERVIEW_TTL:
+                return cached[1]
+            data = await self._read_overview()
+            self._overview = (time.monotonic(), data)
+            return data
+
+    async def _read_overview(self) -> dict[str, Any]:
+        rows = await self.store.counts()
+        series_rows = await self.store.finished_series(SERIES_SECONDS, SERIES_BUCKET)
+        async with self.pool.acquire() as conn:
+            oldest = await self.stats.oldest_due_seconds(conn, PRIORITY_DB_VALUES)
+            now = await StatsStore.now(conn)
+            workers = await self.stats.workers(conn)
+        counts = dict.fromkeys((s.value for s in JobStatus), 0)
+        due = 0
+        tasks: dict[str, dict[str, int]] = {}
+        for r in rows:
+            counts[r["status"]] += r["n"]
+            due += r["due"]
+            task = tasks.setdefault(r["task_name"], dict.fromkeys(counts, 0))
+            task[r["status"]] += r["n"]
+        queues = await self._queue_rows(rows)
+        points: dict[float, dict[str, Any]] = {}
+        for r in series_rows:
+            point = points.setdefault(r["bucket"], {"t": r["bucket"]})
+            point[r["status"]] = r["n"]
+        series = [points[t] for t in sorted(points)]
+        cutoff = now.timestamp()
+        rates: dict[str, Any] = {}
+        for window in (300, 3600):
+            done = sum(p.get("completed", 0) for p in series if p["t"] >= cutoff - window)
+            bad = sum(p.get("failed", 0) for p in series if p["t"] >= cutoff - window)
+            rates[str(window)] = {
+                "completed": done,
+                "failed": bad,
+                "throughput": done / window,
+                "failure_rate": bad / (done + bad) if done + bad else None,
+            }
+        return {
+            "taken_at": plain(now),
+            "counts": counts,
+            "total": sum(counts.values()),
+            "due": due,
+            "scheduled": counts["pending"] - due,
+            "oldest_due_seconds": None if oldest is None else max(0.0, oldest),
+            "queues": queues,
+            "tasks": [{"task": name, "counts": c} for name, c in sorted(tasks.items())],
+            "series": {"bucket_seconds": SERIES_BUCKET, "points": series},
+            "windows": rates,
+            "live_workers": sum(1 for w in workers if w["seen_seconds_ago"] <= HEARTBEAT_THRESHOLD),
+            "named_queues": self.store.catalog.has_queue_column,
+        }
+
+    async def _queue_rows(self, rows: list[asyncpg.Record]) -> list[dict[str, Any]]:
+        settings = {r["name"]: r for r in await self.store.queue_settings()}
+        queues: dict[str, dict[str, Any]] = {}
+        for name in [DEFAULT_QUEUE, *settings]:
+            queues.setdefault(name, {"queue": name, "counts": {}, "due": 0})
+        for r in rows:
+            q = queues.setdefault(r["queue"], {"queue": r["queue"], "counts": {}, "due": 0})
+            q["counts"][r["status"]] = q["counts"].get(r["status"], 0) + r["n"]
+            q["due"] += r["due"]
+        for name, q in queues.items():
+            row = settings.get(name)
+            q["paused"] = bool(row["paused"]) if row is not None else False
+            extra = decode_json(row["settings"]) if row is not None else {}
+            q["settings"] = {k: v for k, v in (extra or {}).items() if k not in ("name", "paused")}
+        return [queues[name] for name in sorted(queues)]
+
+    async def queues(self) -> dict[str, Any]:
+        rows = await self.store.counts()
+        return {
+            "queues": await self._queue_rows(rows),
+            "named_queues": self.store.catalog.has_queue_table,
+        }
+
+    async def jobs(self, params: dict[str, str]) -> dict[str, Any]:
+        """One page of jobs. ``params``: status (comma-separated), task, queue,
+        since, until, q (search), after (cursor), limit. ValueError on bad input."""
+        statuses = [s for s in (params.get("status") or "").split(",") if s]
+        unknown = set(statuses) - {s.value for s in JobStatus}
+        if unknown:
+            raise ValueError(f"unknown status {sorted(unknown)}")
+        try:
+            limit = int(params.get("limit") or 50)
+        except ValueError:
+            raise ValueError(f"limit must be an integer, got {params.get('limit')!r}") from None
+        if not 1 <= limit <= MAX_PAGE:
+            raise ValueError(f"limit must be 1..{MAX_PAGE}, got {limit}")
+        rows = await self.store.list_jobs(
+            statuses=statuses or None,
+            task=params.get("task") or None,
+            queue=params.get("queue") or None,
+            since=parse_time(params.get("since")),
+            until=parse_time(params.get("until")),
+            search=params.get("q") or None,
+            after=decode_cursor(params.get("after")),
+            limit=limit + 1,
+        )
+        page = rows[:limit]
+        more = len(rows) > limit
+        last = page[-1] if page and more else None
+        return {
+            "jobs": [self._list_row(r) for r in page],
+            "next": encode_cursor(Cursor(last["created_at"], last["job_id"])) if last else None,
+        }
+
+    @staticmethod
+    def _list_row(row: asyncpg.Record) -> dict[str, Any]:
+        data = plain(row)
+        data["priority"] = JobPriority.from_db_value(row["priority"]).value
+        return data
+
+    async def job(self, job_id: str) -> dict[str, Any]:
+        row = await self.jobs_store.get_job(job_id)
+        if row is None:
+            raise NotFound(f"no job with id {job_id!r}")
+        job = Job.from_record(row, RetryPolicy())
+        data = plain(job.model_dump())
+        data["queue"] = await self.store.job_queue(job_id)
+        data["timeline"] = self._timeline(job)
+        return data
+
+    @staticmethod
+    def _timeline(job: Job) -> list[dict[str, Any]]:
+        marks: list[tuple[datetime, str]] = []
+        if job.created_at:
+            marks.append((job.created_at, "created"))
+        marks.append((job.execution_time, "due"))
+        for a in job.attempt_history:
+            if a.started_at:
+                marks.append((a.started_at, f"attempt {a.attempt} started"))
+            if a.finished_at and a.outcome:
+                marks.append((a.finished_at, f"attempt {a.attempt} {a.outcome}"))
+        if job.progress_at:
+            marks.append((job.progress_at, "progress reported"))
+        if job.finished_at and job.status.is_final:
+            marks.append((job.finished_at, job.status.value))
+        return [{"at": plain(at), "what": what} for at, what in sorted(marks, key=lambda m: m[0])]
+
+    async def workers(self) -> dict[str, Any]:
+        async with self.pool.acquire() as conn:
+            rows = await self.stats.workers(conn)
+        running = await self.store.running_jobs()
+        by_worker: dict[str, list[dict[str, Any]]] = {}
+        for r in running:
+            by_worker.setdefault(r["worker_id"] or "", []).append(plain(r))
+        workers = []
+        for r in rows:
+            data = plain(r)
+            data["alive"] = r["seen_seconds_ago"] <= HEARTBEAT_THRESHOLD
+            data["running"] = by_worker.pop(r["worker_id"], [])
+            workers.append(data)
+        orphans = [job for jobs in by_worker.values() for job in jobs]
+        return {"workers": workers, "unowned_running": orphans}
+
+    async def periodic(self) -> dict[str, Any]:
+        return {"periodic": [plain(r) for r in await self.ops.periodic_jobs()]}
+
+    # -- actions ---------------------------------------------------------------
+
+    async def retry(self, job_id: str) -> dict[str, Any]:
+        if await self.ops.retry([job_id]):
+            return {"retried": job_id}
+        await self._explain(job_id, f"only {', '.join(RETRYABLE_STATUSES)} jobs can be retried")
+        raise AssertionError("unreachable")
+
+    async def cancel(self, job_id: str) -> dict[str, Any]:
+        if await self.jobs_store.cancel(job_id):
+            return {"cancelled": job_id}
+        await self._explain(job_id, "only pending or running jobs can be cancelled")
+        raise AssertionError("unreachable")
+
+    async def _explain(self, job_id: str, rule: str) -> None:
+        row = await self.jobs_store.get_job(job_id)
+        if row is None:
+            raise NotFound(f"no job with id {job_id!r}")
+        raise Conflict(f"job {job_id!r} is {row['status']}; {rule}")
+
+    async def set_queue_paused(self, name: str, paused: bool) -> dict[str, Any]:
+        if not await self.store.set_queue_paused(name, paused):
+            raise Conflict("this schema has no named queues (scheduler_queues) to pause")
+        self._overview = None
+        return {"queue": name, "paused": paused}
+
+    async def _periodic_key(self, key: str) -> asyncpg.Record:
+        rows = await self.ops.periodic_jobs(key)
+        exact = [r for r in rows if r["dedup_key"] == key]
+        if exact:
+            return exact[0]
+        if len(rows) == 1:
+            return rows[0]
+        raise NotFound(f"no periodic job with dedup key {key!r}")
+
+    async def set_periodic_enabled(self, key: str, enabled: bool) -> dict[str, Any]:
+        row = await self._periodic_key(key)
+        if not await self.scheduler.set_periodic_job_enabled(row["dedup_key"], enabled):
+            raise NotFound(f"no periodic job with dedup key {key!r}")
+        return {"dedup_key": row["dedup_key"], "enabled": enabled}
+
+    async def trigger_periodic(self, key: str) -> dict[str, Any]:
+        row = await self._periodic_key(key)
+        job_id = await self.scheduler.trigger_periodic_job(row["dedup_key"])
+        if job_id is None:
+            raise Conflict(
+                f"periodic job {row['job_name']} is not registered in the dashboard's "
+                "process: run the dashboard with --app MODULE (the module declaring it), "
+                "or mount it in the application"
+            )
+        return {"dedup_key": row["dedup_key"], "job_id": job_id}

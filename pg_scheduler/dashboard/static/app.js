@@ -1,0 +1,390 @@
+// pg_scheduler dashboard. Plain JS, no dependencies, no network beyond this server.
+// Everything from the API is put in the page as text nodes (el() below), never
+// as HTML: job arguments, errors and names may contain markup.
+"use strict";
+
+const body = document.body;
+const BASE = body.dataset.base || "";
+const PAGE = body.dataset.page || "overview";
+const READ_ONLY = body.dataset.readonly === "true";
+const POLL_MS = Math.max(1, parseFloat(body.dataset.poll || "5")) * 1000;
+const STATUSES = ["pending", "running", "completed", "failed", "cancelled", "expired"];
+const main = document.getElementById("main");
+
+// -- building blocks ---------------------------------------------------------------
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (key.startsWith("data-")) node.setAttribute(key, String(value));
+    else node[key] = value;
+  }
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function table(headers, rows, empty) {
+  if (!rows.length) return el("p", { class: "muted" }, empty || "Nothing here.");
+  return el("table", {}, el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))),
+    el("tbody", {}, rows));
+}
+
+function when(iso) {
+  if (!iso) return "";
+  const date = new Date(iso);
+  const ago = (Date.now() - date.getTime()) / 1000;
+  const rel = Math.abs(ago) < 90 ? `${Math.round(Math.abs(ago))} s`
+    : Math.abs(ago) < 5400 ? `${Math.round(Math.abs(ago) / 60)} min`
+    : Math.abs(ago) < 129600 ? `${Math.round(Math.abs(ago) / 3600)} h`
+    : `${Math.round(Math.abs(ago) / 86400)} d`;
+  return el("span", { title: iso }, ago >= 0 ? `${rel} ago` : `in ${rel}`);
+}
+
+function seconds(value) {
+  if (value === null || value === undefined) return "-";
+  if (value < 1) return `${Math.round(value * 1000)} ms`;
+  if (value < 120) return `${value.toFixed(1)} s`;
+  if (value < 7200) return `${(value / 60).toFixed(1)} min`;
+  return `${(value / 3600).toFixed(1)} h`;
+}
+
+function percent(value) {
+  return value === null || value === undefined ? "-" : `${(value * 100).toFixed(1)} %`;
+}
+
+function statusCell(status) {
+  return el("td", { class: `status status-${status}`, "data-status": status }, status);
+}
+
+function link(page, params, text) {
+  const query = new URLSearchParams(params).toString();
+  return el("a", { href: `${BASE}/${page}${query ? "?" + query : ""}` }, text);
+}
+
+function card(label, value, key) {
+  return el("div", { class: "card" }, el("div", { class: "label" }, label),
+    el("div", { class: "value", "data-count": key }, value));
+}
+
+let toastTimer = null;
+function toast(message, error) {
+  const node = document.getElementById("toast");
+  node.textContent = message;
+  node.className = "shown" + (error ? " error" : "");
+  clearTimeout(toastTimer);
+  toastTimer = setTimeout(() => { node.className = ""; }, 6000);
+}
+
+async function api(path) {
+  const response = await fetch(`${BASE}/api/${path}`, { headers: { Accept: "application/json" } });
+  const data = await response.json();
+  if (!response.ok) throw new Error(data.error || response.statusText);
+  return data;
+}
+
+// Actions send the token in a header (a cross-site form cannot), JSON body.
+async function act(name, payload) {
+  const headers = { "Content-Type": "application/json" };
+  const token = sessionStorage.getItem("pg_scheduler_token");
+  if (token) headers["X-Dashboard-Token"] = token;
+  const response = await fetch(`${BASE}/api/action/${name}`, {
+    method: "POST", headers, body: JSON.stringify(payload),
+  });
+  let data = {};
+  try { data = await response.json(); } catch (_) { /* empty body */ }
+  if (!response.ok) {
+    toast(`${name} refused: ${data.error || response.statusText}`, true);
+    return null;
+  }
+  toast(`${name}: done`);
+  scheduleRefresh(0);
+  return data;
+}
+
+function actionButton(name, payload, label, danger) {
+  return el("button", {
+    class: danger ? "danger" : "", "data-action": name, type: "button",
+    title: READ_ONLY ? "read-only dashboard: start it with --token to act" : "",
+    onclick: () => act(name, payload),
+  }, label || name);
+}
+
+function jobActions(job) {
+  const buttons = [];
+  if (job.status === "pending" || job.status === "running") {
+    buttons.push(actionButton("cancel", { job_id: job.job_id }, "cancel", true));
+  }
+  if (["failed", "cancelled", "expired"].includes(job.status)) {
+    buttons.push(actionButton("retry", { job_id: job.job_id }, "retry"));
+  }
+  return el("div", { class: "actions" }, buttons);
+}
+
+// -- pages ---------------------------------------------------------------------------
+
+function chart(series) {
+  const ns = "http://www.w3.org/2000/svg";
+  const width = 720, height = 140, pad = 18;
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("class", "chart");
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  svg.setAttribute("width", String(width));
+  svg.setAttribute("height", String(height));
+  const bucket = series.bucket_seconds;
+  const end = Math.floor(Date.now() / 1000 / bucket) * bucket;
+  const slots = 60;
+  const byTime = new Map(series.points.map((p) => [p.t, p]));
+  let max = 1;
+  for (const p of series.points) max = Math.max(max, (p.completed || 0) + (p.failed || 0));
+  const barWidth = (width - 2 * pad) / slots;
+  for (let i = 0; i < slots; i++) {
+    const point = byTime.get(end - (slots - 1 - i) * bucket) || {};
+    let y = height - pad;
+    for (const kind of ["completed", "failed"]) {
+      const n = point[kind] || 0;
+      if (!n) continue;
+      const h = (n / max) * (height - 2 * pad);
+      const rect = document.createElementNS(ns, "rect");
+      rect.setAttribute("x", String(pad + i * barWidth));
+      rect.setAttribute("y", String(y - h));
+      rect.setAttribute("width", String(Math.max(1, barWidth - 1)));
+      rect.setAttribute("height", String(h));
+      rect.setAttribute("class", kind);
+      const title = document.createElementNS(ns, "title");
+      title.textContent = `${n} ${kind}`;
+      rect.append(title);
+      svg.append(rect);
+      y -= h;
+    }
+  }
+  const label = document.createElementNS(ns, "text");
+  label.setAttribute("x", String(pad));
+  label.setAttribute("y", "13");
+  label.setAttribute("font-size", "11");
+  label.textContent = `finished per minute, last hour (max ${max})`;
+  svg.append(label);
+  return svg;
+}
+
+async function overview() {
+  const d = await api("overview");
+  const w5 = d.windows["300"], w60 = d.windows["3600"];
+  return [
+    el("h2", {}, "Overview"),
+    el("div", { class: "cards" },
+      STATUSES.map((s) => card(s, d.counts[s], s)),
+      card("due now", d.due, "due"),
+      card("oldest due wait", seconds(d.oldest_due_seconds), "oldest"),
+      card("live workers", d.live_workers, "workers"),
+      card("jobs/s (5 min)", w5.throughput.toFixed(2), "throughput"),
+      card("failure rate (5 min)", percent(w5.failure_rate), "failure"),
+      card("failure rate (1 h)", percent(w60.failure_rate), "failure-hour")),
+    el("h3", {}, "Throughput"),
+    chart(d.series),
+    el("h3", {}, "By queue"),
+    table(["queue", "paused", ...STATUSES, "due"], d.queues.map((q) => el("tr", { "data-queue": q.queue },
+      el("td", {}, link("jobs", { queue: q.queue }, q.queue)), el("td", {}, q.paused ? "paused" : ""),
+      STATUSES.map((s) => el("td", { class: "num" }, q.counts[s] || 0)),
+      el("td", { class: "num" }, q.due)))),
+    el("h3", {}, "By task"),
+    table(["task", ...STATUSES], d.tasks.map((t) => el("tr", {},
+      el("td", {}, link("jobs", { task: t.task }, t.task)),
+      STATUSES.map((s) => el("td", { class: "num" }, t.counts[s] ? link("jobs", { task: t.task, status: s }, t.counts[s]) : 0)))),
+      "No jobs yet."),
+  ];
+}
+
+function filterForm(params) {
+  const field = (name, label, attrs) => el("label", {}, label,
+    el("input", { name, value: params.get(name) || "", ...attrs }));
+  const status = el("select", { name: "status" }, el("option", { value: "" }, "any"),
+    STATUSES.map((s) => el("option", { value: s, selected: params.get("status") === s }, s)));
+  return el("form", { class: "filters", method: "get", action: `${BASE}/jobs` },
+    el("label", {}, "status", status),
+    field("task", "task"), field("queue", "queue"),
+    field("q", "search (id or text in arguments)", { size: 30 }),
+    field("since", "created since (30m, 2h, ISO)", { size: 12 }),
+    field("until", "created before", { size: 12 }),
+    el("button", { type: "submit" }, "filter"),
+    el("a", { href: `${BASE}/jobs` }, "clear"));
+}
+
+async function jobs() {
+  const params = new URLSearchParams(location.search);
+  const query = new URLSearchParams();
+  for (const [k, v] of params) if (v) query.set(k, v);
+  const d = await api(`jobs?${query}`);
+  const rows = d.jobs.map((j) => el("tr", { "data-job-id": j.job_id },
+    el("td", { class: "id" }, link("job", { id: j.job_id }, j.job_id)),
+    el("td", {}, j.task_name), statusCell(j.status), el("td", {}, j.queue),
+    el("td", {}, j.priority), el("td", { class: "num" }, j.attempts),
+    el("td", {}, when(j.created_at)), el("td", {}, when(j.execution_time)),
+    el("td", { class: "args", title: j.args || "" }, j.args || ""),
+    el("td", {}, j.error || ""), el("td", {}, jobActions(j))));
+  const pager = el("div", { class: "pager" });
+  if (params.get("after")) {
+    const first = new URLSearchParams(params); first.delete("after");
+    pager.append(link("jobs", Object.fromEntries(first), "first page"));
+  }
+  if (d.next) {
+    const next = new URLSearchParams(params); next.set("after", d.next);
+    pager.append(el("a", { href: `${BASE}/jobs?${next}`, "data-next": "1" }, "next page"));
+  }
+  return [el("h2", {}, "Jobs"), filterForm(params),
+    table(["id", "task", "status", "queue", "priority", "attempts", "created", "due", "arguments", "error", ""],
+      rows, "No jobs match."), pager];
+}
+
+async function job() {
+  const id = new URLSearchParams(location.search).get("id") || "";
+  const j = await api(`job?id=${encodeURIComponent(id)}`);
+  const fields = [["id", j.job_id], ["name", j.job_name], ["task", j.task_name],
+    ["status", j.status], ["queue", j.queue], ["priority", j.priority],
+    ["attempts", `${j.attempts} (max retries ${j.max_retries})`], ["worker", j.worker_id || ""],
+    ["created", j.created_at || ""], ["due", j.execution_time], ["started", j.started_at || ""],
+    ["finished", j.finished_at || ""], ["next retry", j.next_retry_at || ""]];
+  const progress = j.progress === null || j.progress === undefined ? null
+    : el("div", {}, el("div", { class: "bar" }, el("span", { style: `width:${Math.round(j.progress * 100)}%` })),
+      `${Math.round(j.progress * 100)} % ${j.progress_message || ""}`);
+  return [
+    el("h2", {}, "Job ", el("span", { class: "mono" }, j.job_id)), jobActions(j),
+    el("dl", { class: "fields", "data-job-status": j.status },
+      fields.map(([k, v]) => [el("dt", {}, k), el("dd", { "data-field": k }, v)])),
+    progress && el("h3", {}, "Progress"), progress,
+    el("h3", {}, "Arguments"),
+    el("pre", { "data-field": "arguments" }, JSON.stringify({ args: j.args, kwargs: j.kwargs }, null, 2)),
+    el("h3", {}, "Result"), el("pre", {}, JSON.stringify(j.result, null, 2)),
+    j.error && el("h3", {}, "Error"), j.error && el("pre", {}, j.error),
+    j.traceback && el("pre", {}, j.traceback),
+    el("h3", {}, "Attempts"),
+    table(["attempt", "outcome", "worker", "started", "finished", "error"],
+      j.attempt_history.map((a) => [el("tr", {}, el("td", { class: "num" }, a.attempt),
+        el("td", {}, a.outcome || "running"), el("td", { class: "mono" }, a.worker_id || ""),
+        el("td", {}, when(a.started_at)), el("td", {}, when(a.finished_at)), el("td", {}, a.error || "")),
+        a.traceback ? el("tr", {}, el("td", { colSpan: 6 }, el("pre", {}, a.traceback))) : null]),
+      "No attempt yet."),
+    el("h3", {}, "Timeline"),
+    table(["when", "what"], j.timeline.map((t) => el("tr", {}, el("td", { class: "mono" }, t.at), el("td", {}, t.what)))),
+  ];
+}
+
+async function workers() {
+  const d = await api("workers");
+  return [el("h2", {}, "Workers"),
+    table(["worker", "host", "pid", "alive", "last heartbeat", "started", "slots", "running", "tasks"],
+      d.workers.map((w) => el("tr", { "data-worker": w.worker_id },
+        el("td", { class: "mono" }, w.worker_id), el("td", {}, w.hostname), el("td", { class: "num" }, w.pid),
+        el("td", {}, w.alive ? "yes" : "NO"), el("td", {}, when(w.last_seen)), el("td", {}, when(w.started_at)),
+        el("td", { class: "num" }, w.max_concurrent),
+        el("td", { "data-running": w.running.length }, w.running.length ? w.running.map((r) =>
+          el("div", {}, link("job", { id: r.job_id }, r.job_id), ` ${r.task_name}`)) : "0"),
+        el("td", {}, w.tasks.join(", ")))), "No workers registered."),
+  ];
+}
+
+async function queues() {
+  const d = await api("queues");
+  return [el("h2", {}, "Queues"),
+    d.named_queues ? null : el("p", { class: "muted" },
+      "This schema has no named queues: every job is in \"default\"."),
+    table(["queue", "state", ...STATUSES, "due", "settings", ""], d.queues.map((q) => el("tr", { "data-queue": q.queue },
+      el("td", {}, link("jobs", { queue: q.queue }, q.queue)), el("td", {}, q.paused ? "paused" : "active"),
+      STATUSES.map((s) => el("td", { class: "num" }, q.counts[s] || 0)), el("td", { class: "num" }, q.due),
+      el("td", { class: "mono" }, Object.keys(q.settings).length ? JSON.stringify(q.settings) : ""),
+      el("td", {}, d.named_queues ? (q.paused ? actionButton("resume", { queue: q.queue })
+        : actionButton("pause", { queue: q.queue }, "pause", true)) : "")))),
+  ];
+}
+
+async function periodic() {
+  const d = await api("periodic");
+  return [el("h2", {}, "Periodic jobs"),
+    table(["job", "dedup key", "schedule", "enabled", "next run", "last run", "last outcome", "last error", ""],
+      d.periodic.map((p) => el("tr", { "data-periodic": p.dedup_key },
+        el("td", {}, p.job_name), el("td", { class: "mono" }, p.dedup_key), el("td", { class: "mono" }, p.schedule),
+        el("td", {}, p.enabled ? "yes" : "no"), el("td", {}, p.enabled ? when(p.next_run) : ""),
+        el("td", {}, p.last_job_id ? link("job", { id: p.last_job_id }, when(p.last_run)) : when(p.last_run)),
+        el("td", {}, p.last_outcome || ""), el("td", {}, p.last_error || ""),
+        el("td", {}, el("div", { class: "actions" },
+          p.enabled ? actionButton("disable", { key: p.dedup_key }) : actionButton("enable", { key: p.dedup_key }),
+          actionButton("trigger", { key: p.dedup_key }))))),
+      "No periodic jobs stored (a worker stores them when it starts)."),
+  ];
+}
+
+const RENDER = { overview, jobs, job, workers, queues, periodic };
+
+// -- refresh: live events, polling as the fallback ------------------------------------
+
+let refreshTimer = null, trailingTimer = null, rendering = false, again = false;
+
+async function refresh() {
+  if (rendering) { again = true; return; }
+  rendering = true;
+  try {
+    const nodes = await RENDER[PAGE]();
+    // Keep what the user is typing in a filter form.
+    if (document.activeElement && main.contains(document.activeElement)
+        && document.activeElement.tagName !== "BUTTON") return;
+    main.replaceChildren(...nodes.flat().filter((n) => n));
+    main.dataset.loaded = String(Date.now());
+  } catch (err) {
+    main.replaceChildren(el("p", { class: "status-failed", "data-error": "1" }, String(err.message || err)));
+  } finally {
+    rendering = false;
+    if (again) { again = false; scheduleRefresh(250); }
+  }
+}
+
+function scheduleRefresh(delay) {
+  clearTimeout(refreshTimer);
+  refreshTimer = setTimeout(refresh, delay);
+}
+
+function setMode(text, cls) {
+  const node = document.getElementById("live");
+  node.textContent = text;
+  node.className = `pill ${cls}`;
+}
+
+function connect() {
+  if (!window.EventSource) { setMode("polling", "poll"); return; }
+  const source = new EventSource(`${BASE}/api/stream`);
+  source.addEventListener("mode", (e) => {
+    const live = JSON.parse(e.data).live;
+    setMode(live ? "live" : "polling", live ? "live" : "poll");
+    if (!live) source.close();
+  });
+  source.addEventListener("change", () => {
+    scheduleRefresh(150);
+    // The server reuses an overview for up to a second: look once more after it.
+    clearTimeout(trailingTimer);
+    trailingTimer = setTimeout(refresh, 1200);
+  });
+  source.onerror = () => setMode("polling", "poll");
+}
+
+function setup() {
+  for (const a of document.querySelectorAll("nav a")) {
+    if (a.dataset.nav === PAGE || (PAGE === "job" && a.dataset.nav === "jobs")) a.classList.add("current");
+  }
+  document.getElementById("mode").textContent = READ_ONLY ? "read-only" : "actions need the token";
+  const token = document.getElementById("token");
+  if (!READ_ONLY) {
+    token.hidden = false;
+    token.value = sessionStorage.getItem("pg_scheduler_token") || "";
+    token.addEventListener("input", () => sessionStorage.setItem("pg_scheduler_token", token.value));
+  }
+  refresh();
+  connect();
+  // Heartbeats and due times change without events: poll slowly regardless.
+  setInterval(() => { if (!document.hidden) refresh(); }, POLL_MS);
+}
+
+setup();

@@ -1,0 +1,64 @@
+"""Process-wide instrumentation hooks: job metrics and tracing plug in here.
+
+The executor reads :data:`observers` once per job and ``schedule()`` reads
+:data:`trace_injector` once per call; with nothing installed (the default)
+that attribute read is all they pay. ``metrics.enable_job_metrics()`` and
+``otel.enable_tracing()`` install themselves here; this module imports nothing
+of the package, so anything may import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+#: What an attempt ended as, as observers see it.
+OUTCOMES = (
+    "completed",  # its completion was written
+    "retried",  # it failed and will run again
+    "failed",  # it failed for good
+    "cancelled",  # cancel_job() stopped it
+    "handed_back",  # shutdown handed it back unfinished
+    "lost",  # its lease was lost: the outcome was not written, it runs again
+    "interrupted",  # the worker itself was torn down around it
+)
+
+
+class JobObserver(Protocol):
+    """Told when a claimed job's function starts and when its attempt ends.
+
+    Both calls happen in the job's own task (so a context variable set in
+    ``job_started`` is seen by the job's code); they must be quick and must
+    not raise."""
+
+    def job_started(self, row: Mapping[str, Any], task: str) -> Any: ...
+
+    def job_finished(self, handle: Any, outcome: str, duration: float | None) -> None: ...
+
+
+#: The installed observers (a tuple: the executor iterates it without a lock).
+observers: tuple[JobObserver, ...] = ()
+#: Given a job's task_data JSON text at schedule(), returns it with the
+#: caller's trace context added (or unchanged). None: tracing is off.
+trace_injector: Callable[[str], str] | None = None
+
+
+def add_observer(observer: JobObserver) -> None:
+    global observers
+    if observer not in observers:
+        observers = (*observers, observer)
+
+
+def remove_observer(observer: JobObserver) -> None:
+    global observers
+    observers = tuple(o for o in observers if o is not observer)
+
+
+def started(row: Mapping[str, Any], task: str) -> list[tuple[JobObserver, Any]]:
+    """Tell every observer a job starts; the handles :func:`finished` needs."""
+    return [(o, o.job_started(row, task)) for o in observers]
+
+
+def finished(handles: list[tuple[JobObserver, Any]], outcome: str, duration: float | None) -> None:
+    for observer, handle in handles:
+        observer.job_finished(handle, outcome, duration)

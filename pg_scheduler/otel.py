@@ -1,0 +1,121 @@
+"""OpenTelemetry spans around each job run (extra ``otel``).
+
+``enable_tracing()`` installs two hooks (see :mod:`pg_scheduler.instrument`):
+
+* at ``schedule()`` (and ``schedule_bulk``), when the caller has a current
+  span, its context is stored in the job's ``task_data`` under
+  :data:`TRACE_KEY` (W3C trace context, through the global propagator).
+  Without a current span nothing is added;
+* around each run, a span ``run <task>`` (kind CONSUMER) whose parent is that
+  stored context, current while the job's function runs (so spans the job
+  opens are its children), ended with the attempt's outcome.
+
+Only processes that called ``enable_tracing()`` do either; the rest pay one
+attribute read per job.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pg_scheduler.instrument as instrument
+
+#: The reserved key of ``task_data`` that carries the scheduling trace context.
+TRACE_KEY = "_pg_scheduler_trace"
+_ERROR_OUTCOMES = frozenset({"failed", "retried", "lost"})
+
+
+def _require_otel() -> Any:
+    try:
+        import opentelemetry.trace
+    except ImportError:
+        raise ImportError(
+            "tracing needs opentelemetry-api: pip install 'pg-scheduler[otel]'"
+        ) from None
+    return opentelemetry.trace
+
+
+class JobTracing:
+    """The span-per-run observer and the trace-context injector."""
+
+    def __init__(self, tracer_provider: Any = None) -> None:
+        trace = _require_otel()
+        from opentelemetry import context, propagate
+
+        self._trace = trace
+        self._context = context
+        self._propagate = propagate
+        self.tracer = trace.get_tracer("pg_scheduler", tracer_provider=tracer_provider)
+
+    def inject(self, task_data: str) -> str:
+        """``task_data`` with the current span's context added, if there is one."""
+        if not self._trace.get_current_span().get_span_context().is_valid:
+            return task_data
+        carrier: dict[str, str] = {}
+        self._propagate.inject(carrier)
+        if not carrier or not task_data.endswith("}"):
+            return task_data
+        return f'{task_data[:-1]}, "{TRACE_KEY}": {json.dumps(carrier)}}}'
+
+    def _parent(self, row: Any) -> Any:
+        raw = row.get("task_data")
+        if not isinstance(raw, str) or TRACE_KEY not in raw:
+            return None
+        try:
+            carrier = json.loads(raw).get(TRACE_KEY)
+        except ValueError:
+            return None
+        return self._propagate.extract(carrier) if isinstance(carrier, dict) else None
+
+    def job_started(self, row: Any, task: str) -> tuple[Any, Any]:
+        span = self.tracer.start_span(
+            f"run {task}",
+            context=self._parent(row),
+            kind=self._trace.SpanKind.CONSUMER,
+            attributes={
+                "pg_scheduler.job_id": str(row.get("job_id")),
+                "pg_scheduler.task": task,
+                "pg_scheduler.queue": row.get("queue") or "default",
+                "pg_scheduler.attempt": int(row.get("attempts") or 1),
+            },
+        )
+        token = self._context.attach(self._trace.set_span_in_context(span))
+        return span, token
+
+    def job_finished(self, handle: tuple[Any, Any], outcome: str, duration: float | None) -> None:
+        span, token = handle
+        span.set_attribute("pg_scheduler.outcome", outcome)
+        if outcome in _ERROR_OUTCOMES:
+            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, outcome))
+        span.end()
+        self._context.detach(token)
+
+
+_installed: JobTracing | None = None
+
+
+def enable_tracing(tracer_provider: Any = None) -> JobTracing:
+    """Trace every job this process runs, and carry callers' trace context
+    from ``schedule()`` into their jobs. ``tracer_provider``: default, the
+    global one. Calling it again replaces the previous setup."""
+    global _installed
+    tracing = JobTracing(tracer_provider)
+    disable_tracing()
+    instrument.add_observer(tracing)
+    instrument.trace_injector = tracing.inject
+    _installed = tracing
+    return tracing
+
+
+def disable_tracing() -> None:
+    """Stop tracing runs and carrying context (jobs already stored keep theirs)."""
+    global _installed
+    if _installed is not None:
+        instrument.remove_observer(_installed)
+        if instrument.trace_injector == _installed.inject:
+            instrument.trace_injector = None
+        _installed = None
+
+
+__all__ = ["TRACE_KEY", "JobTracing", "disable_tracing", "enable_tracing"]

@@ -1,0 +1,214 @@
+"""SQL of the web dashboard: overview, keyset job pages, workers, queues.
+
+Read-only except the queue pause switch; job and periodic actions go through
+the statements the CLI uses (``housekeeping.OpsStore``, ``jobs.Store``).
+
+The job list pages newest first on ``(created_at, job_id)`` through
+``scheduled_jobs_dashboard_idx`` (status, created_at, job_id) of migration
+0009: one index range per status, merged, so a page costs the same on the
+first page and the ten-thousandth, on 1,000 rows or 1,000,000. The keyset and
+time bounds are written without ``$n IS NULL OR ...`` so that a generic plan
+still uses them as index conditions.
+
+Named queues (a ``queue`` column and a ``scheduler_queues`` table) may or may
+not exist in the schema: :meth:`DashboardStore.open` looks in the catalog once
+and builds the statements for what it finds; without them every job is in
+one queue, "default".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+
+from ..enums import FINAL_STATUSES, JobStatus
+from .names import DEFAULT_SCHEMA, JOBS_CHANNEL, Qualifier
+
+DEFAULT_QUEUE = "default"
+ALL_STATUSES = [s.value for s in JobStatus]
+_FINAL = sorted(s.value for s in FINAL_STATUSES)
+
+_DETECT = """
+SELECT to_regclass($1) IS NOT NULL AS has_jobs,
+       EXISTS (SELECT 1 FROM pg_attribute a
+                WHERE a.attrelid = to_regclass($1) AND a.attname = 'queue'
+                  AND NOT a.attisdropped) AS has_queue_column,
+       to_regclass($2) IS NOT NULL AS has_queue_table
+"""
+# One pass over the table: the overview's and the queues page's counts.
+_COUNTS = """
+SELECT {queue} AS queue, task_name, status, count(*)::bigint AS n,
+       count(*) FILTER (WHERE status = 'pending' AND execution_time <= now())::bigint AS due
+  FROM scheduled_jobs
+ GROUP BY 1, 2, 3
+"""
+# Finished jobs per time bucket (scheduled_jobs_finished_idx: status, finished_at).
+_SERIES = """
+SELECT (floor(extract(epoch FROM finished_at) / $2) * $2)::float8 AS bucket, status,
+       count(*)::bigint AS n
+  FROM scheduled_jobs
+ WHERE status = ANY($3::text[]) AND finished_at >= now() - make_interval(secs => $1)
+ GROUP BY 1, 2
+ ORDER BY 1
+"""
+_LIST_COLUMNS = """
+    j.job_id, j.job_name, j.task_name, j.status, j.priority, {queue} AS queue,
+    j.created_at, j.execution_time, j.started_at, j.finished_at, j.attempts,
+    j.max_retries, j.worker_id, j.progress, left(j.task_data::text, 300) AS args,
+    left(j.error_message, 300) AS error
+"""
+# $1 statuses, ($2, $3) the keyset cursor (exclusive; an "until" time is
+# folded into it), $4 task or job name, $5 created_at lower bound, $6 search
+# text (a job id, or text in the arguments), $7 page size, $8 queue. One
+# upper bound only: a row comparison and a scalar bound on the same column
+# would leave the index scan starting at the looser one.
+_LIST = """
+SELECT x.* FROM unnest($1::text[]) AS s(status)
+ CROSS JOIN LATERAL (
+    SELECT {columns}
+      FROM scheduled_jobs j
+     WHERE j.status = s.status
+       AND (j.created_at, j.job_id)
+           < (COALESCE($2::timestamptz, 'infinity'), COALESCE($3::text, ''))
+       AND j.created_at >= COALESCE($5::timestamptz, '-infinity')
+       AND ($4::text IS NULL OR j.task_name = $4 OR j.job_name = $4)
+       AND ($6::text IS NULL OR j.job_id = $6
+            OR strpos(lower(j.task_data::text), lower($6)) > 0)
+       AND {queue_filter}
+     ORDER BY j.created_at DESC, j.job_id DESC
+     LIMIT $7
+ ) x
+ ORDER BY x.created_at DESC, x.job_id DESC
+ LIMIT $7
+"""
+_JOB_QUEUE = "SELECT queue FROM scheduled_jobs WHERE job_id = $1"
+_RUNNING = """
+SELECT worker_id, job_id, task_name, started_at, progress
+  FROM scheduled_jobs WHERE status = 'running'
+ ORDER BY started_at, job_id
+ LIMIT $1
+"""
+_QUEUE_SETTINGS = "SELECT name, paused, to_jsonb(q)::text AS settings FROM {table} q ORDER BY name"
+_SET_PAUSED = """
+WITH changed AS (
+    INSERT INTO {table} (name, paused) VALUES ($1, $2)
+    ON CONFLICT (name) DO UPDATE SET paused = EXCLUDED.paused
+    RETURNING name, paused
+)
+SELECT name, CASE WHEN NOT paused THEN pg_notify('{channel}', '') END FROM changed
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """What this schema has, read once: the job table, named queues."""
+
+    has_jobs: bool
+    has_queue_column: bool
+    has_queue_table: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """Where a job page ends: the last row's (created_at, job_id)."""
+
+    created_at: datetime
+    job_id: str
+
+
+class DashboardStore:
+    """The dashboard's statements for one schema; build it with :meth:`open`."""
+
+    def __init__(
+        self, pool: asyncpg.Pool, schema: str = DEFAULT_SCHEMA, catalog: Catalog | None = None
+    ) -> None:
+        self.pool = pool
+        self.catalog = catalog or Catalog(True, False, False)
+        q = Qualifier(schema)
+        self.qualify = q
+        queue = "j.queue" if self.catalog.has_queue_column else f"'{DEFAULT_QUEUE}'::text"
+        self._counts = q(_COUNTS.format(queue=queue.removeprefix("j.")))
+        self._series = q(_SERIES)
+        queue_filter = (
+            "($8::text IS NULL OR j.queue = $8)"
+            if self.catalog.has_queue_column
+            else f"($8::text IS NULL OR $8 = '{DEFAULT_QUEUE}')"
+        )
+        self._list = q(
+            _LIST.format(columns=_LIST_COLUMNS.format(queue=queue), queue_filter=queue_filter)
+        )
+        self._job_queue = q(_JOB_QUEUE) if self.catalog.has_queue_column else None
+        self._running = q(_RUNNING)
+        queues_table = q.table("scheduler_queues")
+        self._queue_settings = _QUEUE_SETTINGS.format(table=queues_table)
+        channel = q.channel(JOBS_CHANNEL).replace("'", "''")
+        self._set_paused = _SET_PAUSED.format(table=queues_table, channel=channel)
+
+    @classmethod
+    async def open(cls, pool: asyncpg.Pool, schema: str = DEFAULT_SCHEMA) -> DashboardStore:
+        """Read the catalog once and build the statements for what this schema has."""
+        q = Qualifier(schema)
+        row = await pool.fetchrow(_DETECT, q.table("scheduled_jobs"), q.table("scheduler_queues"))
+        return cls(pool, schema, Catalog(**dict(row)))
+
+    async def counts(self) -> list[asyncpg.Record]:
+        """(queue, task_name, status, n, due) for every combination with rows."""
+        return await self.pool.fetch(self._counts)
+
+    async def finished_series(
+        self, seconds: float, bucket: float, statuses: Sequence[str] = _FINAL
+    ) -> list[asyncpg.Record]:
+        """Jobs finished in the last ``seconds``, per ``bucket``-second bucket and status."""
+        return await self.pool.fetch(self._series, seconds, bucket, list(statuses))
+
+    async def list_jobs(
+        self,
+        *,
+        statuses: Sequence[str] | None = None,
+        task: str | None = None,
+        queue: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        search: str | None = None,
+        after: Cursor | None = None,
+        limit: int = 50,
+    ) -> list[asyncpg.Record]:
+        """One page of jobs, newest first, strictly after ``after`` when given;
+        created in [``since``, ``until``)."""
+        if until is not None and (after is None or until <= after.created_at):
+            after = Cursor(until, "")  # (created_at, job_id) < (until, '') is created_at < until
+        return await self.pool.fetch(
+            self._list,
+            list(statuses) if statuses else ALL_STATUSES,
+            after.created_at if after else None,
+            after.job_id if after else None,
+            task,
+            since,
+            search,
+            limit,
+            queue,
+        )
+
+    async def job_queue(self, job_id: str) -> str:
+        if self._job_queue is None:
+            return DEFAULT_QUEUE
+        return await self.pool.fetchval(self._job_queue, job_id) or DEFAULT_QUEUE
+
+    async def running_jobs(self, limit: int = 1000) -> list[asyncpg.Record]:
+        return await self.pool.fetch(self._running, limit)
+
+    async def queue_settings(self) -> list[asyncpg.Record]:
+        """Rows of ``scheduler_queues`` (name, paused, the whole row as JSON); [] without it."""
+        if not self.catalog.has_queue_table:
+            return []
+        return await self.pool.fetch(self._queue_settings)
+
+    async def set_queue_paused(self, name: str, paused: bool) -> bool:
+        """Pause or resume a queue; a resume wakes the workers. False without queues."""
+        if not self.catalog.has_queue_table:
+            return False
+        row = await self.pool.fetchrow(self._set_paused, name, paused)
+        return row is not None
