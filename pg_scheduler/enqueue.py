@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from . import instrument
+import pg_scheduler.instrument as instrument
+
 from .codec import encode_task_data
 from .dedupe import has_task_key
 from .dedupe import resolve as resolve_dedupe
