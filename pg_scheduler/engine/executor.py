@@ -58,6 +58,7 @@ def _info_enabled() -> bool:
 CANCELLED_REMOTELY = "cancelled"  # cancel_job(): the row is already 'cancelled'
 LEASE_LOST = "lease lost"  # the database no longer has it running here
 SHUTDOWN = "shutdown"  # graceful shutdown ran out of grace: hand it back
+BLOCKED_LOOP = "blocked the event loop"  # the watchdog failed it (services/stall.py)
 
 
 @dataclass(slots=True)
@@ -339,6 +340,14 @@ class Executor:
             "attempt": job.attempt,
         }
 
+    def retry_delay(self, job: ClaimedJob) -> float | None:
+        """Seconds before a failed attempt of ``job`` runs again; None: no retry left."""
+        if job.attempt > job.max_retries:
+            return None
+        stored = decode_json(job.retry_policy)
+        policy = RetryPolicy(**stored) if stored else self.retry_policy
+        return policy.delay_for(job.retry_count + 1)
+
     async def _failed(
         self,
         job: ClaimedJob,
@@ -348,10 +357,8 @@ class Executor:
         final: bool = False,
     ) -> None:
         message = clip_text(message, ERROR_MAX_CHARS)
-        if job.attempt <= job.max_retries and not final:
-            stored = decode_json(job.retry_policy)
-            policy = RetryPolicy(**stored) if stored else self.retry_policy
-            delay = policy.delay_for(job.retry_count + 1)
+        delay = None if final else self.retry_delay(job)
+        if delay is not None:
             retry_at = await write_failure(
                 self.store, job.job_id, self.worker_id, job.attempt, message, trace, delay
             )
