@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -13,7 +13,7 @@ import sync_tasks
 from conftest import job_status, wait_for_status, wait_until
 from structlog.testing import capture_logs
 
-from pg_scheduler import Scheduler
+from pg_scheduler import RetryPolicy, Scheduler
 from pg_scheduler.tasks import TaskRegistry
 
 started_at: dict[int, float] = {}
@@ -190,3 +190,67 @@ async def test_thread_job_past_its_timeout_fails_at_once_and_frees_its_slot_on_r
     sync_tasks.release.set()
     await wait_until(lambda: scheduler.worker.slots.active == 0, message="slot to be freed")
     assert await job_status(pool, job_id) == "failed"
+
+
+async def test_timed_out_thread_jobs_retry_waits_for_the_old_thread_here(pool, make_scheduler):
+    for event in (sync_tasks.sleeping, sync_tasks.release):
+        event.clear()
+    sync_tasks.overlap.update(active=0, max_active=0, runs=0)
+    scheduler = await make_scheduler(max_concurrent_jobs=3)
+    job_id = await scheduler.schedule(
+        sync_tasks.slow_first_run,
+        execution_time=now(),
+        timeout=0.3,
+        max_retries=1,
+        retry_policy=RetryPolicy(base_delay=0, jitter=0),
+    )
+    await wait_until(sync_tasks.sleeping.is_set, message="first attempt to start")
+
+    async def retry_claimed() -> bool:
+        row = await pool.fetchrow(
+            "SELECT status, attempts FROM scheduled_jobs WHERE job_id = $1", job_id
+        )
+        return row["status"] == "running" and row["attempts"] == 2
+
+    # The retry is due at once and claimed by this worker, but waits for the thread.
+    await wait_until(retry_claimed, message="retry to be claimed")
+    await wait_until(lambda: job_id in scheduler.worker.running, message="retry to be started")
+    assert sync_tasks.overlap["runs"] == 1
+    assert scheduler.worker.slots.active == 2  # the old thread's slot and the retry's
+    sync_tasks.release.set()
+    assert await scheduler.result(job_id, timeout=10) == 2
+    assert sync_tasks.overlap["max_active"] == 1
+    job = await scheduler.get_job(job_id)
+    assert [a.outcome for a in job.attempt_history] == ["timed_out", "completed"]
+    await wait_until(lambda: not scheduler.worker.executor.lingering, message="linger to clear")
+
+
+async def exec_noop(n: int) -> int:
+    return n
+
+
+async def test_async_jobs_start_within_50ms_of_due_while_a_thread_sleeps_3s(pool, make_scheduler):
+    sync_tasks.sleeping.clear()
+    scheduler = await make_scheduler(max_concurrent_jobs=4)
+    sync_id = await scheduler.schedule(sync_tasks.sleep_three, execution_time=now())
+    await wait_until(sync_tasks.sleeping.is_set, message="thread job to start")
+    base = now()
+    ids = [
+        await scheduler.schedule(
+            exec_noop, execution_time=base + timedelta(seconds=0.3 + 0.25 * n), args=(n,)
+        )
+        for n in range(8)
+    ]
+    for job_id in ids:
+        await scheduler.wait_for(job_id, timeout=10)
+    # All due (and run) while the thread job still slept.
+    assert await job_status(pool, sync_id) == "running"
+    late = await pool.fetch(
+        """SELECT EXTRACT(EPOCH FROM started_at - execution_time)::float8 AS late
+             FROM scheduled_jobs WHERE job_id = ANY($1::text[])""",
+        ids,
+    )
+    lateness = sorted(r["late"] for r in late)
+    print("start lateness (s):", [round(x, 4) for x in lateness])
+    assert all(0 <= x < 0.05 for x in lateness), lateness
+    assert await scheduler.result(sync_id, timeout=10) == "slept"

@@ -143,6 +143,8 @@ class Executor:
         self._wake_after = wake_after
         #: Jobs whose function runs now, by id (the heartbeat and cancel look here).
         self.running: dict[str, RunningJob] = {}
+        #: Thread jobs whose outcome is written but whose thread still runs, by id.
+        self.lingering: dict[str, Any] = {}
         self.sync = SyncRunners(thread_pool_size, process_pool_size or default_process_pool_size())
         self.log_debug = self.log_info = True
 
@@ -309,6 +311,13 @@ class Executor:
         timeout: float | None,
     ) -> Any:
         running.on_loop = False
+        job_id = running.job.job_id
+        previous = self.lingering.get(job_id)
+        if previous is not None:
+            # A retry (or an operator's re-run) of a thread job whose earlier
+            # attempt's thread still runs here: never two threads of one job.
+            log.info("waiting for the previous attempt's thread to return", job_id=job_id)
+            await asyncio.wait([asyncio.wrap_future(previous)])
         run = self.sync.run_thread if kind == "thread" else self.sync.run_process
         try:
             if timeout is None:
@@ -319,6 +328,10 @@ class Executor:
             if timer.expired():
                 raise _SyncTimeout(f"timed out after {timeout:g} s") from None
             raise
+        finally:
+            if running.linger is not None:
+                # Before the outcome is written, so a retry claimed here sees it.
+                self.lingering[job_id] = running.linger
 
     async def _wait_linger(self, running: RunningJob) -> None:
         # The outcome is written; hold the job's task (so its slot) until the
@@ -329,6 +342,10 @@ class Executor:
             raise
         except BaseException:
             pass  # the job's outcome is already recorded
+        finally:
+            linger = running.linger
+            if linger.done() and self.lingering.get(running.job.job_id) is linger:
+                del self.lingering[running.job.job_id]
         log.info("cancelled thread job returned; slot freed", job_id=running.job.job_id)
 
     def _fields(self, job: ClaimedJob) -> dict[str, Any]:
