@@ -254,3 +254,30 @@ async def test_async_jobs_start_within_50ms_of_due_while_a_thread_sleeps_3s(pool
     print("start lateness (s):", [round(x, 4) for x in lateness])
     assert all(0 <= x < 0.05 for x in lateness), lateness
     assert await scheduler.result(sync_id, timeout=10) == "slept"
+
+
+block_started = threading.Event()
+
+
+async def exec_block_briefly(seconds: float) -> str:
+    block_started.set()
+    time.sleep(seconds)  # noqa: ASYNC251 - the blocking job under test
+    return "done"
+
+
+async def test_schedule_returns_before_a_locally_started_job_blocks_the_loop(pool, make_scheduler):
+    block_started.clear()
+    scheduler = await make_scheduler(loop_stall_warning=None)
+    began = time.perf_counter()
+    job_id = await scheduler.schedule(exec_block_briefly, execution_time=now(), args=(1.5,))
+    returned_after = time.perf_counter() - began
+    started_inside_schedule = block_started.is_set()
+    # Written already claimed here (the in-process start).
+    row = await pool.fetchrow(
+        "SELECT status, worker_id FROM scheduled_jobs WHERE job_id = $1", job_id
+    )
+    print(f"schedule() returned after {returned_after * 1000:.1f} ms")
+    assert (row["status"], row["worker_id"]) == ("running", scheduler.worker_id)
+    assert not started_inside_schedule
+    assert returned_after < 0.5
+    assert await scheduler.result(job_id, timeout=10) == "done"

@@ -122,7 +122,7 @@ async def test_blocker_runs_once_and_innocent_jobs_complete(pool, spawn, produce
     assert "event loop blocked: a job is running blocking code" in log
     blocked_line = next(line for line in log.splitlines() if "running blocking code" in line)
     assert f"fault.block_loop ({blocker})" in blocked_line
-    assert "the watchdog renews this worker's leases" in log
+    assert "watchdog renewing this worker's leases while the event loop is blocked" in log
 
 
 @pytest.mark.parametrize("await_after", [True, False], ids=["awaits-after", "returns-at-once"])

@@ -156,7 +156,7 @@ class StallGuard:
         if not self._announced:
             self._announced = True
             log.warning(
-                "event loop blocked: the watchdog renews this worker's leases",
+                "watchdog renewing this worker's leases while the event loop is blocked",
                 jobs=len(held),
                 worker_id=self.worker_id,
             )
