@@ -65,6 +65,12 @@ async def test_pool_sizes_are_validated(pool) -> None:
         Scheduler(pool, process_pool_size="2")
     with pytest.raises(ValueError, match="loop_stall_warning"):
         Scheduler(pool, loop_stall_warning=-1)
+    for bad in (0, -1, "60", float("nan"), True):
+        with pytest.raises(ValueError, match="loop_stall_limit"):
+            Scheduler(pool, loop_stall_limit=bad)
+    assert Scheduler(pool).loop_stall_limit == 60.0
+    assert Scheduler(pool, heartbeat_threshold=300, lease_duration=90).loop_stall_limit == 90
+    assert Scheduler(pool, loop_stall_limit=5).loop_stall_limit == 5
 
 
 async def test_thread_job_leaves_the_loop_free_for_async_jobs(pool, make_scheduler):
