@@ -140,11 +140,13 @@ class StallGuard:
 
     async def _connection(self) -> asyncpg.Connection:
         if self._conn is None or self._conn.is_closed():
-            # The pool's own connect arguments (DSN, ssl, statement cache for
-            # pgbouncer); private attributes of asyncpg.Pool, stable since 0.18.
+            # The pool's own connect function and arguments (DSN, ssl, statement
+            # cache for pgbouncer): private attributes of asyncpg.Pool.
             pool: Any = self.pool
-            kwargs = {**pool._connect_kwargs, "timeout": self._timeout}
-            self._conn = await asyncpg.connect(*pool._connect_args, **kwargs)
+            connect = getattr(pool, "_connect", None) or asyncpg.connect
+            self._conn = await asyncio.wait_for(
+                connect(*pool._connect_args, **pool._connect_kwargs), self._timeout
+            )
         return self._conn
 
     async def _renew(self) -> None:
