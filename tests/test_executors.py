@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sync_tasks
@@ -289,3 +291,49 @@ async def test_schedule_returns_before_a_locally_started_job_blocks_the_loop(poo
     assert not started_inside_schedule
     assert returned_after < 0.5
     assert await scheduler.result(job_id, timeout=10) == "done"
+
+
+stall_gate = asyncio.Event()
+
+
+async def exec_wait_stall_gate() -> str:
+    await stall_gate.wait()
+    return "finished"
+
+
+async def lease_of(pool, job_id: str) -> Any:
+    return await pool.fetchval("SELECT lease_until FROM scheduled_jobs WHERE job_id = $1", job_id)
+
+
+async def test_stall_guard_renews_then_fails_the_blocker_then_gives_up(pool, make_scheduler):
+    # The guard driven by hand from a thread, as the watchdog drives it (none runs here).
+    stall_gate.clear()
+    scheduler = await make_scheduler(loop_stall_warning=None, loop_stall_limit=5)
+    blocker = await scheduler.schedule(exec_wait_stall_gate, execution_time=now())
+    innocent = await scheduler.schedule(exec_wait_stall_gate, execution_time=now())
+    await wait_until(lambda: {blocker, innocent} <= set(scheduler.worker.running))
+    guard = scheduler._stall_guard()
+    guard.main_loop = asyncio.get_running_loop()
+    before = await lease_of(pool, innocent)
+    await asyncio.to_thread(guard.tick, 0.1, None, "")  # shorter than heartbeat_interval
+    assert guard.renewals == 0
+    await asyncio.to_thread(guard.tick, 1.0, None, "")
+    assert guard.renewals == 1 and await lease_of(pool, innocent) > before
+    running = scheduler.worker.running[blocker]
+    await asyncio.to_thread(guard.tick, 5.5, running, "  File x, in exec_wait_stall_gate\n")
+    assert guard.failed == [blocker]
+    await wait_for_status(pool, blocker, "failed")
+    job = await scheduler.get_job(blocker)
+    assert job.error.startswith("blocked the event loop for 5.5 s (loop_stall_limit=5 s)")
+    assert [a.outcome for a in job.attempt_history] == ["failed"]
+    # Its task is stopped on the loop; the innocent job runs on.
+    await wait_until(lambda: blocker not in scheduler.worker.running, message="blocker stopped")
+    assert innocent in scheduler.worker.running
+    renewed = await lease_of(pool, innocent)
+    await asyncio.to_thread(guard.tick, 10.0, None, "")  # twice the limit: gives up
+    await asyncio.to_thread(guard.tick, 10.5, None, "")
+    assert await lease_of(pool, innocent) == renewed
+    await asyncio.to_thread(guard.close)
+    stall_gate.set()
+    assert await scheduler.result(innocent, timeout=5) == "finished"
+    assert await job_status(pool, blocker) == "failed"
