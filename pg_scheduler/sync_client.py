@@ -191,9 +191,9 @@ class SyncClient:
         with self._lock:
             loop, thread, pool = self._loop, self._thread, self._pool
             self._loop = self._thread = self._pool = self._scheduler = None
-        if loop is None or thread is None:
-            return
-        if pool is not None and self._pid == os.getpid():
+        if loop is None or thread is None or self._pid != os.getpid():
+            return  # nothing started, or the parent's (a forked child owns neither)
+        if pool is not None:
             asyncio.run_coroutine_threadsafe(pool.close(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(30)

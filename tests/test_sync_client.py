@@ -272,3 +272,27 @@ def many_threads(dsn: str) -> None:
         # Usable again after close (a new pool on first use).
         assert client.get_job(ids[0]) is not None
     assert not [t for t in threading.enumerate() if t.name == "pg_scheduler-sync-client"]
+
+
+def _child_schedules(client: SyncClient, out: Any) -> None:
+    # In a forked child: the parent's thread and pool are not inherited as usable.
+    out.put(client.schedule(sync_client_note, execution_time=now(), args=("child",)))
+    client.close()
+
+
+async def test_a_client_used_before_fork_works_in_the_child(pool, client):
+    import multiprocessing
+
+    parent_id = client.schedule(
+        sync_client_note, execution_time=now() + timedelta(hours=1), args=("p",)
+    )
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_child_schedules, args=(client, out))
+    proc.start()
+    child_id = await asyncio.to_thread(out.get, True, 30)
+    await asyncio.to_thread(proc.join, 30)
+    assert proc.exitcode == 0
+    assert await job_status(pool, child_id) == "pending"
+    # The parent's client is untouched by the child's close().
+    assert client.get_job(parent_id) is not None
