@@ -37,6 +37,7 @@ CONTENDERS: dict[str, str | None] = {
     "pg_scheduler": None,
     "pg_scheduler_del": None,  # the same, completed rows deleted at once
     "pg_scheduler_notify": None,  # the same, no in-process start (latency only)
+    "pg_scheduler_thread": None,  # plain def jobs in the thread pool (drain only)
     "pgqueuer": "pgqueuer==1.6.0",
     "chancy": "chancy==0.26.0",
     "pg_scheduler_023": "pg-scheduler==0.2.3",
@@ -70,7 +71,7 @@ SCENARIOS = ["enqueue", "latency", "drain", "backlog", "big_backlog", "scaling"]
 # Scenarios run for this library only (the peers take minutes per 1M rows).
 OURS_ONLY = {"big_backlog", "scaling"}
 # Variants that differ from pg_scheduler in one scenario only run that one.
-ONLY_IN = {"pg_scheduler_notify": {"latency"}}
+ONLY_IN = {"pg_scheduler_notify": {"latency"}, "pg_scheduler_thread": {"drain"}}
 
 
 def python_for(name: str) -> str:

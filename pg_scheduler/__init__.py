@@ -11,6 +11,7 @@ from .models import Attempt, Job, TaskInventory
 from .periodic import CoalescePolicy, PeriodicJobConfig, periodic
 from .results import JobCancelled, JobExpired, JobFailed, JobNotFound
 from .scheduler import Scheduler
+from .sync_client import SyncClient
 from .tasks import task
 
 __version__ = "0.3.0"
@@ -36,6 +37,7 @@ __all__ = [
     "RetryPolicy",
     "Scheduler",
     "Subscription",
+    "SyncClient",
     "TaskInventory",
     "VacuumConfig",
     "VacuumPolicy",

@@ -68,6 +68,49 @@ def check_conflict_resolution(value: Any) -> None:
         raise TypeError(f"conflict_resolution must be a ConflictResolution, got {value!r}")
 
 
+def check_repeated_ids(user_ids: list[str], conflict: ConflictResolution) -> None:
+    seen: set[str] = set()
+    duplicates: set[str] = set()
+    for i in user_ids:
+        if i in seen:
+            duplicates.add(i)
+        seen.add(i)
+    if duplicates and conflict is not ConflictResolution.IGNORE:
+        raise ValueError(
+            f"job ids repeated within one schedule_bulk call: {sorted(duplicates)[:10]}"
+        )
+
+
+def check_none_existing(existing: list[str]) -> None:
+    if existing:
+        raise ValueError(
+            f"job ids already exist: {sorted(existing)[:10]}; nothing "
+            "was scheduled (use IGNORE or REPLACE to allow this)"
+        )
+
+
+def duplicate_id_error(detail: str) -> ValueError:
+    return ValueError(
+        f"Job ID already exists: {detail}. Choose a different job_id, "
+        "omit it for auto-generation, or use ConflictResolution.IGNORE/REPLACE"
+    )
+
+
+def ids_in_order(
+    rows: list[NewJob], written: set[str], conflict: ConflictResolution
+) -> list[str | None]:
+    """One id per row, None where IGNORE skipped it (or an earlier row had its id)."""
+    if conflict is not ConflictResolution.IGNORE:
+        return [row.job_id for row in rows]
+    result: list[str | None] = []
+    returned: set[str] = set()
+    for row in rows:
+        fresh = row.job_id in written and row.job_id not in returned
+        returned.add(row.job_id)
+        result.append(row.job_id if fresh else None)
+    return result
+
+
 class Enqueuer:
     """Builds rows for one Scheduler (its registry and defaults) and inserts them."""
 
@@ -121,16 +164,8 @@ class Enqueuer:
             fields, fields.job_id or job_id or new_job_id(), self.default_misfire_grace_time
         )
 
-    async def bulk(
-        self,
-        jobs: list[JobSpec],
-        conflict: ConflictResolution,
-        batch_size: int,
-        connection: asyncpg.Connection | None,
-    ) -> tuple[list[str | None], int]:
-        """Write many specs; (ids in input order with None for IGNORE-skipped, rows written)."""
-        check_conflict_resolution(conflict)
-        check_int("batch_size", batch_size, 1)
+    def bulk_rows(self, jobs: list[JobSpec]) -> list[NewJob]:
+        """The checked rows of ``jobs`` (the sync client writes them too)."""
         if not isinstance(jobs, Sequence):
             raise TypeError("jobs must be a list of JobSpec")
         rows: list[NewJob] = []
@@ -189,6 +224,19 @@ class Enqueuer:
             )
             row_id = next(fresh_ids) if spec.job_id is None else spec.job_id
             rows.append(row_of(fields, row_id, default_grace))
+        return rows
+
+    async def bulk(
+        self,
+        jobs: list[JobSpec],
+        conflict: ConflictResolution,
+        batch_size: int,
+        connection: asyncpg.Connection | None,
+    ) -> tuple[list[str | None], int]:
+        """Write many specs; (ids in input order with None for IGNORE-skipped, rows written)."""
+        check_conflict_resolution(conflict)
+        check_int("batch_size", batch_size, 1)
+        rows = self.bulk_rows(jobs)
         if not rows:
             return [], 0
         check_batch_keys(rows, conflict)
@@ -218,23 +266,10 @@ class Enqueuer:
         connection: asyncpg.Connection | None,
     ) -> None:
         """Before any write: no id twice in one call, and for RAISE none already taken."""
-        seen: set[str] = set()
-        duplicates: set[str] = set()
-        for i in user_ids:
-            if i in seen:
-                duplicates.add(i)
-            seen.add(i)
-        if duplicates and conflict is not ConflictResolution.IGNORE:
-            raise ValueError(
-                f"job ids repeated within one schedule_bulk call: {sorted(duplicates)[:10]}"
-            )
+        check_repeated_ids(user_ids, conflict)
         if conflict is ConflictResolution.RAISE:
             existing = await self.store.existing_ids(connection or self.pool, user_ids)
-            if existing:
-                raise ValueError(
-                    f"job ids already exist: {sorted(existing)[:10]}; nothing "
-                    "was scheduled (use IGNORE or REPLACE to allow this)"
-                )
+            check_none_existing(existing)
 
     async def _write_all(
         self,
@@ -385,10 +420,7 @@ class Enqueuer:
                 if is_dedupe_violation(exc):
                     error = await self.keyed.held_error(self.pool, rows, exc.detail or str(exc))
                     raise error from None
-                raise ValueError(
-                    f"Job ID already exists: {exc.detail or exc}. Choose a different job_id, "
-                    "omit it for auto-generation, or use ConflictResolution.IGNORE/REPLACE"
-                ) from None
+                raise duplicate_id_error(str(exc.detail or exc)) from None
 
         if not pooled:
             return await attempt()

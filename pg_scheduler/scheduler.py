@@ -13,7 +13,7 @@ import asyncpg
 from .compat import SchedulerCompat
 from .config import UNSET, PollingConfig, RetryPolicy, VacuumConfig
 from .dedupe import mark_task
-from .engine import CANCELLED_REMOTELY, Worker
+from .engine import BLOCKED_LOOP, CANCELLED_REMOTELY, Worker
 from .engine import local as local_start
 from .engine.sync import default_process_pool_size
 from .enqueue import Enqueuer, check_conflict_resolution
@@ -30,6 +30,7 @@ from .results import ResultsAPI
 from .scheduler_args import check_arguments
 from .scheduler_ops import SchedulerOps
 from .services import HeartbeatService, RescuerService, VacuumService
+from .services.stall import StallGuard, default_stall_limit
 from .services.watchdog import LoopWatchdog
 from .store import CANCEL_CHANNEL, DEFAULT_SCHEMA, JOBS_CHANNEL, Store
 from .store.housekeeping import VacuumStore
@@ -86,6 +87,7 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
         thread_pool_size: int | None = None,
         process_pool_size: int | None = None,
         loop_stall_warning: float | None = 0.5,
+        loop_stall_limit: float | None = None,
     ) -> None:
         check_arguments(
             db_pool=db_pool,
@@ -110,10 +112,12 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
         check_int("thread_pool_size", thread_pool_size, 1, allow_none=True)
         check_int("process_pool_size", process_pool_size, 1, allow_none=True)
         check_seconds("loop_stall_warning", loop_stall_warning)
+        check_seconds("loop_stall_limit", loop_stall_limit)
         # One thread per slot by default: a thread job never waits for a thread.
         self.thread_pool_size = thread_pool_size or max_concurrent_jobs
         self.process_pool_size = process_pool_size or default_process_pool_size()
         self.loop_stall_warning = loop_stall_warning
+        self._loop_stall_limit = loop_stall_limit
 
         self.db_pool = db_pool
         self.max_concurrent_jobs = max_concurrent_jobs
@@ -194,7 +198,7 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
         self.watchdog = (
             None
             if loop_stall_warning is None
-            else LoopWatchdog(loop_stall_warning, lambda: self.worker.running)
+            else LoopWatchdog(loop_stall_warning, lambda: self.worker.running, self._stall_guard())
         )
         self.registry.add_listener(lambda _name: self.worker.wake())
 
@@ -202,6 +206,27 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
         self.is_shutting_down = False
         self._claim_task: asyncio.Task[None] | None = None
         self._lifecycle = asyncio.Lock()
+
+    @property
+    def loop_stall_limit(self) -> float:
+        """Seconds a job may block the event loop before it is failed (see the
+        failure model); default ``max(60, min(lease_duration, heartbeat_threshold))``."""
+        if self._loop_stall_limit is not None:
+            return self._loop_stall_limit
+        return default_stall_limit(self.lease_duration, self.heartbeat_threshold)
+
+    def _stall_guard(self) -> StallGuard:
+        executor = self.worker.executor
+        return StallGuard(
+            pool=self.db_pool,
+            store=self.store,
+            worker_id=self.worker_id,
+            lease_seconds=lambda: self.lease_duration,
+            interval=self.heartbeat_interval,
+            limit=self.loop_stall_limit,
+            retry_delay=executor.retry_delay,
+            stop_blocker=lambda job_id: self.worker.cancel_local(job_id, BLOCKED_LOOP),
+        )
 
     # -- lifecycle -------------------------------------------------------------
 

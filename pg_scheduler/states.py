@@ -65,8 +65,18 @@ TRANSITIONS: tuple[Transition, ...] = (
         (PENDING,), (RUNNING,), "events._CLAIM_ONE", "pg_scheduler.testing eager run of one job"
     ),
     Transition((RUNNING,), (COMPLETED,), "job_sql._COMPLETE", "engine completer (group commit)"),
-    Transition((RUNNING,), (FAILED,), "job_sql._FAIL", "engine executor (retries exhausted)"),
-    Transition((RUNNING,), (PENDING,), "job_sql._RETRY", "engine executor (a retry after a delay)"),
+    Transition(
+        (RUNNING,),
+        (FAILED,),
+        "job_sql._FAIL",
+        "engine executor (retries exhausted); services/stall.py (blocked the loop)",
+    ),
+    Transition(
+        (RUNNING,),
+        (PENDING,),
+        "job_sql._RETRY",
+        "engine executor (a retry after a delay); services/stall.py",
+    ),
     Transition(
         (RUNNING,),
         (PENDING,),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
 import uuid
 from typing import Any
 
@@ -135,3 +136,22 @@ async def poison(key: str, kind: str) -> Any:
     if kind == "system-exit":
         raise SystemExit(1)
     raise ValueError(f"unknown poison kind {kind!r}")
+
+
+async def _wait_for_go(key: str) -> None:
+    pool = await _get_pool()
+    sql = "SELECT 1 FROM fault_runs WHERE job_key = $1 AND phase = 'go'"
+    while not await pool.fetchval(sql, key):  # noqa: ASYNC110 - polls another process
+        await asyncio.sleep(0.05)
+
+
+@task(name="fault.block_loop")
+async def block_loop(key: str, seconds: float, await_after: bool = True) -> dict[str, Any]:
+    """Issue 14: wait for a 'go' row for ``key``, then block the event loop for
+    ``seconds`` (time.sleep in an async def, the mistake under test)."""
+    run = await record(key, "start")
+    await _wait_for_go(key)
+    time.sleep(seconds)  # noqa: ASYNC251 - the blocking job under test
+    if await_after:
+        await record(key, "after")
+    return {"pid": os.getpid(), "run": run}

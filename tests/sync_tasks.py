@@ -56,3 +56,32 @@ def ignore_timeout() -> str:
     saw_cancel.set()
     release.wait(30)
     return "too late"
+
+
+# Issue 14: a timed-out thread job's retry must not start while its old thread runs.
+overlap = {"active": 0, "max_active": 0, "runs": 0}
+overlap_lock = threading.Lock()
+
+
+@task(name="sync.slow_first_run", executor="thread")
+def slow_first_run() -> int:
+    with overlap_lock:
+        overlap["active"] += 1
+        overlap["runs"] += 1
+        overlap["max_active"] = max(overlap["max_active"], overlap["active"])
+        run = overlap["runs"]
+    try:
+        if run == 1:
+            sleeping.set()
+            release.wait(30)  # ignores its timeout's signal
+        return run
+    finally:
+        with overlap_lock:
+            overlap["active"] -= 1
+
+
+@task(name="sync.sleep_three", executor="thread")
+def sleep_three() -> str:
+    sleeping.set()
+    time.sleep(3)
+    return "slept"

@@ -9,11 +9,20 @@ pooled connection a serial hot path keeps. ``local``: the in-process start.
 
 from .claimer import Holdings, Worker
 from .completer import Completer, write_failure
-from .executor import CANCELLED_REMOTELY, LEASE_LOST, SHUTDOWN, ClaimedJob, Executor, RunningJob
+from .executor import (
+    BLOCKED_LOOP,
+    CANCELLED_REMOTELY,
+    LEASE_LOST,
+    SHUTDOWN,
+    ClaimedJob,
+    Executor,
+    RunningJob,
+)
 from .held import HeldConnection
 from .slots import Slots
 
 __all__ = [
+    "BLOCKED_LOOP",
     "CANCELLED_REMOTELY",
     "LEASE_LOST",
     "SHUTDOWN",

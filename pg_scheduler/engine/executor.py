@@ -60,6 +60,7 @@ def _info_enabled() -> bool:
 CANCELLED_REMOTELY = "cancelled"  # cancel_job(): the row is already 'cancelled'
 LEASE_LOST = "lease lost"  # the database no longer has it running here
 SHUTDOWN = "shutdown"  # graceful shutdown ran out of grace: hand it back
+BLOCKED_LOOP = "blocked the event loop"  # the watchdog failed it (services/stall.py)
 
 
 @dataclass(slots=True)
@@ -144,6 +145,8 @@ class Executor:
         self._wake_after = wake_after
         #: Jobs whose function runs now, by id (the heartbeat and cancel look here).
         self.running: dict[str, RunningJob] = {}
+        #: Thread jobs whose outcome is written but whose thread still runs, by id.
+        self.lingering: dict[str, Any] = {}
         self.sync = SyncRunners(thread_pool_size, process_pool_size or default_process_pool_size())
         self.log_debug = self.log_info = True
 
@@ -320,6 +323,13 @@ class Executor:
         timeout: float | None,
     ) -> Any:
         running.on_loop = False
+        job_id = running.job.job_id
+        previous = self.lingering.get(job_id)
+        if previous is not None:
+            # A retry (or an operator's re-run) of a thread job whose earlier
+            # attempt's thread still runs here: never two threads of one job.
+            log.info("waiting for the previous attempt's thread to return", job_id=job_id)
+            await asyncio.wait([asyncio.wrap_future(previous)])
         run = self.sync.run_thread if kind == "thread" else self.sync.run_process
         try:
             if timeout is None:
@@ -330,6 +340,10 @@ class Executor:
             if timer.expired():
                 raise _SyncTimeout(f"timed out after {timeout:g} s") from None
             raise
+        finally:
+            if running.linger is not None:
+                # Before the outcome is written, so a retry claimed here sees it.
+                self.lingering[job_id] = running.linger
 
     async def _wait_linger(self, running: RunningJob) -> None:
         # The outcome is written; hold the job's task (so its slot) until the
@@ -340,6 +354,10 @@ class Executor:
             raise
         except BaseException:
             pass  # the job's outcome is already recorded
+        finally:
+            linger = running.linger
+            if linger.done() and self.lingering.get(running.job.job_id) is linger:
+                del self.lingering[running.job.job_id]
         log.info("cancelled thread job returned; slot freed", job_id=running.job.job_id)
 
     def _fields(self, job: ClaimedJob) -> dict[str, Any]:
@@ -351,6 +369,14 @@ class Executor:
             "attempt": job.attempt,
         }
 
+    def retry_delay(self, job: ClaimedJob) -> float | None:
+        """Seconds before a failed attempt of ``job`` runs again; None: no retry left."""
+        if job.attempt > job.max_retries:
+            return None
+        stored = decode_json(job.retry_policy)
+        policy = RetryPolicy(**stored) if stored else self.retry_policy
+        return policy.delay_for(job.retry_count + 1)
+
     async def _failed(
         self,
         job: ClaimedJob,
@@ -361,10 +387,8 @@ class Executor:
     ) -> str:
         """Write a failed attempt; what it became: retried, failed or lost."""
         message = clip_text(message, ERROR_MAX_CHARS)
-        if job.attempt <= job.max_retries and not final:
-            stored = decode_json(job.retry_policy)
-            policy = RetryPolicy(**stored) if stored else self.retry_policy
-            delay = policy.delay_for(job.retry_count + 1)
+        delay = None if final else self.retry_delay(job)
+        if delay is not None:
             retry_at = await write_failure(
                 self.store, job.job_id, self.worker_id, job.attempt, message, trace, delay
             )

@@ -5,6 +5,9 @@ this process (same pool and schema, task registered) that has a free slot:
 the row is written already claimed by that worker (``store.insert_running``)
 and started without a NOTIFY hop or a claim. All of it is here: the choice of
 worker, reserving its slot, the write, and starting the row that came back.
+
+The job always runs in its own task, created as the last step of
+``schedule()``: it never runs inside the caller's await.
 """
 
 from __future__ import annotations
@@ -101,21 +104,18 @@ async def write_started(
     if not reserve(worker):
         return False
     claimed = None
-    settled = False
     try:
         async with pool.acquire() as conn:
             claimed = await store.insert_running(
                 conn, row, worker.worker_id, worker.lease_seconds()
             )
-            # Started before the connection goes back to the pool: asyncpg
-            # resets it on the way, a round trip the job need not wait for.
-            settled = True
-            finish(worker, claimed)
-    except Exception as exc:
-        if not is_connection_error(exc):
-            raise
-        return None if claimed is None else True
-    finally:
-        if not settled:
-            finish(worker, None)
+    except BaseException as exc:
+        finish(worker, claimed)  # written: start it anyway; else free the slot
+        if isinstance(exc, Exception) and is_connection_error(exc):
+            return None if claimed is None else True
+        raise
+    # Started only once the connection is back in the pool (after asyncpg's
+    # reset round trip): the job's task then first runs after schedule() has
+    # returned, so a job that blocks the loop cannot hold up its caller.
+    finish(worker, claimed)
     return True

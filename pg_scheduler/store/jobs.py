@@ -40,6 +40,7 @@ from .workers import (
     _MISSING_PRIVILEGES,
     _RENEW_LEASE,
     _RESCUE,
+    _STALL_RENEW,
     _UNKNOWN_TASKS,
     _UNREGISTER,
     WorkerStatements,
@@ -108,6 +109,7 @@ class Store(WorkerStatements):
         self._unknown_tasks = q(_UNKNOWN_TASKS)
         self._existing_ids = q(_EXISTING_IDS)
         self._renew_lease = q(_RENEW_LEASE)
+        self._stall_renew = q(_STALL_RENEW)
         self._unregister = q(_UNREGISTER)
         self._live_workers = q(_LIVE_WORKERS)
         self._get_job = q(_GET_JOB)

@@ -110,6 +110,18 @@ UPDATE scheduled_jobs
  WHERE job_id = $1 AND worker_id = $2 AND status = 'running'
 RETURNING job_id
 """
+# The watchdog's renewal while the event loop is blocked (services/stall.py),
+# on its own connection: this worker's row and every lease it holds. Unlike
+# _HEARTBEAT it reports nothing and registers nothing: the loop does that.
+_STALL_RENEW = """
+WITH me AS (
+    UPDATE scheduler_workers SET last_seen = now() WHERE worker_id = $1
+)
+UPDATE scheduled_jobs
+   SET last_heartbeat = now(), lease_until = now() + make_interval(secs => $2)
+ WHERE worker_id = $1 AND status = 'running'
+RETURNING job_id
+"""
 _UNREGISTER = "DELETE FROM scheduler_workers WHERE worker_id = $1"
 _LIVE_WORKERS = """
 SELECT worker_id, hostname, pid, started_at, last_seen, max_concurrent, tasks
@@ -136,6 +148,9 @@ class WorkerStatements:
     pool: asyncpg.Pool
     _heartbeat: str
     _renew_lease: str
+    _stall_renew: str
+    _fail: str
+    _retry: str
     _unregister: str
     _rescue: str
     _forget_dead_workers: str
@@ -182,6 +197,34 @@ class WorkerStatements:
             lease_seconds,
         )
         return value is not None
+
+    # -- from the watchdog thread, on its own connection (the loop is blocked) --
+
+    async def renew_while_stalled(
+        self, conn: asyncpg.Connection, worker_id: str, lease_seconds: float, timeout: float
+    ) -> list[str]:
+        """Renew this worker's row and all its leases; the ids still running here."""
+        rows = await conn.fetch(self._stall_renew, worker_id, lease_seconds, timeout=timeout)
+        return [r["job_id"] for r in rows]
+
+    async def fail_blocker(
+        self,
+        conn: asyncpg.Connection,
+        job_id: str,
+        worker_id: str,
+        attempt: int,
+        error: str,
+        traceback: str | None,
+        retry_delay: float | None,
+        timeout: float,
+    ) -> bool:
+        """Fail (``retry_delay`` None) or retry the attempt that blocks the loop,
+        under the lease guard; False if this worker no longer holds it."""
+        if retry_delay is None:
+            args: tuple[object, ...] = (self._fail, job_id, worker_id, attempt, error, traceback)
+        else:
+            args = (self._retry, job_id, worker_id, attempt, retry_delay, error, traceback)
+        return await conn.fetchval(*args, timeout=timeout) is not None
 
     async def unregister_worker(self, worker_id: str) -> None:
         await self.pool.execute(self._unregister, worker_id)
