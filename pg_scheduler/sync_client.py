@@ -21,7 +21,7 @@ import os
 import threading
 from collections.abc import Callable, Coroutine
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import asyncpg
 
@@ -39,7 +39,7 @@ from .job_spec import JobSpec
 from .models import Job
 from .scheduler import Scheduler
 from .store.dbapi import UNIQUE_VIOLATION, DbapiStatements, sqlstate
-from .store.jobs import NewJob
+from .store.jobs import NewJob, Store
 from .store.names import DEFAULT_SCHEMA, check_schema
 from .tasks import TaskRegistry, default_registry
 from .validation import INT4_MAX, check_int
@@ -81,9 +81,11 @@ class SyncClient:
             misfire_grace_time=misfire_grace_time, schema=schema, retry_policy=retry_policy
         )
         self._statements = DbapiStatements(schema)
-        # Rows are built exactly as the Scheduler builds them (no pool needed).
+        # Rows are built exactly as the Scheduler builds them (no pool needed:
+        # the statements are only qualified, never run, on this path).
         registry = TaskRegistry(parent=default_registry)
-        self._rows = Enqueuer(None, None, registry, lambda: misfire_grace_time)  # type: ignore[arg-type]
+        no_pool = cast(asyncpg.Pool, None)
+        self._rows = Enqueuer(Store(no_pool, schema), no_pool, registry, lambda: misfire_grace_time)
         self._lock = threading.Lock()
         self._pid = 0
         self._loop: asyncio.AbstractEventLoop | None = None

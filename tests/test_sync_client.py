@@ -296,3 +296,32 @@ async def test_a_client_used_before_fork_works_in_the_child(pool, client):
     assert await job_status(pool, child_id) == "pending"
     # The parent's client is untouched by the child's close().
     assert client.get_job(parent_id) is not None
+
+
+async def test_dedupe_keys_on_own_connection_and_refused_on_a_callers(pool, client, dsn):
+    first = await in_thread(
+        client.schedule, sync_client_note, execution_time=now(), args=("a",), dedupe_key="k"
+    )
+    again = await in_thread(
+        client.schedule,
+        sync_client_note,
+        execution_time=now(),
+        args=("b",),
+        dedupe_key="k",
+        conflict_resolution=ConflictResolution.IGNORE,
+    )
+    assert again == first
+    conn = connect("psycopg", dsn)
+    try:
+        with pytest.raises(ValueError, match="dedupe key"):
+            client.schedule(
+                sync_client_note,
+                execution_time=now(),
+                args=("c",),
+                dedupe_key="other",
+                connection=conn,
+            )
+        conn.commit()
+    finally:
+        conn.close()
+    assert await pool.fetchval("SELECT count(*) FROM scheduled_jobs") == 1
