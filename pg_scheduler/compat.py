@@ -21,6 +21,7 @@ from .enqueue import check_conflict_resolution
 from .enums import ConflictResolution, JobPriority, JobStatus
 from .job_fields import JobFields
 from .log import get_logger
+from .tasks import queue_of
 from .validation import check_name
 
 if TYPE_CHECKING:
@@ -68,12 +69,16 @@ class SchedulerCompat:
         job_id: str | None = None,
         conflict_resolution: ConflictResolution = ConflictResolution.RAISE,
         misfire_grace_time: int | None = None,
+        *,
+        queue: str | None = None,
     ) -> str:
         """Low-level insert by name (0.2.x): ``task_data`` is ``{"args": [...], "kwargs": {...}}``.
 
         The job runs on a worker that registered a task named ``job_name``
         (its ``module:qualname``, or its bare ``__name__`` when unambiguous).
-        ``misfire_grace_time=None`` means the scheduler default.
+        ``misfire_grace_time=None`` means the scheduler default. ``queue``:
+        the job's queue (default: the queue of the task registered here under
+        that name, else "default").
         """
         if not isinstance(job_name, str) or not job_name:
             raise ValueError("job_name must be a non-empty string")
@@ -84,6 +89,7 @@ class SchedulerCompat:
         if unknown_keys:
             raise ValueError(f"task_data may hold only 'args' and 'kwargs', got {unknown_keys}")
         check_conflict_resolution(conflict_resolution)
+        job_queue = queue_of(self.registry.resolve(job_name), queue)
         encoded = encode_task_data(
             task_data.get("args") or (), task_data.get("kwargs") or {}, job_name
         )
@@ -98,6 +104,7 @@ class SchedulerCompat:
             misfire_grace_time=UNSET if misfire_grace_time is None else misfire_grace_time,
             timeout=None,
             retry_policy=None,
+            queue=job_queue,
         )
         row = self.enqueuer.new_row(fields)
         await self.enqueuer.write([row], conflict_resolution, None, user_ids=job_id is not None)

@@ -19,7 +19,7 @@ from .job_fields import JobFields, row_of
 from .job_spec import JobSpec
 from .reconnect import retry_on_disconnect
 from .store import NewJob, Store
-from .tasks import TaskRegistry, ensure_async, task_name_of
+from .tasks import TaskRegistry, ensure_async, queue_of, task_name_of
 from .timeutil import to_aware
 from .validation import check_int, check_job_fields
 
@@ -89,10 +89,11 @@ class Enqueuer:
     ) -> JobFields:
         """The checked fields of ``func(*args, **kwargs)`` (``fields``: the other
         keywords of ``schedule()``); registers ``func`` so this worker runs it."""
+        queue = queue_of(func, fields.pop("queue", None))
         task_name = self.register(func)
         task_data = encode_task_data(args, {} if kwargs is None else kwargs, task_name)
         return JobFields.checked(
-            job_name=func.__name__, task_name=task_name, task_data=task_data, **fields
+            job_name=func.__name__, task_name=task_name, task_data=task_data, queue=queue, **fields
         )
 
     def new_row(self, fields: JobFields, job_id: str | None = None) -> NewJob:
@@ -137,6 +138,7 @@ class Enqueuer:
             task_name = task_names.get(func)
             if task_name is None:
                 task_name = task_names[func] = self.register(func)
+            queue = queue_of(func, spec.queue)
             if spec.execution_time is not last_time:
                 last_time = spec.execution_time
                 aware_time = to_aware(last_time)
@@ -151,6 +153,7 @@ class Enqueuer:
                 spec.misfire_grace_time,
                 spec.timeout,
                 spec.retry_policy,
+                queue,
             )
             row_id = next(fresh_ids) if spec.job_id is None else spec.job_id
             rows.append(row_of(fields, row_id, default_grace))

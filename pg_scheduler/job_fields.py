@@ -18,7 +18,7 @@ from .config import UNSET, RetryPolicy
 from .enums import PRIORITY_DB_VALUE_OF, JobPriority
 from .store import NewJob
 from .timeutil import to_aware
-from .validation import check_job_fields
+from .validation import DEFAULT_QUEUE, check_job_fields
 
 
 class JobFields(NamedTuple):
@@ -34,6 +34,7 @@ class JobFields(NamedTuple):
     misfire_grace_time: Any = UNSET  # int | None, or UNSET: the Scheduler's default
     timeout: float | None = None
     retry_policy: RetryPolicy | None = None
+    queue: str = DEFAULT_QUEUE  # checked (validation.check_queue)
 
     @classmethod
     def checked(
@@ -49,6 +50,7 @@ class JobFields(NamedTuple):
         misfire_grace_time: Any,
         timeout: Any,
         retry_policy: Any,
+        queue: str = DEFAULT_QUEUE,
     ) -> JobFields:
         """Validate the caller's values (TypeError/ValueError naming the field)."""
         check_job_fields(
@@ -65,6 +67,7 @@ class JobFields(NamedTuple):
             misfire_grace_time,
             timeout,
             retry_policy,
+            queue,
         )
 
 
@@ -85,4 +88,5 @@ def row_of(fields: JobFields, job_id: str, default_grace: Callable[[], int | Non
         grace,
         None if timeout is None else float(timeout),
         None if policy is None else encode_retry_policy(policy),
+        fields.queue,
     )

@@ -8,7 +8,7 @@ from typing import Any
 
 from .config import UNSET, RetryPolicy
 from .enums import JobPriority
-from .validation import as_args, as_kwargs, check_job_fields
+from .validation import as_args, as_kwargs, check_job_fields, check_queue
 
 __all__ = ["JobSpec"]
 
@@ -40,6 +40,7 @@ class JobSpec:
         "max_retries",
         "misfire_grace_time",
         "priority",
+        "queue",
         "retry_policy",
         "timeout",
     )
@@ -56,6 +57,7 @@ class JobSpec:
         misfire_grace_time: int | None = _UNSET,
         timeout: float | None = None,
         retry_policy: RetryPolicy | None = None,
+        queue: str | None = None,
     ) -> None:
         if not callable(func):
             raise TypeError(f"func must be a callable (an async function), got {func!r}")
@@ -72,6 +74,8 @@ class JobSpec:
         self.misfire_grace_time = misfire_grace_time
         self.timeout = timeout
         self.retry_policy = retry_policy
+        # None: the task's queue (``@task(queue=...)``), else "default".
+        self.queue = None if queue is None else check_queue(queue)
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in _FIELD_ORDER)
@@ -97,4 +101,5 @@ _FIELD_ORDER = (
     "misfire_grace_time",
     "timeout",
     "retry_policy",
+    "queue",
 )

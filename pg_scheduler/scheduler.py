@@ -25,11 +25,12 @@ from .notify import Listener
 from .periodic.runtime import PeriodicManager
 from .reconnect import retry_on_disconnect
 from .results import ResultsAPI
+from .queues import QueueOps, check_queues
 from .scheduler_args import check_arguments
 from .scheduler_ops import SchedulerOps
 from .services import HeartbeatService, RescuerService, VacuumService
 from .services.watchdog import LoopWatchdog
-from .store import CANCEL_CHANNEL, DEFAULT_SCHEMA, JOBS_CHANNEL, Store
+from .store import CANCEL_CHANNEL, DEFAULT_SCHEMA, JOBS_CHANNEL, QueueStore, Store
 from .store.housekeeping import VacuumStore
 from .tasks import TaskRegistry, default_registry
 from .validation import check_int, check_seconds
@@ -39,7 +40,7 @@ log = get_logger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
+class Scheduler(SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
     """Claims and runs due jobs from ``scheduled_jobs``; any number may share one database.
 
     The positional parameters and their defaults are those of pg-scheduler
@@ -50,6 +51,8 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
     ``pgbouncer``: the pool goes through pgbouncer in transaction mode (make it
     with ``statement_cache_size=0``); ``listen_dsn``: a direct connection for
     LISTEN, else such a worker polls. See the README's pgbouncer section.
+    ``queues``: the queues it claims from: None (all), a list, or a mapping
+    queue -> local concurrency within ``max_concurrent_jobs``.
     """
 
     HEARTBEAT_THRESHOLD = 120
@@ -84,6 +87,7 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
         thread_pool_size: int | None = None,
         process_pool_size: int | None = None,
         loop_stall_warning: float | None = 0.5,
+        queues: list[str] | dict[str, int] | None = None,
     ) -> None:
         check_arguments(
             db_pool=db_pool,
@@ -108,6 +112,9 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
         check_int("thread_pool_size", thread_pool_size, 1, allow_none=True)
         check_int("process_pool_size", process_pool_size, 1, allow_none=True)
         check_seconds("loop_stall_warning", loop_stall_warning)
+        # None: every queue; a list; or queue -> local concurrency.
+        self.served_queues, self.queue_limits = check_queues(queues, max_concurrent_jobs)
+        self._served_set = None if self.served_queues is None else frozenset(self.served_queues)
         # One thread per slot by default: a thread job never waits for a thread.
         self.thread_pool_size = thread_pool_size or max_concurrent_jobs
         self.process_pool_size = process_pool_size or default_process_pool_size()
@@ -143,6 +150,7 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
         self.worker_id = uuid.uuid4().hex[: self.WORKER_ID_LENGTH]
         self.registry = TaskRegistry(parent=tasks or default_registry)
         self.store = Store(db_pool, schema)
+        self.queue_store = QueueStore(db_pool, schema)
         self.enqueuer = Enqueuer(
             self.store, db_pool, self.registry, lambda: self.misfire_grace_time
         )
@@ -173,6 +181,8 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
             asynchronous_commit=not pgbouncer,
             thread_pool_size=self.thread_pool_size,
             process_pool_size=self.process_pool_size,
+            served=self.served_queues,
+            queue_limits=self.queue_limits,
         )
         self.job_semaphore = self.worker.semaphore
         self.heartbeat = HeartbeatService(
@@ -293,8 +303,11 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
 
     # -- notifications -----------------------------------------------------------
 
-    def _on_jobs_notify(self, _payload: str) -> None:
-        self.worker.wake()
+    def _on_jobs_notify(self, queue: str) -> None:
+        # The payload names the queue of new rows; empty (releases, rescues,
+        # 0.2.x writers) concerns every queue.
+        if not queue or self._served_set is None or queue in self._served_set:
+            self.worker.wake()
 
     def _on_cancel_notify(self, job_id: str) -> None:
         if self.worker.cancel_local(job_id, CANCELLED_REMOTELY):
@@ -307,12 +320,17 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
     # -- tasks --------------------------------------------------------------------
 
     def task(
-        self, func: F | None = None, *, name: str | None = None, executor: str | None = None
+        self,
+        func: F | None = None,
+        *,
+        name: str | None = None,
+        executor: str | None = None,
+        queue: str | None = None,
     ) -> Any:
         """Decorator: register a function this scheduler can run (see :func:`pg_scheduler.task`)."""
 
         def decorate(f: F) -> F:
-            return self.registry.register(f, name=name, executor=executor)
+            return self.registry.register(f, name=name, executor=executor, queue=queue)
 
         return decorate(func) if func is not None else decorate
 
@@ -343,8 +361,12 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
         timeout: float | None = None,
         retry_policy: RetryPolicy | None = None,
         connection: asyncpg.Connection | None = None,
+        queue: str | None = None,
     ) -> str:
         """Schedule ``func(*args, **kwargs)`` to run at ``execution_time``; returns the job id.
+
+        ``queue``: the job's queue (default: the task's, ``@task(queue=...)``,
+        else "default").
 
         With ``connection``, the row is written through the caller's connection
         (inside its transaction, if one is open): it exists, and wakes workers,
@@ -362,6 +384,7 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
             misfire_grace_time=misfire_grace_time,
             timeout=timeout,
             retry_policy=retry_policy,
+            queue=queue,
         )
         row = self.enqueuer.new_row(fields)
         # Due now, autocommitted, and a worker of this process has a free slot:

@@ -12,15 +12,26 @@ import inspect
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
 
-from .validation import check_name
+from .validation import DEFAULT_QUEUE, check_name, check_queue
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _TASK_NAME_ATTR = "__pg_scheduler_task_name__"
 #: "thread" or "process" on a plain function registered to run there; the
+#: The queue ``@task(queue=...)`` gave a function: its jobs' queue unless the
+#: call that schedules one names another.
+QUEUE_ATTR = "__pg_scheduler_queue__"
 #: executor reads it once per job (absent on async functions).
 EXECUTOR_ATTR = "__pg_scheduler_executor__"
 EXECUTORS = ("async", "thread", "process")
+
+
+def queue_of(func: Any, queue: Any = None) -> str:
+    """The queue of a job of ``func``: ``queue`` if given (checked), else the
+    task's own, else "default"."""
+    if queue is not None:
+        return check_queue(queue)
+    return getattr(func, QUEUE_ATTR, DEFAULT_QUEUE)
 
 
 def task_name_of(func: Callable[..., Any]) -> str:
@@ -77,8 +88,17 @@ class TaskRegistry:
         if parent is not None:
             parent._listeners.append(self._notify)
 
-    def register(self, func: F, name: str | None = None, executor: str | None = None) -> F:
+    def register(
+        self,
+        func: F,
+        name: str | None = None,
+        executor: str | None = None,
+        queue: str | None = None,
+    ) -> F:
         kind = _check_executor(func, executor)
+        if queue is not None:
+            check_queue(queue)
+            setattr(func, QUEUE_ATTR, queue)
         if name is not None:
             if not isinstance(name, str) or not name:
                 raise ValueError("task name must be a non-empty string")
@@ -151,17 +171,28 @@ default_registry = TaskRegistry()
 @overload
 def task(func: F, /) -> F: ...
 @overload
-def task(*, name: str | None = None, executor: str | None = None) -> Callable[[F], F]: ...
-def task(func: Any = None, /, *, name: str | None = None, executor: str | None = None) -> Any:
+def task(
+    *, name: str | None = None, executor: str | None = None, queue: str | None = None
+) -> Callable[[F], F]: ...
+def task(
+    func: Any = None,
+    /,
+    *,
+    name: str | None = None,
+    executor: str | None = None,
+    queue: str | None = None,
+) -> Any:
     """Register an async function as a task, usable before any Scheduler exists.
 
     ``@task`` names it ``module:qualname``; ``@task(name="emails.send")`` gives a
     stable name that survives moving the function to another module.
     ``@task(executor="thread")`` runs a plain ``def`` in the worker's thread
     pool, ``executor="process"`` in a spawned process of its own.
+    ``@task(queue="emails")`` puts its jobs in queue ``emails`` (unless the
+    call that schedules one names a queue; the default queue is ``"default"``).
     """
 
     def decorate(f: F) -> F:
-        return default_registry.register(f, name=name, executor=executor)
+        return default_registry.register(f, name=name, executor=executor, queue=queue)
 
     return decorate(func) if func is not None else decorate

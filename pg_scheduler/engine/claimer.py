@@ -56,6 +56,8 @@ class Worker:
         asynchronous_commit: bool = True,
         thread_pool_size: int = 10,
         process_pool_size: int | None = None,
+        served: list[str] | None = None,
+        queue_limits: Mapping[str, int] | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -65,7 +67,8 @@ class Worker:
         self.job_timeout = job_timeout
         self.retry_policy = retry_policy
         self.notifications_live = notifications_live
-        self.slots = slots = Slots(max_concurrent_jobs, batch_claim_limit)
+        self.slots = slots = Slots(max_concurrent_jobs, batch_claim_limit, served, queue_limits)
+        slots.on_queue_room = self.wake
         self.semaphore = slots.semaphore
         self.completer = Completer(store, worker_id, delete_completed)
         self.executor = Executor(
@@ -148,6 +151,7 @@ class Worker:
             self._wake.clear()
             try:
                 names = self.registry.names()
+                queues, caps = slots.claim_queues()
                 self.claims_in_flight += 1
                 self.claims_sent += 1
                 try:
@@ -162,6 +166,8 @@ class Worker:
                             limit,
                             self.lease_seconds(),
                             start_now=slots.start_now(),
+                            queues=queues,
+                            caps=caps,
                         )
                     )
                 finally:
@@ -172,7 +178,7 @@ class Worker:
                     continue
                 self.dispatch(rows)
                 due_in = await self.connection.run(
-                    partial(self.store.seconds_until_next_due, names)
+                    partial(self.store.seconds_until_next_due, names, queues=queues)
                 )
             except Exception as exc:
                 level = log.warning if is_connection_error(exc) else log.exception
@@ -225,7 +231,7 @@ class Worker:
                     event_type="expired",
                 )
                 continue
-            self.slots.held += 1
+            self.slots.hold(row)
             self.accept(row)
 
     def accept(self, row: Mapping[str, Any], local: bool = False) -> None:
@@ -277,7 +283,7 @@ class Worker:
         finally:
             for job_id in ids:
                 self.owned.discard(job_id)
-            self.slots.let_go(len(ids))
+            self.slots.let_go(len(ids), ids)
 
     def _job_task_done(self, job_id: str, task: asyncio.Task[Any]) -> None:
         # Runs exactly once per started job, even for a task cancelled before
@@ -285,7 +291,7 @@ class Worker:
         self.tasks.discard(task)
         self._free_slot(job_id)
         self.owned.discard(job_id)
-        self.slots.let_go()
+        self.slots.let_go(job_ids=(job_id,))
         if not task.cancelled() and task.exception() is not None:
             log.error("job task crashed", error=repr(task.exception()))
 
@@ -366,7 +372,7 @@ class Worker:
             if entry[1]["job_id"] == job_id:
                 buffer.remove(entry)
                 self.owned.discard(job_id)
-                self.slots.let_go()
+                self.slots.let_go(job_ids=(job_id,))
                 return True
         return False
 

@@ -19,6 +19,7 @@ import asyncpg
 from ..codec import encode_json
 from ..config import UNSET
 from ..job_fields import JobFields, row_of
+from ..tasks import queue_of
 from ..log import get_logger
 from ..reconnect import Backoff, is_connection_error
 from ..store import NewJob
@@ -248,6 +249,7 @@ class PeriodicManager:
             max_retries=config.max_retries,
             job_id=job_id,
             misfire_grace_time=None if grace is None else math.ceil(grace),
+            queue=queue_of(config.func, config.queue),
         )
         return row_of(fields, job_id, _no_default_grace)
 
@@ -279,6 +281,7 @@ class PeriodicManager:
             "cron": config.cron,
             "timezone": None if config.timezone is None else str(config.timezone),
             "priority": config.priority.value,
+            "queue": queue_of(config.func, config.queue),
             "max_retries": config.max_retries,
             "use_advisory_lock": config.use_advisory_lock,
             "coalesce": str(config.coalesce),

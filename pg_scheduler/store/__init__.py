@@ -3,7 +3,8 @@
 ``names``: schema, channels, qualification. ``jobs``: the ``scheduled_jobs``
 statements (insert, claim, complete, retry, fail, release, cancel). ``workers``:
 heartbeats, leases, rescue. ``periodic``: ``periodic_jobs``. ``housekeeping``:
-vacuum, statistics, operator listings. ``schema``: migration bookkeeping.
+vacuum, statistics, operator listings. ``queues``: the claim's skip
+scan over queues, pause/resume/list. ``schema``: migration bookkeeping.
 ``session``: statements about a connection itself.
 """
 
@@ -19,6 +20,7 @@ from .names import (
     lock_key_for,
     quote_ident,
 )
+from .queues import QueueStore
 
 __all__ = [
     "CANCEL_CHANNEL",
@@ -28,6 +30,7 @@ __all__ = [
     "Executor",
     "NewJob",
     "Qualifier",
+    "QueueStore",
     "Store",
     "channel_name",
     "check_schema",

@@ -30,6 +30,7 @@ TABLES = (
     "pg_scheduler_migrations",
     "job_attempts",
     "scheduler_event_flags",
+    "scheduler_queues",
 )
 _TABLE_RE = re.compile(r'(?<![."\w])(' + "|".join(TABLES) + r")\b")
 _CHANNEL_RE = re.compile(rf"'({JOBS_CHANNEL}|{CANCEL_CHANNEL})'")
