@@ -23,9 +23,9 @@ from .log import get_logger
 from .models import Job, TaskInventory
 from .notify import Listener
 from .periodic.runtime import PeriodicManager
+from .queues import QueueOps, check_queues
 from .reconnect import retry_on_disconnect
 from .results import ResultsAPI
-from .queues import QueueOps, check_queues
 from .scheduler_args import check_arguments
 from .scheduler_ops import SchedulerOps
 from .services import HeartbeatService, RescuerService, VacuumService

@@ -28,6 +28,7 @@ from .common import configure_logging, open_pool, run_async
 from .job_actions import cmd_cancel, cmd_retry, cmd_vacuum
 from .output import EXIT_INTERRUPTED, EXIT_NOT_FOUND, CommandError
 from .periodic_jobs import cmd_periodic_enable, cmd_periodic_list, cmd_periodic_trigger
+from .queue_commands import cmd_queues_list, cmd_queues_pause
 from .reports import cmd_jobs, cmd_metrics, cmd_status
 
 # -- argument types ------------------------------------------------------------------
@@ -217,6 +218,23 @@ def register(commands: argparse._SubParsersAction) -> None:
     trigger.add_argument("key", metavar="KEY")
     trigger.add_argument("--app", metavar="MODULE", help="module declaring the @periodic job")
     trigger.set_defaults(handler=_handler(cmd_periodic_trigger))
+
+    queues = commands.add_parser(
+        "queues",
+        help="list, pause or resume queues",
+        description="A paused queue is stored in the database: every worker stops "
+        "starting its jobs at once (running jobs finish); scheduling into it still works. "
+        "resume wakes the workers that serve it.",
+    )
+    queue_actions = queues.add_subparsers(dest="action", required=True, metavar="ACTION")
+    queue_list = queue_actions.add_parser(
+        "list", parents=[json_flag], help="every queue with its pending, due and running jobs"
+    )
+    queue_list.set_defaults(handler=_handler(cmd_queues_list))
+    for action in ("pause", "resume"):
+        sub = queue_actions.add_parser(action, parents=[json_flag], help=f"{action} a queue")
+        sub.add_argument("name", metavar="NAME")
+        sub.set_defaults(handler=_handler(cmd_queues_pause), pause=action == "pause")
 
     metrics = commands.add_parser(
         "metrics",

@@ -290,8 +290,9 @@ def periodic(
     if within the Scheduler's misfire_grace_time); ``jitter`` adds up to that
     many seconds of random delay to each window, never past the next window.
     ``queue``: the queue its runs go to (default: the function's
-    ``@task(queue=...)``, else "default"). Invalid arguments raise here, at decoration time. A dedup key registered
-    again (the function defined again, its module reloaded) replaces the
+    ``@task(queue=...)``, else "default"). Invalid arguments raise here, at
+    decoration time. A dedup key registered again (the function defined again,
+    its module reloaded) replaces the
     earlier declaration with a warning, as in 0.2.x; another function taking
     over an explicit ``dedup_key`` also emits a RuntimeWarning. Returns the
     function unchanged.

@@ -19,11 +19,11 @@ import asyncpg
 from ..codec import encode_json
 from ..config import UNSET
 from ..job_fields import JobFields, row_of
-from ..tasks import queue_of
 from ..log import get_logger
 from ..reconnect import Backoff, is_connection_error
 from ..store import NewJob
 from ..store.periodic import MANUAL_ID_PREFIX, PeriodicStore
+from ..tasks import queue_of
 from .enqueuer import PeriodicService
 from .registry import (
     PeriodicJobConfig,
