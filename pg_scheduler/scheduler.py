@@ -30,7 +30,14 @@ from .scheduler_args import check_arguments
 from .scheduler_ops import SchedulerOps
 from .services import HeartbeatService, RescuerService, VacuumService
 from .services.watchdog import LoopWatchdog
-from .store import CANCEL_CHANNEL, DEFAULT_SCHEMA, JOBS_CHANNEL, QueueStore, Store
+from .store import (
+    CANCEL_CHANNEL,
+    DEFAULT_SCHEMA,
+    JOBS_CHANNEL,
+    QUEUES_CHANNEL,
+    QueueStore,
+    Store,
+)
 from .store.housekeeping import VacuumStore
 from .tasks import TaskRegistry, default_registry
 from .validation import check_int, check_seconds
@@ -160,6 +167,7 @@ class Scheduler(SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
             {
                 self.store.qualify.channel(JOBS_CHANNEL): self._on_jobs_notify,
                 self.store.qualify.channel(CANCEL_CHANNEL): self._on_cancel_notify,
+                self.store.qualify.channel(QUEUES_CHANNEL): self._on_queues_notify,
             },
             health_interval=listener_health_interval,
             on_reconnect=self._on_listener_reconnect,
@@ -308,6 +316,10 @@ class Scheduler(SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
         # 0.2.x writers) concerns every queue.
         if not queue or self._served_set is None or queue in self._served_set:
             self.worker.wake()
+
+    def _on_queues_notify(self, payload: str) -> None:
+        action, _, queue = payload.partition(" ")
+        self.worker.queue_paused(queue, action == "pause")
 
     def _on_cancel_notify(self, job_id: str) -> None:
         if self.worker.cancel_local(job_id, CANCELLED_REMOTELY):

@@ -102,6 +102,12 @@ class Worker:
         # ahead pauses for a while.
         self.max_buffer_wait = 1.0
         self._wake = asyncio.Event()
+        # Queues paused (as heard on the control channel) -> claims sent by
+        # then: their claimed-ahead rows, and rows of claims already in flight,
+        # are handed back instead of started. A later claim that returns rows
+        # of such a queue proves it resumed (claims skip paused queues).
+        self.paused_queues: dict[str, int] = {}
+        self.tasks_background: set[asyncio.Task[Any]] = set()
         #: False once shutdown began: nothing new is claimed or started.
         self.claiming = True
         self._force = asyncio.Event()
@@ -154,6 +160,7 @@ class Worker:
                 queues, caps = slots.claim_queues()
                 self.claims_in_flight += 1
                 self.claims_sent += 1
+                claim = self.claims_sent
                 try:
                     # Rows past the free slots wait here: the claim marks
                     # them claimed ahead (a rescue of one that never started
@@ -173,10 +180,10 @@ class Worker:
                 finally:
                     self.claims_in_flight -= 1
                 if len(rows) >= limit:
-                    self.dispatch(rows)
+                    self.dispatch(rows, claim)
                     idle_wait = self.polling.idle_start_interval
                     continue
-                self.dispatch(rows)
+                self.dispatch(rows, claim)
                 due_in = await self.connection.run(
                     partial(self.store.seconds_until_next_due, names, queues=queues)
                 )
@@ -215,9 +222,12 @@ class Worker:
         except TimeoutError:
             pass
 
-    def dispatch(self, rows: list[Any]) -> None:
-        """Start a task per claimed row; rows the claim expired are only logged."""
+    def dispatch(self, rows: list[Any], claim: int | None = None) -> None:
+        """Start a task per claimed row; rows the claim expired are only logged.
+        ``claim``: the claim's number (``claims_sent`` when it was sent)."""
         self.executor.check_log_levels()
+        if self.paused_queues and claim is not None:
+            rows = self._drop_paused(rows, claim)
         # The order the claim placed them in: those it did not mark claimed ahead first.
         key = lambda r: (r.get("claimed_ahead") or False, r["priority"], r["execution_time"])  # noqa: E731
         for row in sorted(rows, key=key):
@@ -254,6 +264,31 @@ class Worker:
         else:
             slots.buffer.append((time.monotonic(), row))
 
+    def queue_paused(self, queue: str, paused: bool) -> None:
+        """An operator paused (or resumed) ``queue``: its claimed-ahead rows go back."""
+        if paused:
+            self.paused_queues[queue] = self.claims_sent
+            task = asyncio.create_task(self.hand_back_buffer(queue))
+            self.tasks_background.add(task)
+            task.add_done_callback(self.tasks_background.discard)
+        else:
+            self.paused_queues.pop(queue, None)
+            self.wake()
+
+    def _drop_paused(self, rows: list[Any], claim: int) -> list[Any]:
+        """Rows of queues paused while their claim was in flight go back at once."""
+        paused = self.paused_queues
+        for queue, heard in list(paused.items()):
+            if claim > heard and any(r["queue"] == queue for r in rows):
+                del paused[queue]  # claimed after the pause was heard: resumed since
+        back = [r["job_id"] for r in rows if r["status"] == "running" and r["queue"] in paused]
+        if not back:
+            return rows
+        task = asyncio.create_task(self._release(back))
+        self.tasks_background.add(task)
+        task.add_done_callback(self.tasks_background.discard)
+        return [r for r in rows if r["job_id"] not in set(back)]
+
     def _start(self, row: Mapping[str, Any]) -> None:
         job_id = row["job_id"]
         slots = self.slots
@@ -271,13 +306,21 @@ class Worker:
             self.slots.pause_prefetch(30.0)
             await self.hand_back_buffer()
 
-    async def hand_back_buffer(self) -> None:
-        """Return every claimed-ahead row that has not started (one statement)."""
+    async def hand_back_buffer(self, queue: str | None = None) -> None:
+        """Return every claimed-ahead row (of ``queue``) that has not started (one statement)."""
         buffer = self.slots.buffer
         if not buffer:
             return
-        ids = [row["job_id"] for _, row in buffer]
-        buffer.clear()
+        if queue is None:
+            ids = [row["job_id"] for _, row in buffer]
+            buffer.clear()
+        else:
+            ids = [row["job_id"] for _, row in buffer if row.get("queue") == queue]
+            kept = [entry for entry in buffer if entry[1].get("queue") != queue]
+            buffer.clear()
+            buffer.extend(kept)
+        if not ids:
+            return
         try:
             await self._release(ids)
         finally:
@@ -338,7 +381,12 @@ class Worker:
         slots.active -= 1
         slots.changed.set()
         if slots.buffer and self.claiming:
-            self._start(slots.buffer.popleft()[1])
+            row = slots.buffer.popleft()[1]
+            if row.get("queue") in self.paused_queues:
+                slots.buffer.appendleft((time.monotonic(), row))
+                self.queue_paused(row["queue"], True)
+            else:
+                self._start(row)
 
     def _wake_after(self, delay: float) -> None:
         # The retry is due later; make sure this worker looks again then.

@@ -71,8 +71,13 @@ INSERT INTO scheduler_queues AS q (name, paused) VALUES ($1, $2)
 ON CONFLICT (name) DO UPDATE SET paused = EXCLUDED.paused, updated_at = now()
  WHERE q.paused IS DISTINCT FROM EXCLUDED.paused
 """
-# A resumed queue's workers look at once (its name is the payload they filter on).
-_WAKE_QUEUE = "SELECT pg_notify('pg_scheduler_jobs', $1)"
+# Every worker hears pause and resume ($1: "pause NAME" or "resume NAME"): a
+# pause hands back its claimed-ahead rows; a resumed queue's workers look at
+# once ($2: the queue, the payload they filter wake-ups on).
+_ANNOUNCE = """
+SELECT pg_notify('pg_scheduler_queues', $1),
+       CASE WHEN $2::text IS NOT NULL THEN pg_notify('pg_scheduler_jobs', $2) END
+"""
 
 # Queues known from either side: configured rows and queues that have jobs
 # (pending or running, counted here; finished rows are not read).
@@ -100,7 +105,7 @@ class QueueStore:
         self.pool = pool
         q = Qualifier(schema)
         self._set_paused = q(_SET_PAUSED)
-        self._wake_queue = q(_WAKE_QUEUE)
+        self._announce = q(_ANNOUNCE)
         self._queues = q(_QUEUES)
         self._oldest_due_by_queue = q(_OLDEST_DUE_BY_QUEUE)
 
@@ -108,8 +113,8 @@ class QueueStore:
         """Pause or resume ``name``; a resume wakes the workers that serve it."""
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute(self._set_paused, name, paused)
-            if not paused:
-                await conn.execute(self._wake_queue, name)
+            action = "pause" if paused else "resume"
+            await conn.execute(self._announce, f"{action} {name}", None if paused else name)
 
     async def queues(self, db: Executor | None = None) -> list[asyncpg.Record]:
         """Every known queue: name, paused, pending, due, running."""
