@@ -72,7 +72,8 @@ picked AS (
                    AS expired
           FROM scheduled_jobs j
          WHERE j.status = 'pending' AND j.queue = s.queue AND j.task_name = s.task_name
-           AND j.priority = s.priority AND j.execution_time <= now()
+           AND j.priority = s.priority AND j.execution_time >= s.head
+           AND j.execution_time <= now()
          ORDER BY j.execution_time
          LIMIT LEAST(s.cap, $2)
            FOR UPDATE SKIP LOCKED
@@ -132,15 +133,7 @@ RETURNING {_CLAIMED_COLUMNS}
 # worker does not spin on them (resume_queue wakes it).
 _NEXT_DUE = f"""
 {served_groups("$1", "$2", "NULL", "0")}
-SELECT EXTRACT(EPOCH FROM (min(n.execution_time) - now()))::float8
-  FROM served s
- CROSS JOIN LATERAL (
-    SELECT j.execution_time FROM scheduled_jobs j
-     WHERE j.status = 'pending' AND j.queue = s.queue AND j.task_name = s.task_name
-       AND j.priority = s.priority
-     ORDER BY j.execution_time
-     LIMIT 1
- ) n
+SELECT EXTRACT(EPOCH FROM (min(s.head) - now()))::float8 FROM served s
 """
 
 _LEASE_GUARD = "job_id = $1 AND worker_id = $2 AND attempts = $3 AND status = 'running'"

@@ -16,20 +16,23 @@ import asyncpg
 
 from .names import DEFAULT_SCHEMA, Executor, Qualifier
 
-# Every (queue, task_name, priority) that has a pending row: one index descent each.
+# Every (queue, task_name, priority) that has a pending row, with its earliest
+# execution_time (the group's head): one index descent each. Readers start
+# each group at its head, so the dead index entries a busy group leaves at its
+# front (claimed rows not yet vacuumed) are walked once per statement, here.
 _GROUPS = """
 groups AS (
-    (SELECT j.queue, j.task_name, j.priority FROM scheduled_jobs j
+    (SELECT j.queue, j.task_name, j.priority, j.execution_time FROM scheduled_jobs j
       WHERE j.status = 'pending'
-      ORDER BY j.queue, j.task_name, j.priority LIMIT 1)
+      ORDER BY j.queue, j.task_name, j.priority, j.execution_time LIMIT 1)
     UNION ALL
-    SELECT n.queue, n.task_name, n.priority
+    SELECT n.queue, n.task_name, n.priority, n.execution_time
       FROM groups g
      CROSS JOIN LATERAL (
-        SELECT j.queue, j.task_name, j.priority FROM scheduled_jobs j
+        SELECT j.queue, j.task_name, j.priority, j.execution_time FROM scheduled_jobs j
          WHERE j.status = 'pending'
            AND (j.queue, j.task_name, j.priority) > (g.queue, g.task_name, g.priority)
-         ORDER BY j.queue, j.task_name, j.priority LIMIT 1
+         ORDER BY j.queue, j.task_name, j.priority, j.execution_time LIMIT 1
      ) n
 )"""
 
@@ -42,7 +45,8 @@ def served_groups(tasks: str, queues: str, caps: str, default_cap: str) -> str:
     or a NULL array meaning ``default_cap``)."""
     return f"""WITH RECURSIVE {_GROUPS},
 served AS (
-    SELECT g.queue, g.task_name, g.priority, coalesce(c.cap, {default_cap}) AS cap
+    SELECT g.queue, g.task_name, g.priority, g.execution_time AS head,
+           coalesce(c.cap, {default_cap}) AS cap
       FROM groups g
       LEFT JOIN unnest({queues}::text[], {caps}::int[]) AS c(queue, cap) ON c.queue = g.queue
      WHERE g.task_name = ANY({tasks}::text[])
@@ -51,18 +55,13 @@ served AS (
 )"""
 
 
-# Every group, for operators (statistics): pending and due rows per queue come
-# from the groups' heads, never from a scan of the whole backlog.
+# The wait of the oldest due job per queue, for operators (statistics): from
+# the groups' heads, never from a scan of the backlog.
 _OLDEST_DUE_BY_QUEUE = f"""
 WITH RECURSIVE {_GROUPS}
-SELECT g.queue, EXTRACT(EPOCH FROM now() - min(o.execution_time))::float8 AS oldest_due
+SELECT g.queue, EXTRACT(EPOCH FROM now() - min(g.execution_time))::float8 AS oldest_due
   FROM groups g
- CROSS JOIN LATERAL (
-    SELECT j.execution_time FROM scheduled_jobs j
-     WHERE j.status = 'pending' AND j.queue = g.queue AND j.task_name = g.task_name
-       AND j.priority = g.priority AND j.execution_time <= now()
-     ORDER BY j.execution_time LIMIT 1
- ) o
+ WHERE g.execution_time <= now()
  GROUP BY g.queue
 """
 
