@@ -360,3 +360,42 @@ def uuid4_hex() -> str:
 
 
 _ = PollingConfig  # imported for readers: workers here use the default polling
+
+
+# -- operators see queues ------------------------------------------------------------------
+
+
+async def test_stats_status_and_metrics_show_queues(pool, capsys):
+    from pg_scheduler.cli.reports import render_status
+    from pg_scheduler.stats import collect_stats
+
+    producer = Scheduler(pool)
+    await producer.schedule(queue_tasks.send_email, execution_time=now(), args=("s1",))
+    await producer.schedule(
+        queue_tasks.build_report, execution_time=now() + timedelta(hours=1), args=("s2",)
+    )
+    await producer.pause_queue("reports")
+    stats = await producer.stats()
+    by_queue = {q.queue: q for q in stats.by_queue}
+    assert (by_queue["emails"].pending, by_queue["emails"].due) == (1, 1)
+    assert by_queue["emails"].paused is False
+    assert (by_queue["reports"].pending, by_queue["reports"].due) == (1, 0)
+    assert by_queue["reports"].paused is True
+    render_status(await collect_stats(pool))
+    out = capsys.readouterr().out
+    assert "Queues" in out and "PAUSED" in out
+
+
+async def test_prometheus_gauges_per_queue(pool):
+    pytest.importorskip("prometheus_client")
+    from test_stats_metrics import scrape
+
+    from pg_scheduler.metrics import MetricsExporter
+
+    producer = Scheduler(pool)
+    await producer.schedule(queue_tasks.send_email, execution_time=now(), args=("m1",))
+    await producer.pause_queue("emails")
+    async with MetricsExporter(pool, port=0, addr="127.0.0.1") as exporter:
+        text = await asyncio.to_thread(scrape, exporter.port)
+    assert 'pg_scheduler_queue_jobs{queue="emails",state="due"} 1.0' in text
+    assert 'pg_scheduler_queue_paused{queue="emails"} 1.0' in text

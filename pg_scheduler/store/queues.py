@@ -20,7 +20,7 @@ from .names import DEFAULT_SCHEMA, Executor, Qualifier
 # execution_time (the group's head): one index descent each. Readers start
 # each group at its head, so the dead index entries a busy group leaves at its
 # front (claimed rows not yet vacuumed) are walked once per statement, here.
-_GROUPS = """
+GROUPS = """
 groups AS (
     (SELECT j.queue, j.task_name, j.priority, j.execution_time FROM scheduled_jobs j
       WHERE j.status = 'pending'
@@ -43,7 +43,7 @@ def served_groups(tasks: str, queues: str, caps: str, default_cap: str) -> str:
     queue) that are not paused, each with ``cap``: the most rows one claim may
     take from its queue (``caps``: an int[] parallel to ``queues``, NULL entries
     or a NULL array meaning ``default_cap``)."""
-    return f"""WITH RECURSIVE {_GROUPS},
+    return f"""WITH RECURSIVE {GROUPS},
 served AS (
     SELECT g.queue, g.task_name, g.priority, g.execution_time AS head,
            coalesce(c.cap, {default_cap}) AS cap
@@ -58,7 +58,7 @@ served AS (
 # The wait of the oldest due job per queue, for operators (statistics): from
 # the groups' heads, never from a scan of the backlog.
 _OLDEST_DUE_BY_QUEUE = f"""
-WITH RECURSIVE {_GROUPS}
+WITH RECURSIVE {GROUPS}
 SELECT g.queue, EXTRACT(EPOCH FROM now() - min(g.execution_time))::float8 AS oldest_due
   FROM groups g
  WHERE g.execution_time <= now()
