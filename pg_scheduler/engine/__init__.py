@@ -7,10 +7,11 @@ how many rows are held. ``executor``: one claimed job and what happened to it.
 pooled connection a serial hot path keeps. ``local``: the in-process start.
 """
 
-from .claimer import Holdings, Worker
+from .claimer import Worker
 from .completer import Completer, write_failure
 from .executor import CANCELLED_REMOTELY, LEASE_LOST, SHUTDOWN, ClaimedJob, Executor, RunningJob
 from .held import HeldConnection
+from .holdings import Holdings
 from .slots import Slots
 
 __all__ = [

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -22,21 +21,14 @@ from ..reconnect import Backoff, is_connection_error, retry_on_disconnect
 from ..store import Store
 from ..tasks import TaskRegistry
 from .completer import Completer
-from .executor import LEASE_LOST, SHUTDOWN, Executor, log
+from .executor import Executor, log
+from .handback import HandBack
 from .held import HeldConnection
+from .holdings import HeartbeatView
 from .slots import Slots
 
 
-@dataclass(slots=True)
-class Holdings:
-    """What a worker holds, as the heartbeat needs it before its statement."""
-
-    claims_sent: int
-    quiet: bool  # no claim in flight: every claim it can see was answered
-    started_ahead: list[str]  # claimed-ahead rows started since the last heartbeat
-
-
-class Worker:
+class Worker(HandBack, HeartbeatView):
     """Claims, runs and settles jobs for one Scheduler."""
 
     def __init__(
@@ -264,31 +256,6 @@ class Worker:
         else:
             slots.buffer.append((time.monotonic(), row))
 
-    def queue_paused(self, queue: str, paused: bool) -> None:
-        """An operator paused (or resumed) ``queue``: its claimed-ahead rows go back."""
-        if paused:
-            self.paused_queues[queue] = self.claims_sent
-            task = asyncio.create_task(self.hand_back_buffer(queue))
-            self.tasks_background.add(task)
-            task.add_done_callback(self.tasks_background.discard)
-        else:
-            self.paused_queues.pop(queue, None)
-            self.wake()
-
-    def _drop_paused(self, rows: list[Any], claim: int) -> list[Any]:
-        """Rows of queues paused while their claim was in flight go back at once."""
-        paused = self.paused_queues
-        for queue, heard in list(paused.items()):
-            if claim > heard and any(r["queue"] == queue for r in rows):
-                del paused[queue]  # claimed after the pause was heard: resumed since
-        back = [r["job_id"] for r in rows if r["status"] == "running" and r["queue"] in paused]
-        if not back:
-            return rows
-        task = asyncio.create_task(self._release(back))
-        self.tasks_background.add(task)
-        task.add_done_callback(self.tasks_background.discard)
-        return [r for r in rows if r["job_id"] not in set(back)]
-
     def _start(self, row: Mapping[str, Any]) -> None:
         job_id = row["job_id"]
         slots = self.slots
@@ -299,34 +266,6 @@ class Worker:
         task = asyncio.create_task(self._run_claimed(row))
         self.tasks.add(task)
         task.add_done_callback(partial(self._job_task_done, job_id))
-
-    async def _hand_back_stale(self) -> None:
-        buffer = self.slots.buffer
-        if buffer and time.monotonic() - buffer[0][0] > self.max_buffer_wait:
-            self.slots.pause_prefetch(30.0)
-            await self.hand_back_buffer()
-
-    async def hand_back_buffer(self, queue: str | None = None) -> None:
-        """Return every claimed-ahead row (of ``queue``) that has not started (one statement)."""
-        buffer = self.slots.buffer
-        if not buffer:
-            return
-        if queue is None:
-            ids = [row["job_id"] for _, row in buffer]
-            buffer.clear()
-        else:
-            ids = [row["job_id"] for _, row in buffer if row.get("queue") == queue]
-            kept = [entry for entry in buffer if entry[1].get("queue") != queue]
-            buffer.clear()
-            buffer.extend(kept)
-        if not ids:
-            return
-        try:
-            await self._release(ids)
-        finally:
-            for job_id in ids:
-                self.owned.discard(job_id)
-            self.slots.let_go(len(ids), ids)
 
     def _job_task_done(self, job_id: str, task: asyncio.Task[Any]) -> None:
         # Runs exactly once per started job, even for a task cancelled before
@@ -401,99 +340,3 @@ class Worker:
         return await retry_on_disconnect(
             lambda: self.store.release(self.worker_id, job_ids), what="release", give_up_after=30
         )
-
-    def cancel_local(self, job_id: str, reason: str) -> bool:
-        """Cancel the task running ``job_id`` here, if any."""
-        running = self.running.get(job_id)
-        if running is None:
-            return self._drop_buffered(job_id)
-        if running.cancel_reason is not None:
-            return False
-        running.cancel_reason = reason
-        running.task.cancel()
-        return True
-
-    def _drop_buffered(self, job_id: str) -> bool:
-        # A claimed-ahead row cancelled (or lost) before it started: never start it.
-        buffer = self.slots.buffer
-        for entry in buffer:
-            if entry[1]["job_id"] == job_id:
-                buffer.remove(entry)
-                self.owned.discard(job_id)
-                self.slots.let_go(job_ids=(job_id,))
-                return True
-        return False
-
-    def force_shutdown(self) -> None:
-        """Cut the grace period short: running jobs are handed back now."""
-        self._force.set()
-
-    async def drain(self, grace_period: float) -> None:
-        """Wait up to ``grace_period`` for running jobs, then cancel and hand back the rest."""
-        # Claimed ahead but not started: back to pending at once, for other workers.
-        try:
-            await self.hand_back_buffer()
-        except Exception as exc:
-            log.warning(
-                "could not hand back claimed-ahead jobs; they will be rescued", error=repr(exc)
-            )
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace_period
-        while self.tasks and not self._force.is_set() and loop.time() < deadline:
-            forced = asyncio.create_task(self._force.wait())
-            await asyncio.wait(
-                {*self.tasks, forced},
-                timeout=deadline - loop.time(),
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            forced.cancel()
-        if self.tasks:
-            for job_id in list(self.running):
-                self.cancel_local(job_id, SHUTDOWN)
-            _, stubborn = await asyncio.wait(set(self.tasks), timeout=10.0)
-            if stubborn:
-                log.error(
-                    "jobs ignored cancellation; their leases will expire and they will be rescued",
-                    jobs=len(stubborn),
-                )
-        await self.completer.drain()
-        await self.completer.connection.release()
-        if self._retry_timer is not None:
-            self._retry_timer.cancel()
-
-    # -- what the heartbeat asks ---------------------------------------------
-
-    def holdings(self) -> Holdings:
-        """Before a heartbeat: the claim counters, and the claimed-ahead rows that
-        started since the last one (taken; give them back with :meth:`unreported`)."""
-        started_ahead, self.started_ahead = self.started_ahead, []
-        return Holdings(self.claims_sent, self.claims_in_flight == 0, started_ahead)
-
-    def unreported(self, holdings: Holdings) -> None:
-        """The heartbeat failed: report these starts with the next one."""
-        self.started_ahead[:0] = holdings.started_ahead
-
-    def reconcile(
-        self,
-        held: Mapping[str, Mapping[str, Any]],
-        holdings: Holdings,
-        sent_at: float,
-        ghost_grace: float,
-        lease_lost: Callable[[str], None],
-    ) -> list[str]:
-        """After a heartbeat: stop jobs whose rows the database no longer has running
-        here (``lease_lost`` is told each), and return the rows held there that no
-        task here owns (ghosts: a claim whose answer was lost) to hand back."""
-        for job_id, running in list(self.running.items()):
-            if job_id not in held and running.claimed_at < sent_at:
-                if self.cancel_local(job_id, LEASE_LOST):
-                    lease_lost(job_id)
-        # No claim overlapped the heartbeat: every claim it can see was answered
-        # before it was sent, so a row not owned here is a ghost now (after a
-        # database restart, say), without waiting for the grace.
-        settled = holdings.quiet and self.claims_sent == holdings.claims_sent
-        return [
-            job_id
-            for job_id, r in held.items()
-            if job_id not in self.owned and (settled or (r["running_for"] or 0) > ghost_grace)
-        ]
