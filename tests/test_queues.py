@@ -399,3 +399,14 @@ async def test_prometheus_gauges_per_queue(pool):
         text = await asyncio.to_thread(scrape, exporter.port)
     assert 'pg_scheduler_queue_jobs{queue="emails",state="due"} 1.0' in text
     assert 'pg_scheduler_queue_paused{queue="emails"} 1.0' in text
+
+
+async def test_events_carry_the_jobs_queue_and_filter_on_it(pool, make_scheduler):
+    worker = await make_scheduler()
+    async with worker.events(["completed"], queue="emails") as emails:
+        plain = await worker.schedule(queue_tasks.plain, execution_time=now(), args=("ev0",))
+        await wait_for_status(pool, plain, "completed")
+        job_id = await worker.schedule(queue_tasks.send_email, execution_time=now(), args=("ev",))
+        event = await asyncio.wait_for(emails.__anext__(), 10)
+    # The plain job's event was filtered out: the first one seen is the e-mail's.
+    assert (event.job_id, event.queue, event.kind) == (job_id, "emails", "completed")
