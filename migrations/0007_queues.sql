@@ -14,6 +14,10 @@ CREATE TABLE IF NOT EXISTS scheduler_queues (
     created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
     updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
 );
+-- Every claim reads it: readable by any role, so the grants a worker already
+-- has keep working (it holds queue names and pause flags only). Pausing and
+-- resuming need INSERT, UPDATE, granted like any other table.
+GRANT SELECT ON scheduler_queues TO PUBLIC;
 
 -- The claim index, rebuilt to lead with the queue and the task: a claim and
 -- the next-due probe visit only the (queue, task, priority) groups this worker
@@ -25,16 +29,18 @@ DROP INDEX IF EXISTS scheduled_jobs_claim_idx;
 CREATE INDEX IF NOT EXISTS scheduled_jobs_claim_idx
     ON scheduled_jobs (queue, task_name, priority, execution_time) WHERE status = 'pending';
 
--- Wake-ups name the queue: the payload of a job insert is the queue of its rows
--- (one NOTIFY per distinct queue in the statement), and a worker wakes only
--- for queues it serves. An empty payload (releases, rescues, 0.2.x) wakes all.
+-- Wake-ups name the queue: a job insert notifies once per distinct queue of
+-- its rows, with the queue as the payload ('' for "default", as 0.2.x and the
+-- earlier migrations sent for every insert), and a worker wakes only for
+-- queues it serves. '*' (hand-backs, rescues, retries) wakes every worker.
 CREATE OR REPLACE FUNCTION pg_scheduler_notify_jobs() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     chan TEXT := CASE WHEN TG_TABLE_SCHEMA = 'public' THEN 'pg_scheduler_jobs'
                       ELSE 'pg_scheduler_jobs:' || TG_TABLE_SCHEMA END;
 BEGIN
-    PERFORM pg_notify(chan, q.queue) FROM (SELECT DISTINCT n.queue FROM new_rows n) q;
+    PERFORM pg_notify(chan, CASE WHEN q.queue = 'default' THEN '' ELSE q.queue END)
+       FROM (SELECT DISTINCT n.queue FROM new_rows n) q;
     RETURN NULL;
 END $$;
 

@@ -40,7 +40,7 @@ from .store import (
 )
 from .store.housekeeping import VacuumStore
 from .tasks import TaskRegistry, default_registry
-from .validation import check_int, check_seconds
+from .validation import DEFAULT_QUEUE, check_int, check_seconds
 
 log = get_logger(__name__)
 
@@ -311,10 +311,11 @@ class Scheduler(SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
 
     # -- notifications -----------------------------------------------------------
 
-    def _on_jobs_notify(self, queue: str) -> None:
-        # The payload names the queue of new rows; empty (releases, rescues,
-        # 0.2.x writers) concerns every queue.
-        if not queue or self._served_set is None or queue in self._served_set:
+    def _on_jobs_notify(self, payload: str) -> None:
+        # The payload names the queue of new rows ('' for "default", as 0.2.x
+        # sent); '*' (hand-backs, rescues, retries) concerns every queue.
+        served = self._served_set
+        if served is None or payload == "*" or (payload or DEFAULT_QUEUE) in served:
             self.worker.wake()
 
     def _on_queues_notify(self, payload: str) -> None:

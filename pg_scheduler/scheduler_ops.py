@@ -93,6 +93,8 @@ class SchedulerOps:
         # Migration 0006: attempt history, and the event triggers' flags.
         needed["job_attempts"] = "SELECT,INSERT" + (",DELETE" if self.vacuum_enabled else "")
         needed["scheduler_event_flags"] = "SELECT"
+        # Migration 0007: claims skip paused queues (granted to PUBLIC there).
+        needed["scheduler_queues"] = "SELECT"
         if self.run_periodic_jobs:
             needed["periodic_jobs"] = "SELECT,INSERT,UPDATE"
         if self.vacuum_enabled and self.vacuum_config.track_metrics:

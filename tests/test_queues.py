@@ -237,8 +237,9 @@ async def test_inserts_notify_the_queues_of_their_rows(pool):
         await producer.schedule_bulk(
             [JobSpec(queue_tasks.send_email, later), JobSpec(queue_tasks.build_report, later)] * 3
         )
-        got = {await asyncio.wait_for(heard.get(), 5) for _ in range(2)}
-        assert got == {"emails", "reports"}
+        await producer.schedule(queue_tasks.plain, execution_time=later)
+        got = {await asyncio.wait_for(heard.get(), 5) for _ in range(3)}
+        assert got == {"emails", "reports", ""}  # "default" sends '', as 0.2.x did
     finally:
         await conn.close()
 
@@ -254,13 +255,20 @@ async def test_a_worker_wakes_only_for_queues_it_serves(pool):
     scheduler.worker.wake = lambda: woken.append(1)  # type: ignore[method-assign]
     scheduler._on_jobs_notify("reports")
     assert woken == []
+    scheduler._on_jobs_notify("")  # the "default" queue
+    assert woken == []
     scheduler._on_jobs_notify("emails")
-    scheduler._on_jobs_notify("")  # releases, rescues and 0.2.x writers: everyone
+    scheduler._on_jobs_notify("*")  # hand-backs, rescues, retries: everyone
     assert len(woken) == 2
+    default = Scheduler(pool, queues=["default"])
+    default.worker.wake = lambda: woken.append(1)  # type: ignore[method-assign]
+    default._on_jobs_notify("")
+    assert len(woken) == 3
+    woken.clear()
     everyone = Scheduler(pool)
     everyone.worker.wake = lambda: woken.append(1)  # type: ignore[method-assign]
     everyone._on_jobs_notify("reports")
-    assert len(woken) == 3
+    assert len(woken) == 1
 
 
 # -- the claim reads only what it can run -----------------------------------------------

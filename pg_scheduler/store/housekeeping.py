@@ -248,7 +248,7 @@ WITH retried AS (
      WHERE job_id = ANY($1::text[]) AND status = ANY($2::text[])
     RETURNING job_id
 )
-SELECT job_id, pg_notify('{JOBS_CHANNEL}', '') FROM retried
+SELECT job_id, pg_notify('{JOBS_CHANNEL}', '*') FROM retried
 """
 _FAILED_IDS = """
 SELECT job_id FROM scheduled_jobs

@@ -210,7 +210,7 @@ WITH released AS (
     SELECT job_id, attempts + 1, $2, started_at, 'handed_back', 'handed back by worker ' || $2
       FROM released WHERE NOT claimed_ahead
 )
-SELECT job_id, pg_notify('pg_scheduler_jobs', '') FROM released
+SELECT job_id, pg_notify('pg_scheduler_jobs', '*') FROM released
 """.replace("{where}", where)
 
 

@@ -80,7 +80,7 @@ WITH orphans AS (
       FROM rescued r
 )
 SELECT r.job_id, r.task_name, r.status, r.attempts, r.old_worker, r.reason, r.unstarted,
-       pg_notify('pg_scheduler_jobs', '')
+       pg_notify('pg_scheduler_jobs', '*')
   FROM rescued r
 """
 
