@@ -1,7 +1,7 @@
 """Tasks in named queues, for tests/test_queues.py and its worker subprocesses.
 
 In-process tests read ``starts`` and ``peak``; subprocess workers record each
-run in ``job_runs`` (queue, pid, start time by the database's clock)."""
+run in ``queue_runs`` (queue, pid, start time by the database's clock)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ async def _record(queue: str, n: int, seconds: float) -> int:
     if _pool is None:  # one per worker process
         _pool = await asyncpg.create_pool(os.environ["PG_SCHEDULER_DSN"], min_size=1, max_size=4)
     await _pool.execute(
-        "INSERT INTO job_runs (queue, n, pid, at) VALUES ($1, $2, $3, clock_timestamp())",
+        "INSERT INTO queue_runs (queue, n, pid, at) VALUES ($1, $2, $3, clock_timestamp())",
         queue,
         n,
         os.getpid(),

@@ -86,7 +86,7 @@ async def live_workers(pool, n: int) -> None:
 @pytest.mark.slow
 async def test_two_processes_serving_different_queues_run_only_their_own(pool, dsn):
     await pool.execute(
-        "CREATE TABLE IF NOT EXISTS job_runs (queue text, n int, pid int, at timestamptz)"
+        "CREATE TABLE IF NOT EXISTS queue_runs (queue text, n int, pid int, at timestamptz)"
     )
     emails = await start_worker(dsn, "--queues", "emails")
     reports = await start_worker(dsn, "--queues", "reports=4")
@@ -104,7 +104,7 @@ async def test_two_processes_serving_different_queues_run_only_their_own(pool, d
             )
 
         await wait_until(all_done, timeout=90, interval=0.2, message="all jobs completed")
-        rows = await pool.fetch("SELECT queue, pid, count(*) AS n FROM job_runs GROUP BY 1, 2")
+        rows = await pool.fetch("SELECT queue, pid, count(*) AS n FROM queue_runs GROUP BY 1, 2")
         assert {(r["queue"], r["pid"]): r["n"] for r in rows} == {
             ("emails", emails.pid): 300,
             ("reports", reports.pid): 300,
@@ -118,7 +118,7 @@ async def test_two_processes_serving_different_queues_run_only_their_own(pool, d
 @pytest.mark.slow
 async def test_pause_stops_new_starts_on_every_worker_within_a_second(pool, dsn):
     await pool.execute(
-        "CREATE TABLE IF NOT EXISTS job_runs (queue text, n int, pid int, at timestamptz)"
+        "CREATE TABLE IF NOT EXISTS queue_runs (queue text, n int, pid int, at timestamptz)"
     )
     workers = [await start_worker(dsn) for _ in range(2)]
     try:
@@ -129,7 +129,7 @@ async def test_pause_stops_new_starts_on_every_worker_within_a_second(pool, dsn)
         async def both_busy() -> bool:
             return (
                 await pool.fetchval(
-                    "SELECT count(DISTINCT pid) FROM job_runs WHERE queue = 'emails'"
+                    "SELECT count(DISTINCT pid) FROM queue_runs WHERE queue = 'emails'"
                 )
                 == 2
             )
@@ -142,7 +142,7 @@ async def test_pause_stops_new_starts_on_every_worker_within_a_second(pool, dsn)
         async def reports_after_pause() -> bool:
             return (
                 await pool.fetchval(
-                    "SELECT count(DISTINCT pid) FROM job_runs"
+                    "SELECT count(DISTINCT pid) FROM queue_runs"
                     " WHERE queue = 'reports' AND at > $1::timestamptz + interval '1.5 seconds'",
                     paused_at,
                 )
@@ -152,7 +152,7 @@ async def test_pause_stops_new_starts_on_every_worker_within_a_second(pool, dsn)
         await wait_until(reports_after_pause, timeout=30, message="reports after the pause")
         # ...while no e-mail started later than one second after it.
         late = await pool.fetchval(
-            "SELECT count(*) FROM job_runs"
+            "SELECT count(*) FROM queue_runs"
             " WHERE queue = 'emails' AND at > $1::timestamptz + interval '1 second'",
             paused_at,
         )
@@ -180,7 +180,7 @@ async def test_pause_stops_new_starts_on_every_worker_within_a_second(pool, dsn)
         async def emails_again() -> bool:
             return (
                 await pool.fetchval(
-                    "SELECT count(DISTINCT pid) FROM job_runs WHERE queue = 'emails' AND at > $1",
+                    "SELECT count(DISTINCT pid) FROM queue_runs WHERE queue = 'emails' AND at > $1",
                     resumed_at,
                 )
                 == 2
