@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .validation import check_queue
+from .validation import DEFAULT_QUEUE, check_queue
 
 if TYPE_CHECKING:
+    from .engine import Worker
     from .store import QueueStore
 
 
@@ -75,10 +76,25 @@ def parse_queues_option(text: str) -> list[str] | dict[str, int]:
 
 
 class QueueOps:
-    """Pause, resume and list queues (stored in ``scheduler_queues``)."""
+    """Pause, resume and list queues (stored in ``scheduler_queues``), and the
+    worker's side of their notifications."""
 
     if TYPE_CHECKING:
         queue_store: QueueStore
+        served_queues: list[str] | None
+        worker: Worker
+
+    def _on_jobs_notify(self, payload: str) -> None:
+        # The payload names the queue of new rows ('' for "default", as 0.2.x
+        # sent); '*' (hand-backs, rescues, retries) concerns every queue.
+        served = self.served_queues
+        if served is None or payload == "*" or (payload or DEFAULT_QUEUE) in served:
+            self.worker.wake()
+
+    def _on_queues_notify(self, payload: str) -> None:
+        # "pause NAME" or "resume NAME" (pause_queue / resume_queue, any process).
+        action, _, queue = payload.partition(" ")
+        self.worker.queue_paused(queue, action == "pause")
 
     async def pause_queue(self, name: str) -> None:
         """Stop every worker claiming from ``name``, at once: the claim statement

@@ -40,7 +40,7 @@ from .store import (
 )
 from .store.housekeeping import VacuumStore
 from .tasks import TaskRegistry, default_registry
-from .validation import DEFAULT_QUEUE, check_int, check_seconds
+from .validation import check_int, check_seconds
 
 log = get_logger(__name__)
 
@@ -121,7 +121,6 @@ class Scheduler(SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
         check_seconds("loop_stall_warning", loop_stall_warning)
         # None: every queue; a list; or queue -> local concurrency.
         self.served_queues, self.queue_limits = check_queues(queues, max_concurrent_jobs)
-        self._served_set = None if self.served_queues is None else frozenset(self.served_queues)
         # One thread per slot by default: a thread job never waits for a thread.
         self.thread_pool_size = thread_pool_size or max_concurrent_jobs
         self.process_pool_size = process_pool_size or default_process_pool_size()
@@ -310,17 +309,6 @@ class Scheduler(SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
         await self.shutdown()
 
     # -- notifications -----------------------------------------------------------
-
-    def _on_jobs_notify(self, payload: str) -> None:
-        # The payload names the queue of new rows ('' for "default", as 0.2.x
-        # sent); '*' (hand-backs, rescues, retries) concerns every queue.
-        served = self._served_set
-        if served is None or payload == "*" or (payload or DEFAULT_QUEUE) in served:
-            self.worker.wake()
-
-    def _on_queues_notify(self, payload: str) -> None:
-        action, _, queue = payload.partition(" ")
-        self.worker.queue_paused(queue, action == "pause")
 
     def _on_cancel_notify(self, job_id: str) -> None:
         if self.worker.cancel_local(job_id, CANCELLED_REMOTELY):
