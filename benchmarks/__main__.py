@@ -54,6 +54,8 @@ FULL = {
     "enqueue_n": 100_000,
     "enqueue_singles": 1_000,
     "scale_n": 20_000,
+    "queue_n": 5_000,
+    "queue_foreign": 200_000,
     "repeat": 3,
 }
 QUICK = {
@@ -65,13 +67,26 @@ QUICK = {
     "enqueue_n": 20_000,
     "enqueue_singles": 300,
     "scale_n": 10_000,
+    "queue_n": 5_000,
+    "queue_foreign": 50_000,
     "repeat": 1,
 }
 SCENARIOS = ["enqueue", "latency", "drain", "backlog", "big_backlog", "scaling"]
+# Issue 13's: a worker next to a due backlog it cannot run (run them by name).
+QUEUE_SCENARIOS = ["queue_empty", "queue_foreign", "queue_unregistered", "queue_idle_cpu"]
 # Scenarios run for this library only (the peers take minutes per 1M rows).
-OURS_ONLY = {"big_backlog", "scaling"}
+OURS_ONLY = {"big_backlog", "scaling", *QUEUE_SCENARIOS}
 # Variants that differ from pg_scheduler in one scenario only run that one.
 ONLY_IN = {"pg_scheduler_notify": {"latency"}, "pg_scheduler_thread": {"drain"}}
+
+
+DRIVER_SCENARIO = {
+    "big_backlog": "backlog",
+    "queue_empty": "foreign",
+    "queue_foreign": "foreign",
+    "queue_unregistered": "foreign",
+    "queue_idle_cpu": "idle_cpu",
+}
 
 
 def python_for(name: str) -> str:
@@ -245,7 +260,32 @@ def scenario_cfg(scenario: str, sizes: dict[str, Any], concurrency: int) -> dict
         return {**c, "n": sizes["enqueue_n"], "singles": sizes["enqueue_singles"]}
     if scenario == "scaling":
         return {**c, "n": sizes["scale_n"]}
+    kinds = {"queue_empty": "none", "queue_foreign": "queue", "queue_unregistered": "task"}
+    if scenario in kinds:
+        foreign = sizes["queue_foreign"]
+        n = sizes["queue_n"]
+        return {**c, "n": n, "foreign": foreign, "kind": kinds[scenario], "timeout": 300}
+    if scenario == "queue_idle_cpu":
+        return {**c, "foreign": sizes["queue_foreign"], "seconds": 20, "rate": 10}
     raise ValueError(scenario)
+
+
+def queue_ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Issue 13's figures: each backlog drain against the empty-table drain."""
+    out: dict[str, Any] = {}
+    empty = median_of(runs.get("queue_empty", []), "jobs_per_s")
+    for scenario in ("queue_foreign", "queue_unregistered"):
+        rate = median_of(runs.get(scenario, []), "jobs_per_s")
+        if rate is not None:
+            out[f"{scenario}_jobs_per_s"] = rate
+            if empty:
+                out[f"{scenario}_vs_empty"] = round(rate / empty, 3)
+    if empty is not None:
+        out["queue_empty_jobs_per_s"] = empty
+    cpu = median_of(runs.get("queue_idle_cpu", []), "server_cpu_pct_of_core")
+    if cpu is not None:
+        out["queue_idle_server_cpu_pct"] = cpu
+    return out
 
 
 def median_of(runs: list[dict[str, Any]], key: str) -> float | None:
@@ -388,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
                 cfg = {**scenario_cfg(scenario, sizes, args.concurrency), "dsn": dsn}
                 print(f"[{scenario} {rnd + 1}/{repeat}] {name}...", flush=True)
                 try:
-                    driver_scenario = "backlog" if scenario == "big_backlog" else scenario
+                    driver_scenario = DRIVER_SCENARIO.get(scenario, scenario)
                     res = run_driver(pythons[name], name, driver_scenario, cfg, timeout=900)
                 except subprocess.TimeoutExpired:
                     res = {"error": "timed out"}
@@ -412,6 +452,13 @@ def main(argv: list[str] | None = None) -> int:
         ratios["big_backlog_vs_empty"] = round(
             ours["big_backlog_jobs_per_s"] / ours["drain_jobs_per_s"], 3
         )
+    queue_runs = {
+        s: results["pg_scheduler"].get(s, [])
+        for s in QUEUE_SCENARIOS
+        if "pg_scheduler" in results and results["pg_scheduler"].get(s)
+    }
+    if queue_runs:
+        ratios.update(queue_ratios(queue_runs))
     print()
     print_table(rows, scaling)
     if ratios:

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import queue_scenarios  # benchmarks/, next to this script
+
 HERE = Path(__file__).resolve().parent
 FUTURE_BASE = 10_000_000  # ids of future-dated jobs start here
 
@@ -328,7 +330,17 @@ async def scale_enqueue(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     return {"enqueued": cfg["n"]}
 
 
+async def foreign(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    return await queue_scenarios.foreign(c, {**cfg, "settle": settle}, RECORD, wait_all_done)
+
+
+async def idle_cpu(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    return await queue_scenarios.idle_cpu(c, {**cfg, "settle": settle}, RECORD)
+
+
 SCENARIOS = {
+    "foreign": foreign,
+    "idle_cpu": idle_cpu,
     "drain": drain,
     "backlog": backlog,
     "latency": latency,

@@ -14,5 +14,3 @@ CREATE TABLE IF NOT EXISTS scheduler_limits (
     updated_at    TIMESTAMPTZ NOT NULL DEFAULT now(),
     PRIMARY KEY (scope, name)
 );
--- TEMPORARY until the queues migration (0007) lands on this branch.
-ALTER TABLE scheduled_jobs ADD COLUMN IF NOT EXISTS queue TEXT NOT NULL DEFAULT 'default';

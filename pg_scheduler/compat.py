@@ -22,6 +22,7 @@ from .enqueue import check_conflict_resolution
 from .enums import ConflictResolution, JobPriority, JobStatus
 from .job_fields import JobFields
 from .log import get_logger
+from .tasks import queue_of
 from .validation import check_name
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ class SchedulerCompat:
         *,
         dedupe_key: str | None = None,
         dedupe_scope: str | None = None,
+        queue: str | None = None,
     ) -> str:
         """Low-level insert by name (0.2.x): ``task_data`` is ``{"args": [...], "kwargs": {...}}``.
 
@@ -79,6 +81,9 @@ class SchedulerCompat:
         (its ``module:qualname``, or its bare ``__name__`` when unambiguous).
         ``misfire_grace_time=None`` means the scheduler default.
         ``dedupe_key``: as for ``schedule()`` (a task's own key does not apply here).
+        ``queue``:
+        the job's queue (default: the queue of the task registered here under
+        that name, else "default").
         """
         if not isinstance(job_name, str) or not job_name:
             raise ValueError("job_name must be a non-empty string")
@@ -90,6 +95,7 @@ class SchedulerCompat:
             raise ValueError(f"task_data may hold only 'args' and 'kwargs', got {unknown_keys}")
         check_conflict_resolution(conflict_resolution)
         key, scope = resolve_dedupe(None, dedupe_key, dedupe_scope)
+        job_queue = queue_of(self.registry.resolve(job_name), queue)
         encoded = encode_task_data(
             task_data.get("args") or (), task_data.get("kwargs") or {}, job_name
         )
@@ -106,6 +112,7 @@ class SchedulerCompat:
             retry_policy=None,
             dedupe_key=key,
             dedupe_scope=scope,
+            queue=job_queue,
         )
         row = self.enqueuer.new_row(fields)
         if key is not None:

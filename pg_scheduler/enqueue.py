@@ -24,7 +24,7 @@ from .job_fields import JobFields, row_of
 from .job_spec import JobSpec
 from .reconnect import retry_on_disconnect
 from .store import NewJob, Store
-from .tasks import TaskRegistry, ensure_async, task_name_of
+from .tasks import TaskRegistry, ensure_async, queue_of, task_name_of
 from .timeutil import to_aware
 from .validation import check_int, check_job_fields
 
@@ -142,6 +142,7 @@ class Enqueuer:
     ) -> JobFields:
         """The checked fields of ``func(*args, **kwargs)`` (``fields``: the other
         keywords of ``schedule()``); registers ``func`` so this worker runs it."""
+        queue = queue_of(func, fields.pop("queue", None))
         task_name = self.register(func)
         task_data = encode_task_data(args, {} if kwargs is None else kwargs, task_name)
         key, scope = resolve_dedupe(
@@ -155,6 +156,7 @@ class Enqueuer:
             task_data=task_data,
             dedupe_key=key,
             dedupe_scope=scope,
+            queue=queue,
             **fields,
         )
 
@@ -196,6 +198,7 @@ class Enqueuer:
                 task_name = task_names[func] = self.register(func)
                 keyed_tasks[func] = has_task_key(func)
             keyed_task = keyed_tasks[func]
+            queue = queue_of(func, spec.queue)
             if spec.execution_time is not last_time:
                 last_time = spec.execution_time
                 aware_time = to_aware(last_time)
@@ -221,6 +224,7 @@ class Enqueuer:
                 spec.retry_policy,
                 key,
                 scope,
+                queue,
             )
             row_id = next(fresh_ids) if spec.job_id is None else spec.job_id
             rows.append(row_of(fields, row_id, default_grace))

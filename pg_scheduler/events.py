@@ -51,7 +51,7 @@ FINAL_KINDS = frozenset({"completed", "failed", "cancelled", "expired"})
 # Sent by the database only while a subscriber keeps its flag fresh.
 FLAGGED_KINDS = frozenset({"scheduled", "started"})
 FLAG_SECONDS = 60.0
-DEFAULT_QUEUE = "default"
+DEFAULT_QUEUE = "default"  # as validation.DEFAULT_QUEUE; events imports no checks
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +67,7 @@ class Event:
     worker_id: str | None = None
     #: The fraction reported (``progress`` events).
     progress: float | None = None
-    #: Queues come in a later issue: every job is in "default" until then.
+    #: The job's queue (worker events: "default").
     queue: str = DEFAULT_QUEUE
     hostname: str | None = None
     pid: int | None = None
@@ -319,7 +319,11 @@ class EventHub:
             subs = [s for s in self._subs if kind in s.kinds]
             if not subs:
                 return
-            events = [Event(kind, at, i[0], i[1], i[2], i[3], i[4]) for i in items]
+            # Items before migration 0007 have no sixth element, the queue.
+            events = [
+                Event(kind, at, i[0], i[1], i[2], i[3], i[4], i[5] if len(i) > 5 else DEFAULT_QUEUE)
+                for i in items
+            ]
         for sub in self._subs:
             if kind in sub.kinds:
                 for event in events:

@@ -18,7 +18,7 @@ from .config import UNSET, RetryPolicy
 from .enums import PRIORITY_DB_VALUE_OF, JobPriority
 from .store import NewJob
 from .timeutil import to_aware
-from .validation import check_job_fields
+from .validation import DEFAULT_QUEUE, check_job_fields
 
 
 class JobFields(NamedTuple):
@@ -36,6 +36,7 @@ class JobFields(NamedTuple):
     retry_policy: RetryPolicy | None = None
     dedupe_key: str | None = None
     dedupe_scope: str | None = None  # resolved: "active" or "pending" with a key
+    queue: str = DEFAULT_QUEUE  # checked (validation.check_queue)
 
     @classmethod
     def checked(
@@ -53,6 +54,7 @@ class JobFields(NamedTuple):
         retry_policy: Any,
         dedupe_key: str | None = None,
         dedupe_scope: str | None = None,
+        queue: str = DEFAULT_QUEUE,
     ) -> JobFields:
         """Validate the caller's values (TypeError/ValueError naming the field)."""
         check_job_fields(
@@ -71,6 +73,7 @@ class JobFields(NamedTuple):
             retry_policy,
             dedupe_key,
             dedupe_scope,
+            queue,
         )
 
 
@@ -93,4 +96,5 @@ def row_of(fields: JobFields, job_id: str, default_grace: Callable[[], int | Non
         None if policy is None else encode_retry_policy(policy),
         fields.dedupe_key,
         fields.dedupe_scope,
+        fields.queue,
     )

@@ -9,7 +9,7 @@ from typing import Any
 from .config import UNSET, RetryPolicy
 from .dedupe import check_dedupe_key, check_dedupe_scope
 from .enums import JobPriority
-from .validation import as_args, as_kwargs, check_job_fields
+from .validation import as_args, as_kwargs, check_job_fields, check_queue
 
 __all__ = ["JobSpec"]
 
@@ -43,6 +43,7 @@ class JobSpec:
         "max_retries",
         "misfire_grace_time",
         "priority",
+        "queue",
         "retry_policy",
         "timeout",
     )
@@ -61,6 +62,7 @@ class JobSpec:
         retry_policy: RetryPolicy | None = None,
         dedupe_key: str | None = None,
         dedupe_scope: str | None = None,
+        queue: str | None = None,
     ) -> None:
         if not callable(func):
             raise TypeError(f"func must be a callable (an async function), got {func!r}")
@@ -82,6 +84,8 @@ class JobSpec:
         self.retry_policy = retry_policy
         self.dedupe_key = dedupe_key
         self.dedupe_scope = dedupe_scope
+        # None: the task's queue (``@task(queue=...)``), else "default".
+        self.queue = None if queue is None else check_queue(queue)
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in _FIELD_ORDER)
@@ -109,4 +113,5 @@ _FIELD_ORDER = (
     "retry_policy",
     "dedupe_key",
     "dedupe_scope",
+    "queue",
 )

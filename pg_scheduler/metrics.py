@@ -73,6 +73,21 @@ class _QueueCollector:
         yield jobs
         yield due
 
+        queue = GaugeMetricFamily(
+            "pg_scheduler_queue_jobs",
+            "Jobs per queue: pending, due (pending and due) and running",
+            labels=["queue", "state"],
+        )
+        paused = GaugeMetricFamily(
+            "pg_scheduler_queue_paused", "1 for a paused queue", labels=["queue"]
+        )
+        for q in stats.by_queue:
+            for state in ("pending", "due", "running"):
+                queue.add_metric([q.queue, state], getattr(q, state))
+            paused.add_metric([q.queue], 1.0 if q.paused else 0.0)
+        yield queue
+        yield paused
+
         oldest = GaugeMetricFamily(
             "pg_scheduler_oldest_pending_age_seconds",
             "How long the longest-waiting due job has been due (0 if none)",

@@ -25,6 +25,7 @@ from .log import get_logger
 from .models import Job, TaskInventory
 from .notify import Listener
 from .periodic.runtime import PeriodicManager
+from .queues import QueueOps, check_queues
 from .reconnect import retry_on_disconnect
 from .results import ResultsAPI
 from .scheduler_args import check_arguments
@@ -32,7 +33,14 @@ from .scheduler_ops import SchedulerOps
 from .services import HeartbeatService, RescuerService, VacuumService
 from .services.stall import StallGuard, default_stall_limit
 from .services.watchdog import LoopWatchdog
-from .store import CANCEL_CHANNEL, DEFAULT_SCHEMA, JOBS_CHANNEL, Store
+from .store import (
+    CANCEL_CHANNEL,
+    DEFAULT_SCHEMA,
+    JOBS_CHANNEL,
+    QUEUES_CHANNEL,
+    QueueStore,
+    Store,
+)
 from .store.housekeeping import VacuumStore
 from .tasks import TaskRegistry, default_registry
 from .validation import check_int, check_seconds
@@ -42,7 +50,7 @@ log = get_logger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
+class Scheduler(SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
     """Claims and runs due jobs from ``scheduled_jobs``; any number may share one database.
 
     The positional parameters and their defaults are those of pg-scheduler
@@ -53,6 +61,8 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
     ``pgbouncer``: the pool goes through pgbouncer in transaction mode (make it
     with ``statement_cache_size=0``); ``listen_dsn``: a direct connection for
     LISTEN, else such a worker polls. See the README's pgbouncer section.
+    ``queues``: the queues it claims from: None (all), a list, or a mapping
+    queue -> local concurrency within ``max_concurrent_jobs``.
     """
 
     HEARTBEAT_THRESHOLD = 120
@@ -88,6 +98,7 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
         process_pool_size: int | None = None,
         loop_stall_warning: float | None = 0.5,
         loop_stall_limit: float | None = None,
+        queues: list[str] | dict[str, int] | None = None,
     ) -> None:
         check_arguments(
             db_pool=db_pool,
@@ -113,6 +124,8 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
         check_int("process_pool_size", process_pool_size, 1, allow_none=True)
         check_seconds("loop_stall_warning", loop_stall_warning)
         check_seconds("loop_stall_limit", loop_stall_limit)
+        # None: every queue; a list; or queue -> local concurrency.
+        self.served_queues, self.queue_limits = check_queues(queues, max_concurrent_jobs)
         # One thread per slot by default: a thread job never waits for a thread.
         self.thread_pool_size = thread_pool_size or max_concurrent_jobs
         self.process_pool_size = process_pool_size or default_process_pool_size()
@@ -149,6 +162,7 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
         self.worker_id = uuid.uuid4().hex[: self.WORKER_ID_LENGTH]
         self.registry = TaskRegistry(parent=tasks or default_registry)
         self.store = Store(db_pool, schema)
+        self.queue_store = QueueStore(db_pool, schema)
         self.enqueuer = Enqueuer(
             self.store, db_pool, self.registry, lambda: self.misfire_grace_time
         )
@@ -158,6 +172,7 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
             {
                 self.store.qualify.channel(JOBS_CHANNEL): self._on_jobs_notify,
                 self.store.qualify.channel(CANCEL_CHANNEL): self._on_cancel_notify,
+                self.store.qualify.channel(QUEUES_CHANNEL): self._on_queues_notify,
             },
             health_interval=listener_health_interval,
             on_reconnect=self._on_listener_reconnect,
@@ -179,6 +194,8 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
             asynchronous_commit=not pgbouncer,
             thread_pool_size=self.thread_pool_size,
             process_pool_size=self.process_pool_size,
+            served=self.served_queues,
+            queue_limits=self.queue_limits,
         )
         self.job_semaphore = self.worker.semaphore
         self.heartbeat = HeartbeatService(
@@ -323,9 +340,6 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
 
     # -- notifications -----------------------------------------------------------
 
-    def _on_jobs_notify(self, _payload: str) -> None:
-        self.worker.wake()
-
     def _on_cancel_notify(self, job_id: str) -> None:
         if self.worker.cancel_local(job_id, CANCELLED_REMOTELY):
             log.info("cancelling running job", job_id=job_id, worker_id=self.worker_id)
@@ -346,13 +360,16 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
         dedupe_scope: str | None = None,
         max_running: int | None = None,
         rate_limit: str | RateLimit | None = None,
+        queue: str | None = None,
     ) -> Any:
         """Decorator: register a function this scheduler can run (see :func:`pg_scheduler.task`)."""
         limits = Limits.of(max_running, rate_limit)
 
         def decorate(f: F) -> F:
             mark_task(f, dedupe_key, dedupe_scope)
-            return self.registry.register(f, name=name, executor=executor, limits=limits)
+            return self.registry.register(
+                f, name=name, executor=executor, limits=limits, queue=queue
+            )
 
         return decorate(func) if func is not None else decorate
 
@@ -385,8 +402,12 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
         connection: asyncpg.Connection | None = None,
         dedupe_key: str | None = None,
         dedupe_scope: str | None = None,
+        queue: str | None = None,
     ) -> str:
         """Schedule ``func(*args, **kwargs)`` to run at ``execution_time``; returns the job id.
+
+        ``queue``: the job's queue (default: the task's, ``@task(queue=...)``,
+        else "default").
 
         With ``connection``, the row is written through the caller's connection
         (inside its transaction, if one is open): it exists, and wakes workers,
@@ -411,6 +432,7 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
             retry_policy=retry_policy,
             dedupe_key=dedupe_key,
             dedupe_scope=dedupe_scope,
+            queue=queue,
         )
         row = self.enqueuer.new_row(fields)
         if row.dedupe_key is not None:

@@ -148,6 +148,8 @@ class SchedulerOps:
         # limits are written at start.
         declared = bool(self.registry.all_limits())
         needed["scheduler_limits"] = "SELECT,UPDATE" + (",INSERT,DELETE" if declared else "")
+        # Migration 0007: claims skip paused queues (granted to PUBLIC there).
+        needed["scheduler_queues"] = "SELECT"
         if self.run_periodic_jobs:
             needed["periodic_jobs"] = "SELECT,INSERT,UPDATE"
         if self.vacuum_enabled and self.vacuum_config.track_metrics:

@@ -81,7 +81,7 @@ TRANSITIONS: tuple[Transition, ...] = (
         (RUNNING,),
         (PENDING,),
         "job_sql._RELEASE",
-        "engine/claimer.py (buffer or shutdown hand-back, unknown task)",
+        "engine/handback.py (stale buffer, paused queue, shutdown), engine/claimer.py",
     ),
     Transition(
         (RUNNING,),

@@ -16,8 +16,9 @@ from typing import Any
 import asyncpg
 from pydantic import BaseModel, ConfigDict
 
-from .enums import PRIORITY_DB_VALUES, JobStatus
+from .enums import JobStatus
 from .limits import limit_record
+from .store import QueueStore
 from .store.housekeeping import StatsStore
 from .store.limits import LimitStore
 from .store.names import Qualifier
@@ -39,6 +40,19 @@ class TaskCounts(BaseModel):
     failed: int = 0
     cancelled: int = 0
     expired: int = 0
+
+
+class QueueCounts(BaseModel):
+    """One queue: its pending (``due`` of them already due) and running jobs, and
+    whether it is paused."""
+
+    model_config = ConfigDict(frozen=True)
+
+    queue: str
+    paused: bool = False
+    pending: int = 0
+    due: int = 0
+    running: int = 0
 
 
 class WindowStats(BaseModel):
@@ -104,6 +118,8 @@ class QueueStats(BaseModel):
     #: Pending jobs due in the future.
     scheduled: int
     by_task: list[TaskCounts]
+    #: Every queue with pending or running jobs, or a stored setting (paused).
+    by_queue: list[QueueCounts] = []
     #: worker_id -> running jobs (including workers no longer alive).
     running_by_worker: dict[str, int]
     #: Seconds the longest-waiting due job has been due; None when nothing is due.
@@ -138,7 +154,8 @@ async def collect_stats(
         taken_at = await StatsStore.now(conn)
         count_rows = await store.counts(conn)
         running_rows = await store.running_by_worker(conn)
-        oldest = await store.oldest_due_seconds(conn, PRIORITY_DB_VALUES)
+        oldest = await store.oldest_due_seconds(conn)
+        queue_rows = await QueueStore(pool, schema).queues(conn)
         window_rows = await store.finished_in_windows(conn, windows)
         worker_rows = await store.workers(conn)
         limit_rows = await LimitStore(pool, Qualifier(schema)).listing(conn)
@@ -197,6 +214,16 @@ async def collect_stats(
     return QueueStats(
         taken_at=taken_at,
         counts=counts,
+        by_queue=[
+            QueueCounts(
+                queue=r["name"],
+                paused=r["paused"],
+                pending=r["pending"],
+                due=r["due"],
+                running=r["running"],
+            )
+            for r in queue_rows
+        ],
         due=due,
         scheduled=counts[JobStatus.PENDING] - due,
         by_task=[TaskCounts(**t) for _, t in sorted(tasks.items())],

@@ -14,15 +14,26 @@ from typing import Any, TypeVar, overload
 
 from .dedupe import mark_task
 from .limits import Limits, RateLimit
-from .validation import check_name
+from .validation import DEFAULT_QUEUE, check_name, check_queue
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _TASK_NAME_ATTR = "__pg_scheduler_task_name__"
 #: "thread" or "process" on a plain function registered to run there; the
+#: The queue ``@task(queue=...)`` gave a function: its jobs' queue unless the
+#: call that schedules one names another.
+QUEUE_ATTR = "__pg_scheduler_queue__"
 #: executor reads it once per job (absent on async functions).
 EXECUTOR_ATTR = "__pg_scheduler_executor__"
 EXECUTORS = ("async", "thread", "process")
+
+
+def queue_of(func: Any, queue: Any = None) -> str:
+    """The queue of a job of ``func``: ``queue`` if given (checked), else the
+    task's own, else "default"."""
+    if queue is not None:
+        return check_queue(queue)
+    return getattr(func, QUEUE_ATTR, DEFAULT_QUEUE)
 
 
 def task_name_of(func: Callable[..., Any]) -> str:
@@ -88,8 +99,12 @@ class TaskRegistry:
         name: str | None = None,
         executor: str | None = None,
         limits: Limits | None = None,
+        queue: str | None = None,
     ) -> F:
         kind = _check_executor(func, executor)
+        if queue is not None:
+            check_queue(queue)
+            setattr(func, QUEUE_ATTR, queue)
         if name is not None:
             if not isinstance(name, str) or not name:
                 raise ValueError("task name must be a non-empty string")
@@ -180,6 +195,7 @@ def task(
     dedupe_scope: str | None = None,
     max_running: int | None = None,
     rate_limit: str | RateLimit | None = None,
+    queue: str | None = None,
 ) -> Callable[[F], F]: ...
 def task(
     func: Any = None,
@@ -191,6 +207,7 @@ def task(
     dedupe_scope: str | None = None,
     max_running: int | None = None,
     rate_limit: str | RateLimit | None = None,
+    queue: str | None = None,
 ) -> Any:
     """Register an async function as a task, usable before any Scheduler exists.
 
@@ -203,11 +220,15 @@ def task(
     ``max_running`` and ``rate_limit`` (``"100/m"``) are global limits across
     every worker, written to the database when a Scheduler starts (README:
     Queues and limits).
+    ``@task(queue="emails")`` puts its jobs in queue ``emails`` (unless the
+    call that schedules one names a queue; the default queue is ``"default"``).
     """
     limits = Limits.of(max_running, rate_limit)
 
     def decorate(f: F) -> F:
         mark_task(f, dedupe_key, dedupe_scope)
-        return default_registry.register(f, name=name, executor=executor, limits=limits)
+        return default_registry.register(
+            f, name=name, executor=executor, limits=limits, queue=queue
+        )
 
     return decorate(func) if func is not None else decorate

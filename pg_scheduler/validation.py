@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,6 +30,25 @@ def check_int(
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
         raise ValueError(f"{name} must be <= {maximum} (what the column holds), got {value}")
+
+
+DEFAULT_QUEUE = "default"
+#: Queue names: letters, digits and ``_ - . :``, starting with a letter or digit.
+#: They travel in NOTIFY payloads, metric labels and CLI arguments.
+MAX_QUEUE_LENGTH = 63
+_QUEUE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*\Z")
+
+
+def check_queue(value: Any, what: str = "queue") -> str:
+    """A valid queue name, else TypeError/ValueError naming ``what``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, got {type(value).__name__}")
+    if not 0 < len(value) <= MAX_QUEUE_LENGTH or not _QUEUE_RE.match(value):
+        raise ValueError(
+            f"{what} must be 1 to {MAX_QUEUE_LENGTH} characters of letters, digits, "
+            f"'_', '-', '.' or ':', starting with a letter or digit; got {_clip(value)}"
+        )
+    return value
 
 
 def check_seconds(name: str, value: Any, allow_none: bool = True) -> None:

@@ -36,6 +36,11 @@ async def job(i: int) -> None:
     RECORD.ran(i)
 
 
+async def foreign_job(i: int) -> None:
+    """Never registered with the worker: the "unregistered task" backlog."""
+    RECORD.ran(i)
+
+
 class Contender:
     version = f"pg_scheduler {getattr(pg_scheduler, '__version__', 'dev')} (this repo)"
 
@@ -88,9 +93,11 @@ class Contender:
             " AND execution_time <= now()"
         )
 
-    async def prepare_worker(self, concurrency: int) -> None:
+    async def prepare_worker(self, concurrency: int, queues: list[str] | None = None) -> None:
         assert self.pool is not None
         options: dict[str, Any] = {}
+        if queues is not None:
+            options["queues"] = queues
         if os.environ.get("PGS_BENCH_DELETE_COMPLETED"):
             # Variant: completed rows deleted at once (VacuumPolicy IMMEDIATE).
             options["vacuum_config"] = VacuumConfig(completed=VacuumPolicy(VacuumTrigger.IMMEDIATE))
@@ -101,9 +108,31 @@ class Contender:
             self.pool, max_concurrent_jobs=concurrency, batch_claim_limit=concurrency, **options
         )
 
-    async def start_worker(self, concurrency: int) -> None:
+    async def enqueue_foreign(self, ids: range, kind: str) -> None:
+        """Due jobs the worker of the queue scenarios must never run."""
+        when = datetime.now(UTC) - timedelta(seconds=1)
+        if kind == "queue":
+            specs = [
+                JobSpec(func=job, execution_time=when, args=(i,), queue="elsewhere") for i in ids
+            ]
+        else:
+            specs = [JobSpec(func=foreign_job, execution_time=when, args=(i,)) for i in ids]
+        assert self.producer is not None
+        await self.producer.schedule_bulk(specs, batch_size=5000)
+
+    async def enqueue_foreign_one(self, i: int) -> None:
+        assert self.producer is not None
+        await self.producer.schedule(
+            job, execution_time=datetime.now(UTC), args=(i,), queue="elsewhere"
+        )
+
+    async def backend_pid(self) -> int:
+        assert self.pool is not None
+        return await self.pool.fetchval("SELECT pg_backend_pid()")
+
+    async def start_worker(self, concurrency: int, queues: list[str] | None = None) -> None:
         if self.scheduler is None:
-            await self.prepare_worker(concurrency)
+            await self.prepare_worker(concurrency, queues)
         assert self.scheduler is not None
         await self.scheduler.start()
 

@@ -29,6 +29,7 @@ from .job_actions import cmd_cancel, cmd_retry, cmd_vacuum
 from .limits import cmd_limits_clear, cmd_limits_list, cmd_limits_set
 from .output import EXIT_INTERRUPTED, EXIT_NOT_FOUND, CommandError
 from .periodic_jobs import cmd_periodic_enable, cmd_periodic_list, cmd_periodic_trigger
+from .queue_commands import cmd_queues_list, cmd_queues_pause
 from .reports import cmd_jobs, cmd_metrics, cmd_status
 
 # -- argument types ------------------------------------------------------------------
@@ -238,6 +239,22 @@ def register(commands: argparse._SubParsersAction) -> None:
     limit_set.add_argument("--rate-limit", metavar="N/UNIT", help='e.g. "100/m", "5/s"')
     limit_set.set_defaults(handler=_handler(cmd_limits_set))
     limit_clear.set_defaults(handler=_handler(cmd_limits_clear))
+    queues = commands.add_parser(
+        "queues",
+        help="list, pause or resume queues",
+        description="A paused queue is stored in the database: every worker stops "
+        "starting its jobs at once (running jobs finish); scheduling into it still works. "
+        "resume wakes the workers that serve it.",
+    )
+    queue_actions = queues.add_subparsers(dest="action", required=True, metavar="ACTION")
+    queue_list = queue_actions.add_parser(
+        "list", parents=[json_flag], help="every queue with its pending, due and running jobs"
+    )
+    queue_list.set_defaults(handler=_handler(cmd_queues_list))
+    for action in ("pause", "resume"):
+        sub = queue_actions.add_parser(action, parents=[json_flag], help=f"{action} a queue")
+        sub.add_argument("name", metavar="NAME")
+        sub.set_defaults(handler=_handler(cmd_queues_pause), pause=action == "pause")
 
     metrics = commands.add_parser(
         "metrics",

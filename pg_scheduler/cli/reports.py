@@ -125,6 +125,18 @@ def render_status(stats: QueueStats, out: Any = None) -> None:
     )
     columns = ("task", "due", "scheduled", "running", "completed", "failed", "cancelled", "expired")
     out.print(table("Jobs by task", columns, task_rows))
+    # Only once queues are in use: a single "default" queue says nothing new.
+    if any(q.queue != "default" or q.paused for q in stats.by_queue):
+        out.print(
+            table(
+                "Queues",
+                ("queue", "due", "scheduled", "running", "state"),
+                [
+                    (q.queue, q.due, q.pending - q.due, q.running, "PAUSED" if q.paused else "")
+                    for q in stats.by_queue
+                ],
+            )
+        )
     if stats.workers:
         out.print(
             table(

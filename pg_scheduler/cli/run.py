@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from ..log import get_logger
+from ..queues import parse_queues_option
 from .common import configure_logging, open_pool, run_async
 
 log = get_logger("pg_scheduler.cli")
@@ -31,6 +32,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         help="max_concurrent_jobs (default: the app's, else 25)",
+    )
+    worker.add_argument(
+        "--queues",
+        type=_queues_option,
+        default=None,
+        metavar="Q[=N],...",
+        help="serve only these queues: emails,reports, or with local concurrencies "
+        "emails=20,reports=2 (default: the app's, else every queue)",
     )
     worker.add_argument(
         "--grace", type=float, default=None, help="seconds running jobs get to finish at shutdown"
@@ -55,6 +64,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     dsn.add_argument("--stop", action="store_true", help="stop the embedded server instead")
     dsn.set_defaults(handler=_cmd_dsn)
+
+
+def _queues_option(text: str) -> list[str] | dict[str, int]:
+    try:
+        return parse_queues_option(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def load_app(spec: str) -> dict[str, Any]:
@@ -95,6 +111,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         options["max_concurrent_jobs"] = args.concurrency
     if args.grace is not None:
         options["shutdown_grace_period"] = args.grace
+    if args.queues is not None:
+        options["queues"] = args.queues
     # Command-line settings win over the app's dict; the app's win over defaults.
     if args.schema != "public" or "schema" not in options:
         options["schema"] = args.schema

@@ -21,7 +21,7 @@ import asyncpg
 
 from ..codec import decode_json
 from ..config import RetryPolicy
-from ..enums import PRIORITY_DB_VALUES, JobPriority, JobStatus
+from ..enums import JobPriority, JobStatus
 from ..models import Job
 from ..store import Store
 from ..store.dashboard import DEFAULT_QUEUE, Cursor, DashboardStore
@@ -150,7 +150,7 @@ class DashboardService:
         rows = await self.store.counts()
         series_rows = await self.store.finished_series(SERIES_SECONDS, SERIES_BUCKET)
         async with self.pool.acquire() as conn:
-            oldest = await self.stats.oldest_due_seconds(conn, PRIORITY_DB_VALUES)
+            oldest = await self.stats.oldest_due_seconds(conn)
             now = await StatsStore.now(conn)
             workers = await self.stats.workers(conn)
         counts = dict.fromkeys((s.value for s in JobStatus), 0)

@@ -7,7 +7,7 @@ how many rows are held. ``executor``: one claimed job and what happened to it.
 pooled connection a serial hot path keeps. ``local``: the in-process start.
 """
 
-from .claimer import Holdings, Worker
+from .claimer import Worker
 from .completer import Completer, write_failure
 from .executor import (
     BLOCKED_LOOP,
@@ -19,6 +19,7 @@ from .executor import (
     RunningJob,
 )
 from .held import HeldConnection
+from .holdings import Holdings
 from .slots import Slots
 
 __all__ = [

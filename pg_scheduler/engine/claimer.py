@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -22,22 +21,15 @@ from ..reconnect import Backoff, is_connection_error, retry_on_disconnect
 from ..store import Store
 from ..tasks import TaskRegistry
 from .completer import Completer
-from .executor import LEASE_LOST, SHUTDOWN, Executor, log
+from .executor import Executor, log
+from .handback import HandBack
 from .held import HeldConnection
+from .holdings import HeartbeatView
 from .limited import LimitedClaims
 from .slots import Slots
 
 
-@dataclass(slots=True)
-class Holdings:
-    """What a worker holds, as the heartbeat needs it before its statement."""
-
-    claims_sent: int
-    quiet: bool  # no claim in flight: every claim it can see was answered
-    started_ahead: list[str]  # claimed-ahead rows started since the last heartbeat
-
-
-class Worker:
+class Worker(HandBack, HeartbeatView):
     """Claims, runs and settles jobs for one Scheduler."""
 
     def __init__(
@@ -57,6 +49,8 @@ class Worker:
         asynchronous_commit: bool = True,
         thread_pool_size: int = 10,
         process_pool_size: int | None = None,
+        served: list[str] | None = None,
+        queue_limits: Mapping[str, int] | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -66,7 +60,8 @@ class Worker:
         self.job_timeout = job_timeout
         self.retry_policy = retry_policy
         self.notifications_live = notifications_live
-        self.slots = slots = Slots(max_concurrent_jobs, batch_claim_limit)
+        self.slots = slots = Slots(max_concurrent_jobs, batch_claim_limit, served, queue_limits)
+        slots.on_queue_room = self.wake
         self.semaphore = slots.semaphore
         self.completer = Completer(store, worker_id, delete_completed)
         self.executor = Executor(
@@ -100,6 +95,12 @@ class Worker:
         # ahead pauses for a while.
         self.max_buffer_wait = 1.0
         self._wake = asyncio.Event()
+        # Queues paused (as heard on the control channel) -> claims sent by
+        # then: their claimed-ahead rows, and rows of claims already in flight,
+        # are handed back instead of started. A later claim that returns rows
+        # of such a queue proves it resumed (claims skip paused queues).
+        self.paused_queues: dict[str, int] = {}
+        self.tasks_background: set[asyncio.Task[Any]] = set()
         #: False once shutdown began: nothing new is claimed or started.
         self.claiming = True
         self._force = asyncio.Event()
@@ -151,10 +152,11 @@ class Worker:
             self._wake.clear()
             try:
                 names = self.registry.names()
-                limits = self.limits
-                await self.connection.run(limits.refresh)
+                queues, caps = slots.claim_queues()
+                await self.connection.run(self.limits.refresh)
                 self.claims_in_flight += 1
                 self.claims_sent += 1
+                claim = self.claims_sent
                 try:
                     # Rows past the free slots wait here: the claim marks
                     # them claimed ahead (a rescue of one that never started
@@ -163,23 +165,25 @@ class Worker:
                         partial(
                             self.store.claim,
                             self.worker_id,
-                            limits.unlimited(names) if limits.active else names,
+                            names,
                             limit,
                             self.lease_seconds(),
                             start_now=slots.start_now(),
+                            queues=queues,
+                            caps=caps,
                         )
                     )
                 finally:
                     self.claims_in_flight -= 1
                 if len(rows) >= limit:
-                    self.dispatch(rows)
+                    self.dispatch(rows, claim)
                     idle_wait = self.polling.idle_start_interval
                     continue
-                self.dispatch(rows)
-                if limits.active:
+                self.dispatch(rows, claim)
+                if self.limits.active:
                     rows += await self._claim_limited(names)
                 due_in = await self.connection.run(
-                    partial(self.store.seconds_until_next_due, names)
+                    partial(self.store.seconds_until_next_due, names, queues=queues)
                 )
             except Exception as exc:
                 level = log.warning if is_connection_error(exc) else log.exception
@@ -198,17 +202,21 @@ class Worker:
     async def _claim_limited(self, names: list[str]) -> list[Any]:
         """Jobs of limited tasks and queues, only as many as start at once
         (never claimed ahead: a buffered row would count against the limit)."""
-        room = min(self.slots.start_now(), self.slots.batch_claim_limit)
+        slots = self.slots
+        room = min(slots.start_now(), slots.batch_claim_limit)
         if room <= 0:
             return []
+        queues, caps = slots.claim_queues()
         self.claims_in_flight += 1
         self.claims_sent += 1
+        claim = self.claims_sent
         try:
             rows = await self.connection.run(
                 partial(
                     self.limits.claim,
                     names=names,
-                    queues=["default"],
+                    served=queues,
+                    caps=caps,
                     room=room,
                     worker_id=self.worker_id,
                     lease_seconds=self.lease_seconds(),
@@ -216,7 +224,7 @@ class Worker:
             )
         finally:
             self.claims_in_flight -= 1
-        self.dispatch(rows)
+        self.dispatch(rows, claim)
         return rows
 
     def _idle_timeout(self, due_in: float | None, claimed_some: bool, idle_wait: float) -> float:
@@ -240,9 +248,12 @@ class Worker:
         except TimeoutError:
             pass
 
-    def dispatch(self, rows: list[Any]) -> None:
-        """Start a task per claimed row; rows the claim expired are only logged."""
+    def dispatch(self, rows: list[Any], claim: int | None = None) -> None:
+        """Start a task per claimed row; rows the claim expired are only logged.
+        ``claim``: the claim's number (``claims_sent`` when it was sent)."""
         self.executor.check_log_levels()
+        if self.paused_queues and claim is not None:
+            rows = self._drop_paused(rows, claim)
         # The order the claim placed them in: those it did not mark claimed ahead first.
         key = lambda r: (r.get("claimed_ahead") or False, r["priority"], r["execution_time"])  # noqa: E731
         for row in sorted(rows, key=key):
@@ -256,7 +267,7 @@ class Worker:
                     event_type="expired",
                 )
                 continue
-            self.slots.held += 1
+            self.slots.hold(row)
             self.accept(row)
 
     def accept(self, row: Mapping[str, Any], local: bool = False) -> None:
@@ -290,33 +301,13 @@ class Worker:
         self.tasks.add(task)
         task.add_done_callback(partial(self._job_task_done, job_id))
 
-    async def _hand_back_stale(self) -> None:
-        buffer = self.slots.buffer
-        if buffer and time.monotonic() - buffer[0][0] > self.max_buffer_wait:
-            self.slots.pause_prefetch(30.0)
-            await self.hand_back_buffer()
-
-    async def hand_back_buffer(self) -> None:
-        """Return every claimed-ahead row that has not started (one statement)."""
-        buffer = self.slots.buffer
-        if not buffer:
-            return
-        ids = [row["job_id"] for _, row in buffer]
-        buffer.clear()
-        try:
-            await self._release(ids)
-        finally:
-            for job_id in ids:
-                self.owned.discard(job_id)
-            self.slots.let_go(len(ids))
-
     def _job_task_done(self, job_id: str, task: asyncio.Task[Any]) -> None:
         # Runs exactly once per started job, even for a task cancelled before
         # its first step (whose finally blocks never run).
         self.tasks.discard(task)
         self._free_slot(job_id)
         self.owned.discard(job_id)
-        self.slots.let_go()
+        self.slots.let_go(job_ids=(job_id,))
         if not task.cancelled() and task.exception() is not None:
             log.error("job task crashed", error=repr(task.exception()))
 
@@ -363,7 +354,12 @@ class Worker:
         slots.active -= 1
         slots.changed.set()
         if slots.buffer and self.claiming:
-            self._start(slots.buffer.popleft()[1])
+            row = slots.buffer.popleft()[1]
+            if row.get("queue") in self.paused_queues:
+                slots.buffer.appendleft((time.monotonic(), row))
+                self.queue_paused(row["queue"], True)
+            else:
+                self._start(row)
 
     def _wake_after(self, delay: float) -> None:
         # The retry is due later; make sure this worker looks again then.
@@ -378,99 +374,3 @@ class Worker:
         return await retry_on_disconnect(
             lambda: self.store.release(self.worker_id, job_ids), what="release", give_up_after=30
         )
-
-    def cancel_local(self, job_id: str, reason: str) -> bool:
-        """Cancel the task running ``job_id`` here, if any."""
-        running = self.running.get(job_id)
-        if running is None:
-            return self._drop_buffered(job_id)
-        if running.cancel_reason is not None:
-            return False
-        running.cancel_reason = reason
-        running.task.cancel()
-        return True
-
-    def _drop_buffered(self, job_id: str) -> bool:
-        # A claimed-ahead row cancelled (or lost) before it started: never start it.
-        buffer = self.slots.buffer
-        for entry in buffer:
-            if entry[1]["job_id"] == job_id:
-                buffer.remove(entry)
-                self.owned.discard(job_id)
-                self.slots.let_go()
-                return True
-        return False
-
-    def force_shutdown(self) -> None:
-        """Cut the grace period short: running jobs are handed back now."""
-        self._force.set()
-
-    async def drain(self, grace_period: float) -> None:
-        """Wait up to ``grace_period`` for running jobs, then cancel and hand back the rest."""
-        # Claimed ahead but not started: back to pending at once, for other workers.
-        try:
-            await self.hand_back_buffer()
-        except Exception as exc:
-            log.warning(
-                "could not hand back claimed-ahead jobs; they will be rescued", error=repr(exc)
-            )
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace_period
-        while self.tasks and not self._force.is_set() and loop.time() < deadline:
-            forced = asyncio.create_task(self._force.wait())
-            await asyncio.wait(
-                {*self.tasks, forced},
-                timeout=deadline - loop.time(),
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            forced.cancel()
-        if self.tasks:
-            for job_id in list(self.running):
-                self.cancel_local(job_id, SHUTDOWN)
-            _, stubborn = await asyncio.wait(set(self.tasks), timeout=10.0)
-            if stubborn:
-                log.error(
-                    "jobs ignored cancellation; their leases will expire and they will be rescued",
-                    jobs=len(stubborn),
-                )
-        await self.completer.drain()
-        await self.completer.connection.release()
-        if self._retry_timer is not None:
-            self._retry_timer.cancel()
-
-    # -- what the heartbeat asks ---------------------------------------------
-
-    def holdings(self) -> Holdings:
-        """Before a heartbeat: the claim counters, and the claimed-ahead rows that
-        started since the last one (taken; give them back with :meth:`unreported`)."""
-        started_ahead, self.started_ahead = self.started_ahead, []
-        return Holdings(self.claims_sent, self.claims_in_flight == 0, started_ahead)
-
-    def unreported(self, holdings: Holdings) -> None:
-        """The heartbeat failed: report these starts with the next one."""
-        self.started_ahead[:0] = holdings.started_ahead
-
-    def reconcile(
-        self,
-        held: Mapping[str, Mapping[str, Any]],
-        holdings: Holdings,
-        sent_at: float,
-        ghost_grace: float,
-        lease_lost: Callable[[str], None],
-    ) -> list[str]:
-        """After a heartbeat: stop jobs whose rows the database no longer has running
-        here (``lease_lost`` is told each), and return the rows held there that no
-        task here owns (ghosts: a claim whose answer was lost) to hand back."""
-        for job_id, running in list(self.running.items()):
-            if job_id not in held and running.claimed_at < sent_at:
-                if self.cancel_local(job_id, LEASE_LOST):
-                    lease_lost(job_id)
-        # No claim overlapped the heartbeat: every claim it can see was answered
-        # before it was sent, so a row not owned here is a ghost now (after a
-        # database restart, say), without waiting for the grace.
-        settled = holdings.quiet and self.claims_sent == holdings.claims_sent
-        return [
-            job_id
-            for job_id, r in held.items()
-            if job_id not in self.owned and (settled or (r["running_for"] or 0) > ghost_grace)
-        ]

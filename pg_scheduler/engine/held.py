@@ -10,7 +10,7 @@ import asyncpg
 
 from ..reconnect import is_connection_error
 from ..store.names import Executor
-from ..store.session import ASYNC_COMMIT
+from ..store.session import ASYNC_COMMIT, GENERIC_PLANS
 
 T = TypeVar("T")
 
@@ -39,6 +39,7 @@ class HeldConnection:
     ``asynchronous_commit``: the session commits without waiting for the WAL
     flush (``synchronous_commit = off``; the pool's reset undoes it). Only for
     writes that may be forgotten by a database crash without losing a job.
+    Such a session also uses generic plans (see ``store.session``).
     """
 
     def __init__(self, pool: asyncpg.Pool, *, asynchronous_commit: bool = False) -> None:
@@ -57,7 +58,8 @@ class HeldConnection:
             conn = await self._pool.acquire()
             try:
                 if self._asynchronous_commit:
-                    await conn.execute(ASYNC_COMMIT)
+                    # Not behind pgbouncer: a SET there reaches other clients.
+                    await conn.execute(ASYNC_COMMIT + "; " + GENERIC_PLANS)
             except BaseException:
                 await self._give_back(conn)
                 raise

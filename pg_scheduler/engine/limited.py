@@ -10,7 +10,7 @@ a limit set from another process applies everywhere within about a second.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -25,15 +25,22 @@ REFRESH = 1.0
 
 @dataclass(frozen=True, slots=True)
 class Group:
-    """Jobs of ``tasks`` in ``queues``, bound by the limit rows ``keys``."""
+    """Jobs of ``tasks`` in ``queues`` (None: every queue; ``caps``: the most
+    per queue), bound by the limit rows ``keys``."""
 
     keys: tuple[tuple[str, str], ...]
     tasks: tuple[str, ...]
-    queues: tuple[str, ...]
+    queues: tuple[str, ...] | None
+    caps: tuple[int, ...] | None = None
 
 
 class LimitedClaims:
-    """Knows which tasks and queues are limited; claims their jobs."""
+    """Knows which tasks and queues are limited; claims their jobs.
+
+    Which groups of jobs a limit binds is the database's call at each claim
+    (the plain claim skips them, the limited claim reads only groups whose
+    every binding limit it holds), so a stale view here can delay a limited
+    job by up to ``REFRESH`` but never start one past its limit."""
 
     def __init__(self, store: LimitStore) -> None:
         self.store = store
@@ -57,35 +64,47 @@ class LimitedClaims:
         self.queues = frozenset(n for s, n in keys if s == "queue")
         self._loaded_at = time.monotonic()
 
-    def unlimited(self, names: Iterable[str]) -> list[str]:
-        """The tasks the plain claim may take (no task limit)."""
-        return [n for n in names if n not in self.tasks]
-
-    def is_limited(self, task: str, queue: str = "default") -> bool:
+    def is_limited(self, task: str, queue: str) -> bool:
         return task in self.tasks or queue in self.queues
 
-    def groups(self, names: Sequence[str], queues: Sequence[str]) -> list[Group]:
-        """The limited claims a worker running ``names`` in ``queues`` makes."""
-        plain_tasks = tuple(n for n in names if n not in self.tasks)
-        limited_tasks = [n for n in names if n in self.tasks]
-        plain_queues = tuple(q for q in queues if q not in self.queues)
-        limited_queues = [q for q in queues if q in self.queues]
+    def groups(
+        self,
+        names: Sequence[str],
+        served: Sequence[str] | None,
+        caps: Sequence[int] | None,
+    ) -> list[Group]:
+        """The limited claims a worker running ``names`` in ``served`` (None:
+        every queue; ``caps``: the room of each) makes, one per set of limits."""
+        cap_of = dict(zip(served, caps, strict=True)) if served is not None and caps else {}
+        queues = [
+            q for q in sorted(self.queues) if (served is None or q in served) and cap_of.get(q, 1)
+        ]
+        tasks = [t for t in names if t in self.tasks]
+        all_tasks = tuple(names)
         groups = []
-        for queue in limited_queues:
-            if plain_tasks:
-                groups.append(Group((("queue", queue),), plain_tasks, (queue,)))
-        for task in limited_tasks:
-            if plain_queues:
-                groups.append(Group((("task", task),), (task,), plain_queues))
-            for queue in limited_queues:
-                groups.append(Group((("queue", queue), ("task", task)), (task,), (queue,)))
+        for queue in queues:
+            cap = (cap_of[queue],) if queue in cap_of else None
+            groups.append(Group((("queue", queue),), all_tasks, (queue,), cap))
+        for task in tasks:
+            groups.append(
+                Group(
+                    (("task", task),),
+                    (task,),
+                    None if served is None else tuple(served),
+                    None if caps is None else tuple(caps),
+                )
+            )
+            for queue in queues:
+                cap = (cap_of[queue],) if queue in cap_of else None
+                groups.append(Group((("queue", queue), ("task", task)), (task,), (queue,), cap))
         return groups
 
     async def claim(
         self,
         db: Executor,
         names: Sequence[str],
-        queues: Sequence[str],
+        served: Sequence[str] | None,
+        caps: Sequence[int] | None,
         *,
         room: int,
         worker_id: str,
@@ -93,7 +112,7 @@ class LimitedClaims:
     ) -> list[asyncpg.Record]:
         """Claim up to ``room`` jobs across the limited groups."""
         rows: list[asyncpg.Record] = []
-        for group in self.groups(names, queues):
+        for group in self.groups(names, served, caps):
             if room - len(rows) <= 0:
                 break
             rows += await self._claim_group(db, group, room - len(rows), worker_id, lease_seconds)
@@ -111,6 +130,7 @@ class LimitedClaims:
             limit=room,
             tasks=group.tasks,
             queues=group.queues,
+            caps=group.caps,
             worker_id=worker_id,
             lease_seconds=lease_seconds,
         )

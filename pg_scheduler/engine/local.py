@@ -1,7 +1,8 @@
 """The in-process start: a due job enqueued in this process starts here at once.
 
 ``schedule()`` of a job due now, autocommitted, with a started Scheduler of
-this process (same pool and schema, task registered) that has a free slot:
+this process (same pool and schema, task registered, the job's queue served
+and not paused) that has a free slot:
 the row is written already claimed by that worker (``store.insert_running``)
 and started without a NOTIFY hop or a claim. All of it is here: the choice of
 worker, reserving its slot, the write, and starting the row that came back.
@@ -63,32 +64,33 @@ def local_worker(me: LocalHost, row: NewJob) -> Worker | None:
             and host.db_pool is me.db_pool
             and host.schema == me.schema
             and host.registry.resolve(row.task_name) is not None
+            and host.worker.slots.queue_has_room(row.queue)
             # A limited task or queue starts only through the limited claim.
-            and not host.worker.limits.is_limited(row.task_name)
+            and not host.worker.limits.is_limited(row.task_name, row.queue)
         ):
             return host.worker
     return None
 
 
-def reserve(worker: Worker) -> bool:
-    """Hold a free slot of ``worker`` for a due job this process is enqueueing. It
-    counts as a claim in flight, so the heartbeat hands the row back if the
-    insert's answer is lost."""
-    if not worker.claiming or not worker.slots.reserve():
+def reserve(worker: Worker, row: NewJob) -> bool:
+    """Hold a free slot of ``worker`` (and of ``row``'s queue) for a due job this
+    process is enqueueing. It counts as a claim in flight, so the heartbeat
+    hands the row back if the insert's answer is lost."""
+    if not worker.claiming or not worker.slots.reserve(row.job_id, row.queue):
         return False
     worker.claims_in_flight += 1
     worker.claims_sent += 1
     return True
 
 
-def finish(worker: Worker, row: Mapping[str, Any] | None) -> bool:
+def finish(worker: Worker, job_id: str, row: Mapping[str, Any] | None) -> bool:
     """Start the inserted row if it came back running here; else free the slot."""
     worker.claims_in_flight -= 1
     if row is not None and row["status"] == "running":
         worker.executor.check_log_levels()
         worker.accept(row, local=True)
         return True
-    worker.slots.let_go()
+    worker.slots.let_go(job_ids=(job_id,))
     return False
 
 
@@ -101,7 +103,7 @@ async def write_started(
     written. None: the connection was lost, the row may or may not be
     written; ``Enqueuer.write(..., retried=True)`` settles it (and the heartbeat
     hands back a row that did land)."""
-    if not reserve(worker):
+    if not reserve(worker, row):
         return False
     claimed = None
     try:
@@ -110,12 +112,12 @@ async def write_started(
                 conn, row, worker.worker_id, worker.lease_seconds()
             )
     except BaseException as exc:
-        finish(worker, claimed)  # written: start it anyway; else free the slot
+        finish(worker, row.job_id, claimed)  # written: start it anyway; else free the slot
         if isinstance(exc, Exception) and is_connection_error(exc):
             return None if claimed is None else True
         raise
     # Started only once the connection is back in the pool (after asyncpg's
     # reset round trip): the job's task then first runs after schedule() has
     # returned, so a job that blocks the loop cannot hold up its caller.
-    finish(worker, claimed)
+    finish(worker, row.job_id, claimed)
     return True

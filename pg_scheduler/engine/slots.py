@@ -9,6 +9,11 @@ buffered, or awaiting their completion write). A slot is given back when the
 function returns, so the next job starts while the completion is written;
 ``held`` drops only after the write, so a worker never holds more than
 ``max_running + prefetch`` rows.
+
+Queues: ``served`` is the queues this worker claims from (None: every queue);
+``queue_limits`` (a mapping given to the Scheduler) caps the rows held per
+queue, so a queue never runs more than its limit here and no claim asks a
+queue for more than its free slots (no claiming ahead beyond it).
 """
 
 from __future__ import annotations
@@ -16,15 +21,28 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 
 class Slots:
     """Capacity of one worker (see the module docstring)."""
 
-    def __init__(self, max_concurrent_jobs: int, batch_claim_limit: int) -> None:
+    def __init__(
+        self,
+        max_concurrent_jobs: int,
+        batch_claim_limit: int,
+        served: Sequence[str] | None = None,
+        queue_limits: Mapping[str, int] | None = None,
+    ) -> None:
         self.max_running = max_concurrent_jobs
+        self.served = None if served is None else list(served)
+        self.queue_limits = dict(queue_limits) if queue_limits else None
+        # Rows held per limited queue, and the queue of each such row held.
+        self.queue_held: dict[str, int] = dict.fromkeys(self.queue_limits or (), 0)
+        self.held_in: dict[str, str] = {}
+        # Called when a full queue gets room (the claim loop may be asleep).
+        self.on_queue_room: Callable[[], None] = lambda: None
         self.batch_claim_limit = batch_claim_limit
         self.semaphore = asyncio.Semaphore(max_concurrent_jobs)
         # Claim ahead: up to one batch waits locally for a slot, so the next
@@ -51,7 +69,38 @@ class Slots:
         idle = self.active + len(self.buffer) < self.max_running
         if free <= 0 or (free < self.min_claim and not idle) or unwritten >= self.max_unwritten:
             return 0
+        if self.queue_limits is not None:
+            free = min(free, sum(self.queue_free().values()))
         return min(free, self.batch_claim_limit)
+
+    def queue_free(self) -> dict[str, int]:
+        """Limited queues with room: queue -> rows a claim may take from it."""
+        assert self.queue_limits is not None
+        held = self.queue_held
+        return {q: n - held[q] for q, n in self.queue_limits.items() if n > held[q]}
+
+    def claim_queues(self) -> tuple[list[str] | None, list[int] | None]:
+        """The queues the next claim reads (None: all) and, with limits, each one's cap."""
+        if self.queue_limits is None:
+            return self.served, None
+        free = self.queue_free()
+        return list(free), list(free.values())
+
+    def hold(self, row: Mapping[str, Any]) -> None:
+        """A row claimed or inserted running here is held."""
+        self.held += 1
+        self.hold_queue(row["job_id"], row.get("queue"))
+
+    def hold_queue(self, job_id: str, queue: str | None) -> None:
+        if self.queue_limits is not None and queue in self.queue_held:
+            self.queue_held[queue] += 1
+            self.held_in[job_id] = queue
+
+    def queue_has_room(self, queue: str) -> bool:
+        """May a job of ``queue`` be held here now (served, and under its limit)?"""
+        if self.queue_limits is not None:
+            return queue in self.queue_limits and self.queue_held[queue] < self.queue_limits[queue]
+        return self.served is None or queue in self.served
 
     def start_now(self) -> int:
         """How many of a claim's rows start at once; the rest are claimed ahead."""
@@ -60,14 +109,27 @@ class Slots:
     def pause_prefetch(self, seconds: float) -> None:
         self.prefetch_paused_until = time.monotonic() + seconds
 
-    def reserve(self) -> bool:
+    def reserve(self, job_id: str = "", queue: str | None = None) -> bool:
         """Hold a row for a job this process is about to insert running here."""
         if self.held >= self.max_running:
             return False
+        if queue is not None and not self.queue_has_room(queue):
+            return False
         self.held += 1
+        self.hold_queue(job_id, queue)
         return True
 
-    def let_go(self, rows: int = 1) -> None:
-        """Rows no longer held here (settled, handed back or never written)."""
+    def let_go(self, rows: int = 1, job_ids: Iterable[str] = ()) -> None:
+        """Rows no longer held here (settled, handed back or never written);
+        ``job_ids``: which, for the per-queue counts."""
         self.held = max(0, self.held - rows)
+        if self.held_in:
+            limits = self.queue_limits or {}
+            for job_id in job_ids:
+                queue = self.held_in.pop(job_id, None)
+                if queue is not None:
+                    full = self.queue_held[queue] >= limits[queue]
+                    self.queue_held[queue] -= 1
+                    if full:
+                        self.on_queue_room()
         self.changed.set()

@@ -40,7 +40,7 @@ from ..enums import JobPriority
 from ..log import get_logger
 from ..store.periodic import PERIODIC_TASK_PREFIX, WINDOW_ID_PREFIX
 from ..tasks import default_registry
-from ..validation import INT4_MAX, check_name
+from ..validation import INT4_MAX, check_name, check_queue
 from .cron import CronError, CronSchedule
 from .windows import MICROSECOND, CoalescePolicy, IntervalSchedule, Schedule
 
@@ -109,6 +109,8 @@ class PeriodicJobConfig:
     misfire_grace_time: float | timedelta | Any | None = UNSET
     #: Maximum random delay (seconds) added to each window's run.
     jitter: float | timedelta | None = None
+    #: The runs' queue; None: the function's ``@task(queue=...)``, else "default".
+    queue: str | None = None
     schedule: Schedule = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -158,6 +160,8 @@ class PeriodicJobConfig:
             raise ValueError(f"max_retries= must be >= 0, got {self.max_retries}")
         if self.max_retries > INT4_MAX:
             raise ValueError(f"max_retries= must be <= {INT4_MAX}, got {self.max_retries}")
+        if self.queue is not None:
+            check_queue(self.queue, "queue=")
         for name in ("job_name", "dedup_key"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value.strip()):
@@ -272,6 +276,7 @@ def periodic(
     coalesce: CoalescePolicy | str = CoalescePolicy.LATEST,
     misfire_grace_time: float | timedelta | Any | None = UNSET,
     jitter: float | timedelta | None = None,
+    queue: str | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Run the decorated ``async def`` (taking no arguments) on a schedule, once per
     window across every Scheduler sharing the database.
@@ -284,8 +289,10 @@ def periodic(
     runs after every replica was down (default: only the latest overdue window,
     if within the Scheduler's misfire_grace_time); ``jitter`` adds up to that
     many seconds of random delay to each window, never past the next window.
-    Invalid arguments raise here, at decoration time. A dedup key registered
-    again (the function defined again, its module reloaded) replaces the
+    ``queue``: the queue its runs go to (default: the function's
+    ``@task(queue=...)``, else "default"). Invalid arguments raise here, at
+    decoration time. A dedup key registered again (the function defined again,
+    its module reloaded) replaces the
     earlier declaration with a warning, as in 0.2.x; another function taking
     over an explicit ``dedup_key`` also emits a RuntimeWarning. Returns the
     function unchanged.
@@ -306,6 +313,7 @@ def periodic(
             coalesce,
             misfire_grace_time,
             jitter,
+            queue,
         )
         key = config.dedup_key
         assert key is not None

@@ -23,6 +23,7 @@ from ..log import get_logger
 from ..reconnect import Backoff, is_connection_error
 from ..store import NewJob
 from ..store.periodic import MANUAL_ID_PREFIX, PeriodicStore
+from ..tasks import queue_of
 from .enqueuer import PeriodicService
 from .registry import (
     PeriodicJobConfig,
@@ -248,6 +249,7 @@ class PeriodicManager:
             max_retries=config.max_retries,
             job_id=job_id,
             misfire_grace_time=None if grace is None else math.ceil(grace),
+            queue=queue_of(config.func, config.queue),
         )
         return row_of(fields, job_id, _no_default_grace)
 
@@ -279,6 +281,7 @@ class PeriodicManager:
             "cron": config.cron,
             "timezone": None if config.timezone is None else str(config.timezone),
             "priority": config.priority.value,
+            "queue": queue_of(config.func, config.queue),
             "max_retries": config.max_retries,
             "use_advisory_lock": config.use_advisory_lock,
             "coalesce": str(config.coalesce),

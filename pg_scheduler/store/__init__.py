@@ -3,7 +3,8 @@
 ``names``: schema, channels, qualification. ``jobs``: the ``scheduled_jobs``
 statements (insert, claim, complete, retry, fail, release, cancel). ``workers``:
 heartbeats, leases, rescue. ``periodic``: ``periodic_jobs``. ``housekeeping``:
-vacuum, statistics, operator listings. ``schema``: migration bookkeeping.
+vacuum, statistics, operator listings. ``queues``: the claim's skip
+scan over queues, pause/resume/list. ``schema``: migration bookkeeping.
 ``session``: statements about a connection itself.
 """
 
@@ -12,6 +13,7 @@ from .names import (
     CANCEL_CHANNEL,
     DEFAULT_SCHEMA,
     JOBS_CHANNEL,
+    QUEUES_CHANNEL,
     Executor,
     Qualifier,
     channel_name,
@@ -19,15 +21,18 @@ from .names import (
     lock_key_for,
     quote_ident,
 )
+from .queues import QueueStore
 
 __all__ = [
     "CANCEL_CHANNEL",
     "DEFAULT_SCHEMA",
     "JOBS_CHANNEL",
+    "QUEUES_CHANNEL",
     "Completion",
     "Executor",
     "NewJob",
     "Qualifier",
+    "QueueStore",
     "Store",
     "channel_name",
     "check_schema",

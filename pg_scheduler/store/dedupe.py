@@ -36,14 +36,15 @@ UPDATE scheduled_jobs j
    SET job_name = d.job_name, task_name = d.task_name, execution_time = d.execution_time,
        task_data = d.task_data::jsonb, priority = d.priority, max_retries = d.max_retries,
        misfire_grace_time = d.misfire_grace_time, timeout = d.timeout,
-       retry_policy = d.retry_policy::jsonb, status = 'pending', retry_count = 0,
+       retry_policy = d.retry_policy::jsonb, queue = d.queue, status = 'pending',
+       retry_count = 0,
        attempts = 0, rescue_count = 0, unstarted_rescues = 0, error_message = NULL,
        error_traceback = NULL, result = NULL, worker_id = NULL, last_heartbeat = NULL,
        lease_until = NULL, started_at = NULL, finished_at = NULL, created_at = now()
   FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[], $5::int[], $6::int[],
-              $7::int[], $8::float8[], $9::text[], $10::text[])
+              $7::int[], $8::float8[], $9::text[], $10::text[], $11::text[])
     AS d(job_name, task_name, execution_time, task_data, priority, max_retries,
-         misfire_grace_time, timeout, retry_policy, dedupe_key)
+         misfire_grace_time, timeout, retry_policy, dedupe_key, queue)
  WHERE j.dedupe_key = d.dedupe_key AND j.status = 'pending' AND {held}
 RETURNING j.dedupe_key, j.job_id
 """
@@ -68,7 +69,7 @@ class DedupeStore:
     ) -> dict[str, str]:
         """Give each pending holder of a key in ``scope`` the fields of the job in
         ``jobs`` with that key (one job per key); key -> the holder's job id."""
-        columns: list[list[Any]] = [[] for _ in range(10)]
+        columns: list[list[Any]] = [[] for _ in range(11)]
         for j in jobs:
             values = (
                 j.job_name,
@@ -81,6 +82,7 @@ class DedupeStore:
                 j.timeout,
                 j.retry_policy,
                 j.dedupe_key,
+                j.queue,
             )
             for column, value in zip(columns, values, strict=True):
                 column.append(value)

@@ -17,6 +17,7 @@ import asyncpg
 
 from ..enums import FINAL_STATUSES
 from .names import DEFAULT_SCHEMA, JOBS_CHANNEL, Qualifier, lock_key_for
+from .queues import GROUPS
 
 # The final statuses as the text the statements compare with.
 _FINAL_STATUS_VALUES = sorted(s.value for s in FINAL_STATUSES)
@@ -179,15 +180,12 @@ SELECT worker_id, count(*)::bigint AS n
  GROUP BY worker_id
 """
 # One claim-index probe per priority level, like the claim itself.
-_OLDEST_DUE = """
-SELECT EXTRACT(EPOCH FROM now() - min(o.execution_time))::float8
-  FROM unnest($1::int[]) AS p(priority)
- CROSS JOIN LATERAL (
-    SELECT j.execution_time FROM scheduled_jobs j
-     WHERE j.status = 'pending' AND j.priority = p.priority AND j.execution_time <= now()
-     ORDER BY j.execution_time
-     LIMIT 1
- ) o
+# From the heads of the (queue, task, priority) groups (see queues.py): one
+# index descent per group, whatever the backlog.
+_OLDEST_DUE = f"""
+WITH RECURSIVE {GROUPS}
+SELECT EXTRACT(EPOCH FROM now() - min(g.execution_time))::float8
+  FROM groups g WHERE g.execution_time <= now()
 """
 _FINISHED_IN_WINDOWS = """
 SELECT w.secs, j.status, count(*)::bigint AS n
@@ -226,10 +224,8 @@ class StatsStore:
     async def running_by_worker(self, conn: asyncpg.Connection) -> list[asyncpg.Record]:
         return await conn.fetch(self._running_by_worker)
 
-    async def oldest_due_seconds(
-        self, conn: asyncpg.Connection, priorities: list[int]
-    ) -> float | None:
-        return await conn.fetchval(self._oldest_due, priorities)
+    async def oldest_due_seconds(self, conn: asyncpg.Connection) -> float | None:
+        return await conn.fetchval(self._oldest_due)
 
     async def finished_in_windows(
         self, conn: asyncpg.Connection, windows: Sequence[float]
@@ -252,7 +248,7 @@ WITH retried AS (
      WHERE job_id = ANY($1::text[]) AND status = ANY($2::text[])
     RETURNING job_id
 )
-SELECT job_id, pg_notify('{JOBS_CHANNEL}', '') FROM retried
+SELECT job_id, pg_notify('{JOBS_CHANNEL}', '*') FROM retried
 """
 _FAILED_IDS = """
 SELECT job_id FROM scheduled_jobs

@@ -3,32 +3,36 @@ insert, claim, the in-process start, the next-due probe, complete/retry/fail,
 release, cancel, read and set status.
 
 They are written against the indexes of ``migrations/``: the claim and the
-next-due probe walk ``scheduled_jobs_claim_idx`` one priority level at a time;
+next-due probe read ``scheduled_jobs_claim_idx`` one served (queue, task,
+priority) group at a time (see ``queues``);
 heartbeat, rescue and release use ``scheduled_jobs_running_idx``. Time is
 always the database's ``now()``, never the worker's clock.
 """
 
 from __future__ import annotations
 
+from .queues import served_groups
+
 _INSERT_COLUMNS = """
     job_id, job_name, task_name, execution_time, status, task_data, priority,
-    max_retries, misfire_grace_time, timeout, retry_policy, dedupe_key, dedupe_scope
+    max_retries, misfire_grace_time, timeout, retry_policy, dedupe_key, dedupe_scope, queue
 """
 _INSERT_FROM_ARRAYS = f"""
     INSERT INTO scheduled_jobs ({_INSERT_COLUMNS})
     SELECT d.job_id, d.job_name, d.task_name, d.execution_time, 'pending', d.task_data::jsonb,
            d.priority, d.max_retries, d.misfire_grace_time, d.timeout, d.retry_policy::jsonb,
-           d.dedupe_key, d.dedupe_scope
+           d.dedupe_key, d.dedupe_scope, d.queue
       FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::text[],
                   $6::int[], $7::int[], $8::int[], $9::float8[], $10::text[],
-                  $11::text[], $12::text[])
+                  $11::text[], $12::text[], $13::text[])
         AS d(job_id, job_name, task_name, execution_time, task_data, priority,
-             max_retries, misfire_grace_time, timeout, retry_policy, dedupe_key, dedupe_scope)
+             max_retries, misfire_grace_time, timeout, retry_policy, dedupe_key, dedupe_scope,
+             queue)
 """
 # One row: plain VALUES plans and runs about 0.3 ms faster than unnest().
 _INSERT_ONE = f"""
     INSERT INTO scheduled_jobs ({_INSERT_COLUMNS})
-    VALUES ($1, $2, $3, $4, 'pending', $5::jsonb, $6, $7, $8, $9, $10::jsonb, $11, $12)
+    VALUES ($1, $2, $3, $4, 'pending', $5::jsonb, $6, $7, $8, $9, $10::jsonb, $11, $12, $13)
 """
 # REPLACE overwrites a pending or finished job and makes it pending with fresh
 # counters; a running attempt is never touched (its lease stays valid).
@@ -38,7 +42,8 @@ _REPLACE_SET = """
         priority = EXCLUDED.priority, max_retries = EXCLUDED.max_retries,
         misfire_grace_time = EXCLUDED.misfire_grace_time, timeout = EXCLUDED.timeout,
         retry_policy = EXCLUDED.retry_policy, dedupe_key = EXCLUDED.dedupe_key,
-        dedupe_scope = EXCLUDED.dedupe_scope, status = 'pending', retry_count = 0,
+        dedupe_scope = EXCLUDED.dedupe_scope, queue = EXCLUDED.queue,
+        status = 'pending', retry_count = 0,
         attempts = 0, rescue_count = 0, unstarted_rescues = 0, error_message = NULL,
         error_traceback = NULL,
         result = NULL, worker_id = NULL, last_heartbeat = NULL, lease_until = NULL,
@@ -47,43 +52,58 @@ _REPLACE_SET = """
 """
 
 # What the worker reads of a claimed row (the claim and the in-process start).
-_CLAIMED_COLUMNS = """j.job_id, j.job_name, j.task_name, j.task_data::text AS task_data,
+_CLAIMED_COLUMNS = """j.job_id, j.job_name, j.task_name, j.queue, j.task_data::text AS task_data,
           j.priority, j.execution_time, j.status, j.attempts, j.retry_count,
           j.max_retries, j.timeout, j.retry_policy::text AS retry_policy, j.claimed_ahead"""
-# Rows past the first $6 (in the order the worker starts them) wait in its
-# local buffer: they are marked claimed_ahead until its heartbeat says they started.
+# $1 tasks, $2 how many rows, $3 worker, $4 lease seconds, $5 how many start
+# now, $6 queues served (NULL: all), $7 the most rows per queue (parallel to $6).
+# Each served (queue, task, priority) group is read from its head (see
+# queues.py); rows past the first $5 (in the order the worker starts them)
+# wait in its local buffer: they are marked claimed_ahead until its heartbeat
+# says they started. With several groups due, each locks up to its cap and the
+# claim keeps the best $2 by (priority, execution_time); the rest are unlocked
+# when the statement ends.
 _CLAIM = f"""
-WITH picked AS (
-    SELECT c.job_id, c.expired, p.priority, c.execution_time
-      FROM unnest($1::int[]) AS p(priority)
+{served_groups("$1", "$6", "$7", "$2", limits="none")},
+picked AS (
+    SELECT c.job_id, c.expired, s.priority, c.execution_time, s.queue, s.cap
+      FROM served s
      CROSS JOIN LATERAL (
         SELECT j.job_id, j.execution_time,
                (j.started_at IS NULL AND j.misfire_grace_time IS NOT NULL
                 AND j.execution_time + make_interval(secs => j.misfire_grace_time) < now())
                    AS expired
           FROM scheduled_jobs j
-         WHERE j.status = 'pending' AND j.priority = p.priority
-           AND j.execution_time <= now() AND j.task_name = ANY($2::text[])
+         WHERE j.status = 'pending' AND j.queue = s.queue AND j.task_name = s.task_name
+           AND j.priority = s.priority AND j.execution_time >= s.head
+           AND j.execution_time <= now()
          ORDER BY j.execution_time
-         LIMIT $3
+         LIMIT LEAST(s.cap, $2)
            FOR UPDATE SKIP LOCKED
      ) c
-     LIMIT $3
+), kept AS (
+    SELECT job_id, expired, priority, execution_time
+      FROM (SELECT p.*, row_number() OVER (PARTITION BY p.queue
+                                           ORDER BY p.priority, p.execution_time) AS in_queue
+              FROM picked p) r
+     WHERE r.in_queue <= r.cap
+     ORDER BY priority, execution_time
+     LIMIT $2
 ), placed AS (
     SELECT job_id, expired,
            row_number() OVER (PARTITION BY expired ORDER BY priority, execution_time) AS place
-      FROM picked
+      FROM kept
 )
 UPDATE scheduled_jobs j
    SET status = CASE WHEN picked.expired THEN 'expired' ELSE 'running' END,
-       worker_id = $4,
+       worker_id = $3,
        attempts = j.attempts + CASE WHEN picked.expired THEN 0 ELSE 1 END,
        started_at = CASE WHEN picked.expired THEN j.started_at ELSE now() END,
        last_heartbeat = now(),
        lease_until = CASE WHEN picked.expired THEN NULL
-                          ELSE now() + make_interval(secs => $5) END,
+                          ELSE now() + make_interval(secs => $4) END,
        finished_at = CASE WHEN picked.expired THEN now() END,
-       claimed_ahead = NOT picked.expired AND picked.place > $6,
+       claimed_ahead = NOT picked.expired AND picked.place > $5,
        error_message = CASE WHEN picked.expired
            THEN format('expired: not started within misfire_grace_time (%s s) of %s',
                        j.misfire_grace_time, j.execution_time)
@@ -93,34 +113,35 @@ UPDATE scheduled_jobs j
 RETURNING {_CLAIMED_COLUMNS}
 """
 
-# One due job written already claimed by a worker of this process (``$13``),
+# One due job written already claimed by a worker of this process (``$14``),
 # which starts it at once: no NOTIFY hop, no claim. Whether it is due is the
-# database's call; a job that is not, or that is past its misfire grace (the
-# claim expires those), comes back pending like any insert.
+# database's call; a job that is not, that is past its misfire grace (the
+# claim expires those), or whose queue is paused, comes back pending like any insert.
 _INSERT_RUNNING = f"""
 INSERT INTO scheduled_jobs AS j ({_INSERT_COLUMNS},
                                  worker_id, attempts, started_at, last_heartbeat, lease_until)
 SELECT $1, $2, $3, $4, CASE WHEN d.due THEN 'running' ELSE 'pending' END, $5::jsonb,
-       $6, $7, $8, $9, $10::jsonb, $11, $12,
-       CASE WHEN d.due THEN $13 END, CASE WHEN d.due THEN 1 ELSE 0 END,
+       $6, $7, $8, $9, $10::jsonb, $11, $12, $13,
+       CASE WHEN d.due THEN $14 END, CASE WHEN d.due THEN 1 ELSE 0 END,
        CASE WHEN d.due THEN now() END, CASE WHEN d.due THEN now() END,
-       CASE WHEN d.due THEN now() + make_interval(secs => $14) END
+       CASE WHEN d.due THEN now() + make_interval(secs => $15) END
   FROM (SELECT $4::timestamptz <= now()
                AND ($8::int IS NULL OR $4::timestamptz + make_interval(secs => $8::int) >= now())
+               AND NOT EXISTS (SELECT 1 FROM scheduler_queues q
+                                WHERE q.name = $13::text AND q.paused)
+               -- Jobs a global limit binds start only through the limited claim.
+               AND NOT EXISTS (SELECT 1 FROM scheduler_limits l
+                                WHERE (l.scope = 'task' AND l.name = $3::text)
+                                   OR (l.scope = 'queue' AND l.name = $13::text))
                    AS due) AS d
 RETURNING {_CLAIMED_COLUMNS}
 """
 
-_NEXT_DUE = """
-SELECT EXTRACT(EPOCH FROM (min(n.execution_time) - now()))::float8
-  FROM unnest($1::int[]) AS p(priority)
- CROSS JOIN LATERAL (
-    SELECT j.execution_time FROM scheduled_jobs j
-     WHERE j.status = 'pending' AND j.priority = p.priority
-       AND j.task_name = ANY($2::text[])
-     ORDER BY j.execution_time
-     LIMIT 1
- ) n
+# $1 tasks, $2 queues served (NULL: all). Paused queues are left out: a
+# worker does not spin on them (resume_queue wakes it).
+_NEXT_DUE = f"""
+{served_groups("$1", "$2", "NULL", "0")}
+SELECT EXTRACT(EPOCH FROM (min(s.head) - now()))::float8 FROM served s
 """
 
 _LEASE_GUARD = "job_id = $1 AND worker_id = $2 AND attempts = $3 AND status = 'running'"
@@ -197,7 +218,7 @@ WITH released AS (
     SELECT job_id, attempts + 1, $2, started_at, 'handed_back', 'handed back by worker ' || $2
       FROM released WHERE NOT claimed_ahead
 )
-SELECT job_id, pg_notify('pg_scheduler_jobs', '') FROM released
+SELECT job_id, pg_notify('pg_scheduler_jobs', '*') FROM released
 """.replace("{where}", where)
 
 

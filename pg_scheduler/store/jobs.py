@@ -12,7 +12,6 @@ from typing import Any, NamedTuple
 import asyncpg
 
 from ..codec import encode_json
-from ..enums import PRIORITY_DB_VALUES
 from .job_sql import (
     _CANCEL,
     _CLAIM,
@@ -65,6 +64,7 @@ class NewJob(NamedTuple):
     retry_policy: str | None
     dedupe_key: str | None = None
     dedupe_scope: str | None = None  # "active" or "pending" when dedupe_key is set
+    queue: str = "default"
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,30 +167,43 @@ class Store(WorkerStatements):
         db: Executor | None = None,
         *,
         start_now: int | None = None,
+        queues: Sequence[str] | None = None,
+        caps: Sequence[int | None] | None = None,
     ) -> list[asyncpg.Record]:
-        """Claim up to ``limit`` due jobs; past the first ``start_now`` (default:
-        all) they are marked claimed ahead (see migration 0005)."""
+        """Claim up to ``limit`` due jobs of ``task_names`` in ``queues`` (None:
+        every queue; paused ones never); past the first ``start_now`` (default:
+        all) they are marked claimed ahead (see migration 0005). ``caps``, one
+        per queue: the most rows of that queue this claim may take."""
         return await (db or self.pool).fetch(
             self._claim,
-            PRIORITY_DB_VALUES,
             task_names,
             limit,
             worker_id,
             lease_seconds,
             limit if start_now is None else start_now,
+            None if queues is None else list(queues),
+            None if caps is None else list(caps),
         )
 
     async def insert_running(
         self, db: Executor, job: NewJob, worker_id: str, lease_seconds: float
     ) -> asyncpg.Record:
-        """Insert ``job`` claimed by ``worker_id`` if it is due (status says which)."""
+        """Insert ``job`` claimed by ``worker_id`` if it is due and its queue is
+        not paused (status says which)."""
         return await db.fetchrow(self._insert_running, *job, worker_id, lease_seconds)
 
     async def seconds_until_next_due(
-        self, task_names: list[str], db: Executor | None = None
+        self,
+        task_names: list[str],
+        db: Executor | None = None,
+        *,
+        queues: Sequence[str] | None = None,
     ) -> float | None:
-        """Seconds until the earliest pending job this worker can run (<= 0: due now)."""
-        return await (db or self.pool).fetchval(self._next_due, PRIORITY_DB_VALUES, task_names)
+        """Seconds until the earliest pending job this worker can run (<= 0: due
+        now); paused queues are left out."""
+        return await (db or self.pool).fetchval(
+            self._next_due, task_names, None if queues is None else list(queues)
+        )
 
     async def complete(
         self,

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from ..enums import PRIORITY_DB_VALUES
 from .job_sql import _CLAIMED_COLUMNS
 from .names import Executor, Qualifier
+from .queues import served_groups
 
 _SET_LIMITS = """
 INSERT INTO scheduler_limits AS l (scope, name, max_running, rate_count, rate_period)
@@ -56,12 +56,17 @@ SELECT l.scope, l.name FROM scheduler_limits l
 """
 
 # $1/$2: the limit rows (locked by _LOCK in this transaction); $3: at most this
-# many (the worker's free slots); $4: tasks; $5: queues; $6: worker; $7: lease
-# seconds; $8: priorities; $9: seconds of margin on the rate window.
+# many (the worker's free slots); $4: tasks; $5: queues (NULL: every queue);
+# $6: worker; $7: lease seconds; $8: seconds of margin on the rate window
+# (see LimitStore.RATE_MARGIN); $9: the most rows per queue (parallel to $5).
+# Only groups whose every binding limit is one of $1/$2 are read (so a limit
+# this claim does not hold can never be exceeded), each from its head as the
+# plain claim reads them.
 _LIMITED_CLAIM = f"""
-WITH lim AS (
+{served_groups("$4", "$5", "$9", "$3", limits="$1::text[], $2::text[]")},
+lim AS (
     SELECT l.scope, l.name, l.max_running, l.rate_count,
-           {_IN_WINDOW.format(margin="$9")} AS recent
+           {_IN_WINDOW.format(margin="$8")} AS recent
       FROM scheduler_limits l
       JOIN unnest($1::text[], $2::text[]) AS k(scope, name) USING (scope, name)
 ), room AS (
@@ -72,18 +77,30 @@ WITH lim AS (
                                                         ELSE r.queue END = lim.name),
                lim.rate_count - cardinality(lim.recent))))) AS n
       FROM lim
+), candidates AS (
+    SELECT c.job_id, c.expired, s.priority, c.execution_time, s.queue, s.cap
+      FROM served s
+     CROSS JOIN LATERAL (
+        SELECT j.job_id, j.execution_time,
+               (j.started_at IS NULL AND j.misfire_grace_time IS NOT NULL
+                AND j.execution_time + make_interval(secs => j.misfire_grace_time) < now())
+                   AS expired
+          FROM scheduled_jobs j
+         WHERE j.status = 'pending' AND j.queue = s.queue AND j.task_name = s.task_name
+           AND j.priority = s.priority AND j.execution_time >= s.head
+           AND j.execution_time <= now()
+         ORDER BY j.execution_time
+         LIMIT LEAST(s.cap, (SELECT n FROM room))
+           FOR UPDATE SKIP LOCKED
+     ) c
 ), picked AS (
-    SELECT j.job_id,
-           (j.misfire_grace_time IS NOT NULL AND j.started_at IS NULL
-            AND j.execution_time + make_interval(secs => j.misfire_grace_time) < now())
-               AS expired
-      FROM scheduled_jobs j
-     WHERE j.status = 'pending' AND j.execution_time <= now()
-       AND j.task_name = ANY($4::text[]) AND j.queue = ANY($5::text[])
-       AND j.priority = ANY($8::int[])
-     ORDER BY j.priority, j.execution_time
+    SELECT job_id, expired
+      FROM (SELECT p.*, row_number() OVER (PARTITION BY p.queue
+                                           ORDER BY p.priority, p.execution_time) AS in_queue
+              FROM candidates p) r
+     WHERE r.in_queue <= r.cap
+     ORDER BY priority, execution_time
      LIMIT (SELECT n FROM room)
-       FOR UPDATE OF j SKIP LOCKED
 ), claimed AS (
     UPDATE scheduled_jobs j
        SET status = CASE WHEN picked.expired THEN 'expired' ELSE 'running' END,
@@ -161,12 +178,14 @@ class LimitStore:
         *,
         limit: int,
         tasks: Sequence[str],
-        queues: Sequence[str],
+        queues: Sequence[str] | None,
+        caps: Sequence[int] | None,
         worker_id: str,
         lease_seconds: float,
     ) -> list[asyncpg.Record]:
-        """Start up to ``limit`` due jobs of ``tasks`` in ``queues`` within the
-        limit rows ``keys`` ((scope, name) pairs)."""
+        """Start up to ``limit`` due jobs of ``tasks`` in ``queues`` (None:
+        every queue; ``caps``: the most per queue) within the limit rows
+        ``keys`` ((scope, name) pairs)."""
         scopes = [k[0] for k in keys]
         names = [k[1] for k in keys]
         async with conn.transaction():
@@ -177,9 +196,9 @@ class LimitStore:
                 names,
                 limit,
                 list(tasks),
-                list(queues),
+                None if queues is None else list(queues),
                 worker_id,
                 lease_seconds,
-                PRIORITY_DB_VALUES,
                 self.RATE_MARGIN,
+                None if caps is None else list(caps),
             )

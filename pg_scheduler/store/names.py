@@ -14,6 +14,8 @@ import asyncpg
 
 JOBS_CHANNEL = "pg_scheduler_jobs"
 CANCEL_CHANNEL = "pg_scheduler_cancel"
+# Pause and resume: the payload is "pause NAME" or "resume NAME".
+QUEUES_CHANNEL = "pg_scheduler_queues"
 DEFAULT_SCHEMA = "public"
 # A channel name is an identifier (at most 63 bytes): "pg_scheduler_cancel:" + schema.
 MAX_SCHEMA_BYTES = 40
@@ -31,9 +33,10 @@ TABLES = (
     "job_attempts",
     "scheduler_limits",
     "scheduler_event_flags",
+    "scheduler_queues",
 )
 _TABLE_RE = re.compile(r'(?<![."\w])(' + "|".join(TABLES) + r")\b")
-_CHANNEL_RE = re.compile(rf"'({JOBS_CHANNEL}|{CANCEL_CHANNEL})'")
+_CHANNEL_RE = re.compile(rf"'({JOBS_CHANNEL}|{CANCEL_CHANNEL}|{QUEUES_CHANNEL})'")
 
 
 def quote_ident(name: str) -> str:

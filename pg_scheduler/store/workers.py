@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import asyncpg
 
 from .names import Qualifier
+from .queues import GROUPS
 
 # $7: jobs claimed ahead that started since the last heartbeat.
 _HEARTBEAT = """
@@ -80,7 +81,7 @@ WITH orphans AS (
       FROM rescued r
 )
 SELECT r.job_id, r.task_name, r.status, r.attempts, r.old_worker, r.reason, r.unstarted,
-       pg_notify('pg_scheduler_jobs', '')
+       pg_notify('pg_scheduler_jobs', '*')
   FROM rescued r
 """
 
@@ -91,17 +92,26 @@ DELETE FROM scheduler_workers w
                     WHERE j.worker_id = w.worker_id AND j.status = 'running')
 """
 
-_UNKNOWN_TASKS = """
-SELECT j.task_name, count(*) AS pending
-  FROM scheduled_jobs j
- WHERE j.status = 'pending' AND j.execution_time <= now()
-   AND NOT (j.task_name = ANY($1::text[]))
+# Only the (queue, task, priority) groups of tasks no live worker has are
+# counted (see queues.py): a backlog of tasks that do have workers costs one
+# index descent per group.
+_UNKNOWN_TASKS = f"""
+WITH RECURSIVE {GROUPS}
+SELECT g.task_name, sum(c.n)::bigint AS pending
+  FROM groups g
+ CROSS JOIN LATERAL (
+    SELECT count(*) AS n FROM scheduled_jobs j
+     WHERE j.status = 'pending' AND j.queue = g.queue AND j.task_name = g.task_name
+       AND j.priority = g.priority AND j.execution_time <= now()
+ ) c
+ WHERE g.execution_time <= now()
+   AND NOT (g.task_name = ANY($1::text[]))
    AND NOT EXISTS (
        SELECT 1 FROM scheduler_workers w
         WHERE w.last_seen >= now() - make_interval(secs => $2)
-          AND j.task_name = ANY(w.tasks))
- GROUP BY j.task_name
- ORDER BY j.task_name
+          AND g.task_name = ANY(w.tasks))
+ GROUP BY g.task_name
+ ORDER BY g.task_name
 """
 
 _RENEW_LEASE = """

@@ -1,0 +1,148 @@
+"""Giving claimed rows back: the stale claimed-ahead buffer, queues paused while
+rows of theirs were claimed ahead, cancellations, and the shutdown drain. A
+mixin of :class:`~.claimer.Worker`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from .executor import SHUTDOWN, log
+
+if TYPE_CHECKING:
+    from .completer import Completer
+    from .executor import RunningJob
+    from .slots import Slots
+
+
+class HandBack:
+    """The worker's hand-backs (see the module docstring)."""
+
+    if TYPE_CHECKING:
+        slots: Slots
+        owned: set[str]
+        tasks: set[asyncio.Task[Any]]
+        tasks_background: set[asyncio.Task[Any]]
+        running: dict[str, RunningJob]
+        paused_queues: dict[str, int]
+        claims_sent: int
+        max_buffer_wait: float
+        completer: Completer
+        _force: asyncio.Event
+        _retry_timer: asyncio.TimerHandle | None
+
+        def wake(self) -> None: ...
+        async def _release(self, job_ids: list[str]) -> list[str]: ...
+
+    def queue_paused(self, queue: str, paused: bool) -> None:
+        """An operator paused (or resumed) ``queue``: its claimed-ahead rows go back."""
+        if paused:
+            self.paused_queues[queue] = self.claims_sent
+            task = asyncio.create_task(self.hand_back_buffer(queue))
+            self.tasks_background.add(task)
+            task.add_done_callback(self.tasks_background.discard)
+        else:
+            self.paused_queues.pop(queue, None)
+            self.wake()
+
+    def _drop_paused(self, rows: list[Any], claim: int) -> list[Any]:
+        """Rows of queues paused while their claim was in flight go back at once."""
+        paused = self.paused_queues
+        for queue, heard in list(paused.items()):
+            if claim > heard and any(r["queue"] == queue for r in rows):
+                del paused[queue]  # claimed after the pause was heard: resumed since
+        back = [r["job_id"] for r in rows if r["status"] == "running" and r["queue"] in paused]
+        if not back:
+            return rows
+        task = asyncio.create_task(self._release(back))
+        self.tasks_background.add(task)
+        task.add_done_callback(self.tasks_background.discard)
+        return [r for r in rows if r["job_id"] not in set(back)]
+
+    async def _hand_back_stale(self) -> None:
+        buffer = self.slots.buffer
+        if buffer and time.monotonic() - buffer[0][0] > self.max_buffer_wait:
+            self.slots.pause_prefetch(30.0)
+            await self.hand_back_buffer()
+
+    async def hand_back_buffer(self, queue: str | None = None) -> None:
+        """Return every claimed-ahead row (of ``queue``) that has not started (one statement)."""
+        buffer = self.slots.buffer
+        if not buffer:
+            return
+        if queue is None:
+            ids = [row["job_id"] for _, row in buffer]
+            buffer.clear()
+        else:
+            ids = [row["job_id"] for _, row in buffer if row.get("queue") == queue]
+            kept = [entry for entry in buffer if entry[1].get("queue") != queue]
+            buffer.clear()
+            buffer.extend(kept)
+        if not ids:
+            return
+        try:
+            await self._release(ids)
+        finally:
+            for job_id in ids:
+                self.owned.discard(job_id)
+            self.slots.let_go(len(ids), ids)
+
+    def cancel_local(self, job_id: str, reason: str) -> bool:
+        """Cancel the task running ``job_id`` here, if any."""
+        running = self.running.get(job_id)
+        if running is None:
+            return self._drop_buffered(job_id)
+        if running.cancel_reason is not None:
+            return False
+        running.cancel_reason = reason
+        running.task.cancel()
+        return True
+
+    def _drop_buffered(self, job_id: str) -> bool:
+        # A claimed-ahead row cancelled (or lost) before it started: never start it.
+        buffer = self.slots.buffer
+        for entry in buffer:
+            if entry[1]["job_id"] == job_id:
+                buffer.remove(entry)
+                self.owned.discard(job_id)
+                self.slots.let_go(job_ids=(job_id,))
+                return True
+        return False
+
+    def force_shutdown(self) -> None:
+        """Cut the grace period short: running jobs are handed back now."""
+        self._force.set()
+
+    async def drain(self, grace_period: float) -> None:
+        """Wait up to ``grace_period`` for running jobs, then cancel and hand back the rest."""
+        # Claimed ahead but not started: back to pending at once, for other workers.
+        try:
+            await self.hand_back_buffer()
+        except Exception as exc:
+            log.warning(
+                "could not hand back claimed-ahead jobs; they will be rescued", error=repr(exc)
+            )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_period
+        while self.tasks and not self._force.is_set() and loop.time() < deadline:
+            forced = asyncio.create_task(self._force.wait())
+            await asyncio.wait(
+                {*self.tasks, forced},
+                timeout=deadline - loop.time(),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            forced.cancel()
+        if self.tasks:
+            for job_id in list(self.running):
+                self.cancel_local(job_id, SHUTDOWN)
+            _, stubborn = await asyncio.wait(set(self.tasks), timeout=10.0)
+            if stubborn:
+                log.error(
+                    "jobs ignored cancellation; their leases will expire and they will be rescued",
+                    jobs=len(stubborn),
+                )
+        await self.completer.drain()
+        await self.completer.connection.release()
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()

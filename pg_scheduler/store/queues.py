@@ -1,0 +1,145 @@
+"""The statements about queues: the skip scan the claim, the next-due probe and
+the statistics share, and pause/resume/list of ``scheduler_queues`` (0007).
+
+``scheduled_jobs_claim_idx`` is ``(queue, task_name, priority, execution_time)
+WHERE status = 'pending'``. :func:`served_groups` finds the distinct (queue,
+task, priority) groups of pending rows with one index descent per group (a
+recursive skip scan), keeps those a worker serves, and the caller then reads
+each kept group from its head, in execution_time order. So pending rows of
+queues a worker does not serve, or of tasks it has not registered, cost its
+claims one descent per group, whatever their number.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from .names import DEFAULT_SCHEMA, Executor, Qualifier
+
+# Every (queue, task_name, priority) that has a pending row, with its earliest
+# execution_time (the group's head): one index descent each. Readers start
+# each group at its head, so the dead index entries a busy group leaves at its
+# front (claimed rows not yet vacuumed) are walked once per statement, here.
+GROUPS = """
+groups AS (
+    (SELECT j.queue, j.task_name, j.priority, j.execution_time FROM scheduled_jobs j
+      WHERE j.status = 'pending'
+      ORDER BY j.queue, j.task_name, j.priority, j.execution_time LIMIT 1)
+    UNION ALL
+    SELECT n.queue, n.task_name, n.priority, n.execution_time
+      FROM groups g
+     CROSS JOIN LATERAL (
+        SELECT j.queue, j.task_name, j.priority, j.execution_time FROM scheduled_jobs j
+         WHERE j.status = 'pending'
+           AND (j.queue, j.task_name, j.priority) > (g.queue, g.task_name, g.priority)
+         ORDER BY j.queue, j.task_name, j.priority, j.execution_time LIMIT 1
+     ) n
+)"""
+
+
+def served_groups(
+    tasks: str, queues: str, caps: str, default_cap: str, limits: str | None = None
+) -> str:
+    """``WITH RECURSIVE groups AS (...), served AS (...)``: the groups of tasks
+    ``tasks`` (a text[] parameter) in queues ``queues`` (text[]; NULL: every
+    queue) that are not paused, each with ``cap``: the most rows one claim may
+    take from its queue (``caps``: an int[] parallel to ``queues``, NULL entries
+    or a NULL array meaning ``default_cap``).
+
+    ``limits`` (migration 0011): ``"none"`` keeps only groups that no global
+    limit binds (the plain claim); a pair of text[] parameters ``"$a, $b"``
+    (scopes, names) keeps only groups whose every binding limit is one of those
+    rows (the limited claim, which holds their locks); None keeps all."""
+    limit_filter = ""
+    if limits is not None:
+        held = (
+            ""
+            if limits == "none"
+            else f" AND (l.scope, l.name) NOT IN (SELECT * FROM unnest({limits}))"
+        )
+        limit_filter = f"""
+       AND NOT EXISTS (SELECT 1 FROM scheduler_limits l
+                        WHERE ((l.scope = 'task' AND l.name = g.task_name)
+                               OR (l.scope = 'queue' AND l.name = g.queue)){held})"""
+    return f"""WITH RECURSIVE {GROUPS},
+served AS (
+    SELECT g.queue, g.task_name, g.priority, g.execution_time AS head,
+           coalesce(c.cap, {default_cap}) AS cap
+      FROM groups g
+      LEFT JOIN unnest({queues}::text[], {caps}::int[]) AS c(queue, cap) ON c.queue = g.queue
+     WHERE g.task_name = ANY({tasks}::text[])
+       AND ({queues}::text[] IS NULL OR c.queue IS NOT NULL)
+       AND NOT EXISTS (SELECT 1 FROM scheduler_queues q
+                        WHERE q.name = g.queue AND q.paused){limit_filter}
+)"""
+
+
+# The wait of the oldest due job per queue, for operators (statistics): from
+# the groups' heads, never from a scan of the backlog.
+_OLDEST_DUE_BY_QUEUE = f"""
+WITH RECURSIVE {GROUPS}
+SELECT g.queue, EXTRACT(EPOCH FROM now() - min(g.execution_time))::float8 AS oldest_due
+  FROM groups g
+ WHERE g.execution_time <= now()
+ GROUP BY g.queue
+"""
+
+_SET_PAUSED = """
+INSERT INTO scheduler_queues AS q (name, paused) VALUES ($1, $2)
+ON CONFLICT (name) DO UPDATE SET paused = EXCLUDED.paused, updated_at = now()
+ WHERE q.paused IS DISTINCT FROM EXCLUDED.paused
+"""
+# Every worker hears pause and resume ($1: "pause NAME" or "resume NAME"): a
+# pause hands back its claimed-ahead rows; a resumed queue's workers look at
+# once ($2: the queue, sent as job inserts send it: '' for "default").
+_ANNOUNCE = """
+SELECT pg_notify('pg_scheduler_queues', $1),
+       CASE WHEN $2::text IS NOT NULL
+            THEN pg_notify('pg_scheduler_jobs',
+                           CASE WHEN $2::text = 'default' THEN '' ELSE $2::text END) END
+"""
+
+# Queues known from either side: configured rows and queues that have jobs
+# (pending or running, counted here; finished rows are not read).
+_QUEUES = """
+WITH counts AS (
+    SELECT queue,
+           count(*) FILTER (WHERE status = 'pending')::bigint AS pending,
+           count(*) FILTER (WHERE status = 'pending' AND execution_time <= now())::bigint AS due,
+           count(*) FILTER (WHERE status = 'running')::bigint AS running
+      FROM scheduled_jobs WHERE status IN ('pending', 'running')
+     GROUP BY queue
+)
+SELECT coalesce(q.name, c.queue) AS name, coalesce(q.paused, false) AS paused,
+       coalesce(c.pending, 0) AS pending, coalesce(c.due, 0) AS due,
+       coalesce(c.running, 0) AS running
+  FROM scheduler_queues q FULL JOIN counts c ON c.queue = q.name
+ ORDER BY 1
+"""
+
+
+class QueueStore:
+    """Pause, resume and list queues, through one pool, qualified for one schema."""
+
+    def __init__(self, pool: asyncpg.Pool, schema: str = DEFAULT_SCHEMA) -> None:
+        self.pool = pool
+        q = Qualifier(schema)
+        self._set_paused = q(_SET_PAUSED)
+        self._announce = q(_ANNOUNCE)
+        self._queues = q(_QUEUES)
+        self._oldest_due_by_queue = q(_OLDEST_DUE_BY_QUEUE)
+
+    async def set_paused(self, name: str, paused: bool) -> None:
+        """Pause or resume ``name``; a resume wakes the workers that serve it."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute(self._set_paused, name, paused)
+            action = "pause" if paused else "resume"
+            await conn.execute(self._announce, f"{action} {name}", None if paused else name)
+
+    async def queues(self, db: Executor | None = None) -> list[asyncpg.Record]:
+        """Every known queue: name, paused, pending, due, running."""
+        return await (db or self.pool).fetch(self._queues)
+
+    async def oldest_due_by_queue(self, db: Executor | None = None) -> dict[str, float]:
+        rows = await (db or self.pool).fetch(self._oldest_due_by_queue)
+        return {r["queue"]: r["oldest_due"] for r in rows}
