@@ -310,17 +310,6 @@ async def test_workers_show_running_jobs(client, pool, make_scheduler):
     await wait_for_status(pool, job_id, "completed")
 
 
-async def test_single_default_queue_without_named_queues(client, pool):
-    await add_jobs(pool, 2)
-    data = (await client.get("/api/queues")).json()
-    assert data["named_queues"] is False
-    assert [(q["queue"], q["counts"]) for q in data["queues"]] == [("default", {"pending": 2})]
-    pause = await client.post(
-        "/api/action/pause", json={"queue": "default"}, headers={"X-Dashboard-Token": TOKEN}
-    )
-    assert pause.status_code == 409 and "no named queues" in pause.json()["error"]
-
-
 async def test_named_queues_when_the_schema_has_them(dsn):
     # The shape the queues work adds: a queue column and a scheduler_queues table.
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=4)

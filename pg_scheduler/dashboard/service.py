@@ -26,6 +26,7 @@ from ..models import Job
 from ..store import Store
 from ..store.dashboard import DEFAULT_QUEUE, Cursor, DashboardStore
 from ..store.housekeeping import RETRYABLE_STATUSES, OpsStore, StatsStore
+from ..validation import check_queue
 
 if TYPE_CHECKING:
     from ..scheduler import Scheduler
@@ -320,6 +321,7 @@ class DashboardService:
         raise Conflict(f"job {job_id!r} is {row['status']}; {rule}")
 
     async def set_queue_paused(self, name: str, paused: bool) -> dict[str, Any]:
+        check_queue(name)  # ValueError/TypeError: a bad request, nothing written
         if not await self.store.set_queue_paused(name, paused):
             raise Conflict("this schema has no named queues (scheduler_queues) to pause")
         self._overview = None

@@ -25,7 +25,8 @@ from datetime import datetime
 import asyncpg
 
 from ..enums import FINAL_STATUSES, JobStatus
-from .names import DEFAULT_SCHEMA, JOBS_CHANNEL, Qualifier
+from .names import DEFAULT_SCHEMA, Qualifier
+from .queues import QueueStore
 
 DEFAULT_QUEUE = "default"
 ALL_STATUSES = [s.value for s in JobStatus]
@@ -92,14 +93,6 @@ SELECT worker_id, job_id, task_name, started_at, progress
  LIMIT $1
 """
 _QUEUE_SETTINGS = "SELECT name, paused, to_jsonb(q)::text AS settings FROM {table} q ORDER BY name"
-_SET_PAUSED = """
-WITH changed AS (
-    INSERT INTO {table} (name, paused) VALUES ($1, $2)
-    ON CONFLICT (name) DO UPDATE SET paused = EXCLUDED.paused
-    RETURNING name, paused
-)
-SELECT name, CASE WHEN NOT paused THEN pg_notify('{channel}', '') END FROM changed
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +137,7 @@ class DashboardStore:
         self._running = q(_RUNNING)
         queues_table = q.table("scheduler_queues")
         self._queue_settings = _QUEUE_SETTINGS.format(table=queues_table)
-        channel = q.channel(JOBS_CHANNEL).replace("'", "''")
-        self._set_paused = _SET_PAUSED.format(table=queues_table, channel=channel)
+        self._queues = QueueStore(pool, schema)
 
     @classmethod
     async def open(cls, pool: asyncpg.Pool, schema: str = DEFAULT_SCHEMA) -> DashboardStore:
@@ -210,5 +202,7 @@ class DashboardStore:
         """Pause or resume a queue; a resume wakes the workers. False without queues."""
         if not self.catalog.has_queue_table:
             return False
-        row = await self.pool.fetchrow(self._set_paused, name, paused)
-        return row is not None
+        # As pause_queue/resume_queue: stored, announced to every worker (a pause
+        # hands back claimed-ahead rows of the queue), a resume wakes its workers.
+        await self._queues.set_paused(name, paused)
+        return True

@@ -50,18 +50,22 @@ def served_groups(
     limit binds (the plain claim); a pair of text[] parameters ``"$a, $b"``
     (scopes, names) keeps only groups whose every binding limit is one of those
     rows (the limited claim, which holds their locks); None keeps all."""
-    limit_filter = ""
+    limit_filter = bound = ""
     if limits is not None:
+        # The limit rows, read once per statement (a tiny table: one page),
+        # then matched in memory for every group.
+        bound = """
+bound AS MATERIALIZED (SELECT l.scope, l.name FROM scheduler_limits l),"""
         held = (
             ""
             if limits == "none"
-            else f" AND (l.scope, l.name) NOT IN (SELECT * FROM unnest({limits}))"
+            else f" AND (b.scope, b.name) NOT IN (SELECT * FROM unnest({limits}))"
         )
         limit_filter = f"""
-       AND NOT EXISTS (SELECT 1 FROM scheduler_limits l
-                        WHERE ((l.scope = 'task' AND l.name = g.task_name)
-                               OR (l.scope = 'queue' AND l.name = g.queue)){held})"""
-    return f"""WITH RECURSIVE {GROUPS},
+       AND NOT EXISTS (SELECT 1 FROM bound b
+                        WHERE ((b.scope = 'task' AND b.name = g.task_name)
+                               OR (b.scope = 'queue' AND b.name = g.queue)){held})"""
+    return f"""WITH RECURSIVE {GROUPS},{bound}
 served AS (
     SELECT g.queue, g.task_name, g.priority, g.execution_time AS head,
            coalesce(c.cap, {default_cap}) AS cap
