@@ -293,7 +293,9 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
 
     # -- notifications -----------------------------------------------------------
 
-    def _on_jobs_notify(self, _payload: str) -> None:
+    def _on_jobs_notify(self, payload: str) -> None:
+        if payload == "events":  # a subscriber asked for events (see engine.claim_events)
+            self.worker.claim_events.flags_changed()
         self.worker.wake()
 
     def _on_cancel_notify(self, job_id: str) -> None:

@@ -21,6 +21,7 @@ from ..config import PollingConfig, RetryPolicy
 from ..reconnect import Backoff, is_connection_error, retry_on_disconnect
 from ..store import Store
 from ..tasks import TaskRegistry
+from .claim_events import ClaimEvents
 from .completer import Completer
 from .executor import LEASE_LOST, SHUTDOWN, Executor, log
 from .held import HeldConnection
@@ -110,6 +111,7 @@ class Worker:
         # third of a claim's time here. Not behind pgbouncer: a SET there stays
         # on the server connection and reaches other clients.
         self.connection = HeldConnection(store.pool, asynchronous_commit=asynchronous_commit)
+        self.claim_events = ClaimEvents(store, worker_id)
 
     # -- claim loop --------------------------------------------------------
 
@@ -166,6 +168,8 @@ class Worker:
                     )
                 finally:
                     self.claims_in_flight -= 1
+                if rows:
+                    await self._send_claim_events(rows)
                 if len(rows) >= limit:
                     self.dispatch(rows)
                     idle_wait = self.polling.idle_start_interval
@@ -187,6 +191,13 @@ class Worker:
                 idle_wait = min(
                     idle_wait * self.polling.backoff_multiplier, self.polling.max_interval
                 )
+
+    async def _send_claim_events(self, rows: list[Any]) -> None:
+        # Never keeps claimed rows from starting: events are at most once.
+        try:
+            await self.connection.run(partial(self.claim_events.send, rows=rows))
+        except Exception as exc:
+            log.warning("could not send the claim's events", error=repr(exc))
 
     def _idle_timeout(self, due_in: float | None, claimed_some: bool, idle_wait: float) -> float:
         # With live notifications, sleep until the next due job (a NOTIFY

@@ -13,6 +13,7 @@ import asyncpg
 
 from ..codec import encode_json
 from ..enums import PRIORITY_DB_VALUES
+from .event_sql import _EMIT, _WANTED
 from .job_sql import (
     _CANCEL,
     _CLAIM,
@@ -110,6 +111,8 @@ class Store(WorkerStatements):
         self._get_job = q(_GET_JOB)
         self._set_status = q(_SET_STATUS)
         self._missing_privileges = q(_MISSING_PRIVILEGES)
+        self._emit = q(_EMIT)
+        self._wanted = q(_WANTED)
 
     # -- enqueue -----------------------------------------------------------
 
@@ -234,6 +237,26 @@ class Store(WorkerStatements):
             self._release_ghosts, list(claims), worker_id, list(claims.values())
         )
         return [r["job_id"] for r in rows]
+
+    # -- events the statements do not send (the claim's) -------------------------
+
+    async def emit_events(
+        self, db: Executor, kind: str, rows: Sequence[Mapping[str, Any]], worker_id: str
+    ) -> None:
+        """Notify ``kind`` for claimed rows (job_id, task_name, attempts); a
+        flagged kind only while a subscriber wants it."""
+        await db.execute(
+            self._emit,
+            kind,
+            [r["job_id"] for r in rows],
+            [r["task_name"] for r in rows],
+            [r["attempts"] for r in rows],
+            worker_id,
+        )
+
+    async def wanted_kinds(self, db: Executor) -> dict[str, float]:
+        """The flagged event kinds some subscriber wants, with the seconds left."""
+        return {r["kind"]: r["seconds"] for r in await db.fetch(self._wanted)}
 
     # -- workers, heartbeats, rescue -------------------------------------------
 

@@ -14,6 +14,7 @@ import asyncpg
 
 JOBS_CHANNEL = "pg_scheduler_jobs"
 CANCEL_CHANNEL = "pg_scheduler_cancel"
+EVENTS_CHANNEL = "pg_scheduler_events"
 DEFAULT_SCHEMA = "public"
 # A channel name is an identifier (at most 63 bytes): "pg_scheduler_cancel:" + schema.
 MAX_SCHEMA_BYTES = 40
@@ -32,7 +33,7 @@ TABLES = (
     "scheduler_event_flags",
 )
 _TABLE_RE = re.compile(r'(?<![."\w])(' + "|".join(TABLES) + r")\b")
-_CHANNEL_RE = re.compile(rf"'({JOBS_CHANNEL}|{CANCEL_CHANNEL})'")
+_CHANNEL_RE = re.compile(rf"'({JOBS_CHANNEL}|{CANCEL_CHANNEL}|{EVENTS_CHANNEL})'")
 
 
 def quote_ident(name: str) -> str:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
+from .event_sql import events_cte
 from .names import Qualifier
 
 # $7: jobs claimed ahead that started since the last heartbeat.
@@ -31,7 +32,7 @@ RETURNING job_id, attempts, started_at,
 # held claimed ahead, never started, counts only against the cap $3 on such
 # rescues (a job that killed its worker before a heartbeat reported its start
 # still ends failed).
-_RESCUE = """
+_RESCUE = f"""
 WITH orphans AS (
     SELECT j.job_id, j.worker_id AS old_worker, j.claimed_ahead AS unstarted,
            CASE WHEN j.lease_until < now() THEN 'lease expired'
@@ -78,10 +79,16 @@ WITH orphans AS (
                 ELSE format('rescued from worker %s (%s) during attempt %s',
                             r.old_worker, r.reason, r.attempts) END
       FROM rescued r
-)
+), {
+    events_cte(
+        "SELECT 'rescued', job_id, task_name, attempts, old_worker, NULL::float8 FROM rescued"
+        " UNION ALL SELECT 'failed', job_id, task_name, attempts, old_worker, NULL::float8"
+        " FROM rescued WHERE status = 'failed'"
+    )
+}
 SELECT r.job_id, r.task_name, r.status, r.attempts, r.old_worker, r.reason, r.unstarted,
        pg_notify('pg_scheduler_jobs', '')
-  FROM rescued r
+  FROM rescued r, sent
 """
 
 _FORGET_DEAD_WORKERS = """

@@ -1,0 +1,13 @@
+-- 0010: job events sent by the statements that make the transitions (issue 17).
+--
+-- 0006's statement-level UPDATE trigger captured transition tables and ran a
+-- PL/pgSQL function on every claim, completion, heartbeat and lease renewal,
+-- whether anyone listened or not: about a quarter of a drain's time. The
+-- statements in pg_scheduler/store send the same payloads themselves now (see
+-- store/event_sql.py); the engine sends the claim's. An UPDATE written by hand
+-- sends no event: wait_for() sees it by its poll.
+--
+-- The INSERT trigger stays (it sends only while a subscriber wants
+-- "scheduled" or "started"), and so does the DELETE trigger (it removes the
+-- attempts of deleted jobs and reports a running row deleted as completed).
+DROP TRIGGER IF EXISTS scheduled_jobs_events_update ON scheduled_jobs;
