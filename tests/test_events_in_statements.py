@@ -7,6 +7,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import results_tasks
+from conftest import wait_until
 
 from pg_scheduler import RetryPolicy
 from pg_scheduler.events import JOB_KINDS
@@ -100,3 +101,29 @@ async def test_a_rescue_sends_rescued(pool, make_scheduler):
         assert await client.recover_orphaned_jobs() == 1
         event = await asyncio.wait_for(sub.__anext__(), 10)
     assert (event.kind, event.job_id, event.worker_id) == ("rescued", job_id, "dead")
+
+
+async def test_completions_are_sent_only_while_someone_waits(dsn, pool, make_scheduler):
+    import asyncpg
+
+    heard: list[str] = []
+    listener = await asyncpg.connect(dsn)
+    try:
+        await listener.add_listener("pg_scheduler_events", lambda *a: heard.append(a[3]))
+        worker = await make_scheduler()
+        unwatched = await worker.schedule(results_tasks.echo, execution_time=now(), args=(1,))
+        await wait_until(lambda: _status_is(pool, unwatched, "completed"), message="done")
+        client = await make_scheduler(start=False)
+        watched = await client.schedule(
+            results_tasks.echo, execution_time=now() + timedelta(milliseconds=300), args=(2,)
+        )
+        await client.wait_for(watched, timeout=10)
+        await wait_until(lambda: any(watched in p for p in heard), message="the event")
+    finally:
+        await listener.close()
+    assert not any(unwatched in p and '"completed"' in p for p in heard), heard
+
+
+async def _status_is(pool, job_id: str, status: str) -> bool:
+    found = await pool.fetchval("SELECT status FROM scheduled_jobs WHERE job_id = $1", job_id)
+    return found == status
