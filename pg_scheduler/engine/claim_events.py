@@ -27,6 +27,12 @@ class ClaimEvents:
         self._started_until = 0.0  # time.monotonic() until which "started" is wanted
         self._read_at: float | None = None
 
+    async def read_flags(self, db: Executor) -> None:
+        """Read which flagged kinds are wanted (start-up does it before the first claim)."""
+        wanted = await self.store.wanted_kinds(db)
+        self._read_at = time.monotonic()
+        self._started_until = self._read_at + wanted.get("started", -1.0)
+
     def flags_changed(self) -> None:
         """A subscriber asked for events: read the flags before the next claim's events."""
         self._read_at = None
@@ -35,11 +41,9 @@ class ClaimEvents:
         """Before the claimed rows start: their events, if any are due."""
         if not rows:
             return
+        if self._read_at is None or time.monotonic() - self._read_at > REFRESH:
+            await self.read_flags(db)
         now = time.monotonic()
-        if self._read_at is None or now - self._read_at > REFRESH:
-            wanted = await self.store.wanted_kinds(db)
-            self._read_at = now
-            self._started_until = now + wanted.get("started", -1.0)
         expired = [r for r in rows if r["status"] == "expired"]
         if expired:
             await self.store.emit_events(db, "expired", expired, self.worker_id)

@@ -129,6 +129,25 @@ class Worker:
         """Rows this worker holds running in the database."""
         return self.slots.held
 
+    async def warm_up(self) -> None:
+        """Take the claim loop's connection and prepare the claim on it.
+
+        Run while start() checks the schema: a pooled connection's first
+        statement with an array type makes asyncpg look the types up (~10 ms on
+        a new server connection), and the claim's first parse opens the jobs
+        table and its indexes; done here, neither delays the first claim (nor
+        does reading the event flags). Best effort (the schema may not exist
+        yet): errors are ignored."""
+
+        async def warm(db: Any) -> None:
+            await db.prepare(self.store._claim)
+            await self.claim_events.read_flags(db)
+
+        try:
+            await self.connection.run(warm)
+        except Exception as exc:
+            log.debug("claim warm-up failed", error=repr(exc))
+
     async def run(self) -> None:
         try:
             await self._claim_loop()
