@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import asyncpg
@@ -113,7 +113,58 @@ class Enqueuer:
         check_int("batch_size", batch_size, 1)
         if not isinstance(jobs, Sequence):
             raise TypeError("jobs must be a list of JobSpec")
-        rows: list[NewJob] = []
+        if len(jobs) >= COPY_THRESHOLD and all(
+            type(spec) is JobSpec and spec.job_id is None for spec in jobs
+        ):
+            ids = await self._streamed(jobs, connection)
+            return list(ids), len(ids)
+        rows = list(self._rows(jobs))
+        if not rows:
+            return [], 0
+        user_ids = [spec.job_id for spec in jobs if spec.job_id is not None]
+        if user_ids:
+            await self._check_user_ids(user_ids, conflict, connection)
+        written = await self._write_all(rows, conflict, batch_size, connection, bool(user_ids))
+        if conflict is not ConflictResolution.IGNORE:
+            return [row.job_id for row in rows], len(written)
+        result: list[str | None] = []
+        returned: set[str] = set()
+        for row in rows:
+            fresh = row.job_id in written and row.job_id not in returned
+            returned.add(row.job_id)
+            result.append(row.job_id if fresh else None)
+        return result, len(written)
+
+    async def _streamed(
+        self, jobs: Sequence[JobSpec], connection: asyncpg.Connection | None
+    ) -> list[str]:
+        """Generated ids only: one COPY fed by a generator that checks and
+        encodes each spec as asyncpg streams the rows, so the server inserts
+        while Python prepares the rest (prepared first, the two took ~6 and ~8
+        us per row one after the other). A bad spec raises from inside the
+        COPY, which aborts it: nothing is written. A retry after a lost
+        connection replays the rows built so far, then builds the rest."""
+        built: list[NewJob] = []
+        pending = self._rows(jobs)
+
+        def stream() -> Iterator[NewJob]:
+            yield from list(built)
+            for row in pending:
+                built.append(row)
+                yield row
+
+        async def once() -> set[str]:
+            if connection is not None:
+                async with connection.transaction():
+                    return await self.store.copy_insert(connection, stream())
+            return await self.store.copy_insert(self.pool, stream())
+
+        await self._attempts(once, built, False, False, connection is None)
+        return [row.job_id for row in built]
+
+    def _rows(self, jobs: Sequence[JobSpec]) -> Iterator[NewJob]:
+        """Each spec checked again (it may have changed since it was built) and
+        made a row; raises TypeError/ValueError at the first bad one."""
         # Bulk lists repeat one function and one time: each is looked at once.
         task_names: dict[Any, str] = {}
         fresh_ids = iter(new_job_ids(len(jobs)))
@@ -153,22 +204,7 @@ class Enqueuer:
                 spec.retry_policy,
             )
             row_id = next(fresh_ids) if spec.job_id is None else spec.job_id
-            rows.append(row_of(fields, row_id, default_grace))
-        if not rows:
-            return [], 0
-        user_ids = [spec.job_id for spec in jobs if spec.job_id is not None]
-        if user_ids:
-            await self._check_user_ids(user_ids, conflict, connection)
-        written = await self._write_all(rows, conflict, batch_size, connection, bool(user_ids))
-        if conflict is not ConflictResolution.IGNORE:
-            return [row.job_id for row in rows], len(written)
-        result: list[str | None] = []
-        returned: set[str] = set()
-        for row in rows:
-            fresh = row.job_id in written and row.job_id not in returned
-            returned.add(row.job_id)
-            result.append(row.job_id if fresh else None)
-        return result, len(written)
+            yield row_of(fields, row_id, default_grace)
 
     async def _check_user_ids(
         self,

@@ -4,7 +4,7 @@ The statements themselves are in :mod:`pg_scheduler.store.job_sql`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -134,15 +134,23 @@ class Store(WorkerStatements):
         """Insert the new ids, skip existing ones; returns the inserted ids."""
         return await self._insert(db, jobs, " ON CONFLICT (job_id) DO NOTHING")
 
-    async def copy_insert(self, db: Executor, jobs: Sequence[NewJob]) -> set[str]:
+    async def copy_insert(self, db: Executor, jobs: Iterable[NewJob]) -> set[str]:
         """Bulk insert through COPY (binary): several times faster than INSERT for
         large batches. Only for ids that cannot collide (generated); a duplicate
         still raises asyncpg.UniqueViolationError and writes nothing. COPY fires
-        the statement-level INSERT trigger, so workers are woken once."""
+        the statement-level INSERT trigger, so workers are woken once. ``jobs``
+        may be a generator: asyncpg streams the rows as it produces them."""
+        ids: set[str] = set()
+
+        def rows() -> Iterator[NewJob]:
+            for job in jobs:
+                ids.add(job.job_id)
+                yield job
+
         await db.copy_records_to_table(
-            "scheduled_jobs", records=jobs, columns=_COPY_COLUMNS, schema_name=self.schema
+            "scheduled_jobs", records=rows(), columns=_COPY_COLUMNS, schema_name=self.schema
         )
-        return {j.job_id for j in jobs}
+        return ids
 
     async def insert_replace(self, db: Executor, jobs: Sequence[NewJob]) -> set[str]:
         """Insert or overwrite non-running rows; returns the ids written."""
