@@ -232,6 +232,19 @@ class EventHub:
         for kind in stale:
             self._asked[kind] = now + FLAG_SECONDS / 2
 
+    async def want_quietly(self, kinds: Iterable[str]) -> None:
+        """:meth:`want`, a failure logged (a role without INSERT, UPDATE on
+        scheduler_event_flags): waiters then find the job by polling."""
+        try:
+            await self.want(kinds)
+        except Exception as exc:
+            log.warning(
+                "could not ask for completion events; waiters poll instead", error=repr(exc)
+            )
+            now = asyncio.get_running_loop().time()
+            for kind in FLAGGED_KINDS.intersection(kinds):
+                self._asked[kind] = now + FLAG_SECONDS / 2  # do not ask on every wait
+
     def unwatch(self, job_id: str, future: asyncio.Future[None]) -> None:
         futures = self._waiters.get(job_id)
         if futures is not None:

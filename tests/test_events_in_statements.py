@@ -6,10 +6,14 @@ import asyncio
 import time
 from datetime import UTC, datetime, timedelta
 
+import asyncpg
 import results_tasks
 from conftest import wait_until
 
-from pg_scheduler import RetryPolicy
+# The schema tests' database (two migrated schemas), its owner and a bare role.
+from test_schema import db, owner, role  # noqa: F401
+
+from pg_scheduler import RetryPolicy, Scheduler
 from pg_scheduler.events import JOB_KINDS
 
 FAST_RETRY = RetryPolicy(base_delay=0.01, factor=1, max_delay=0.01, jitter=0)
@@ -104,8 +108,6 @@ async def test_a_rescue_sends_rescued(pool, make_scheduler):
 
 
 async def test_completions_are_sent_only_while_someone_waits(dsn, pool, make_scheduler):
-    import asyncpg
-
     heard: list[str] = []
     listener = await asyncpg.connect(dsn)
     try:
@@ -127,3 +129,29 @@ async def test_completions_are_sent_only_while_someone_waits(dsn, pool, make_sch
 async def _status_is(pool, job_id: str, status: str) -> bool:
     found = await pool.fetchval("SELECT status FROM scheduled_jobs WHERE job_id = $1", job_id)
     return found == status
+
+
+async def test_a_waiter_that_may_not_ask_for_events_polls(db, owner, role):  # noqa: F811
+    """A role with SELECT only on scheduler_event_flags: wait_for() logs, then polls."""
+    from test_schema import A, as_role
+
+    await owner.execute(
+        f"GRANT USAGE ON SCHEMA {A} TO {role};"
+        f"GRANT SELECT ON {A}.scheduled_jobs, {A}.job_attempts, {A}.scheduler_event_flags,"
+        f" {A}.pg_scheduler_migrations TO {role}"
+    )
+    await owner.execute(
+        f"INSERT INTO {A}.scheduled_jobs (job_id, job_name, task_name, execution_time, status,"
+        " task_data) VALUES ('polled', 'n', 't', now(), 'running', '{}'::jsonb)"
+    )
+    limited = await asyncpg.create_pool(as_role(db, role), min_size=1, max_size=2)
+    client = Scheduler(limited, schema=A)
+    try:
+        waiter = asyncio.create_task(client.wait_for("polled", timeout=30))
+        await asyncio.sleep(0.3)  # the waiter is waiting (its first read saw it running)
+        await owner.execute(f"UPDATE {A}.scheduled_jobs SET status = 'completed'")
+        job = await waiter
+        assert job.status == "completed"
+    finally:
+        await client.shutdown()
+        await limited.close()
