@@ -161,6 +161,9 @@ async def drain(dsn: str, n: int, profile: bool) -> dict[str, Any]:
 
 # (label, predicate on (file, function)) in order; the first match wins.
 CATEGORIES: list[tuple[str, Callable[[str, str], bool]]] = [
+    # cProfile times wall clock: the loop's epoll wait is idle time, left out.
+    ("(idle: waiting in epoll)", lambda f, fn: "epoll" in fn),
+    ("socket send/recv (syscalls)", lambda f, fn: "_socket.socket" in fn),
     ("the job's own function", lambda f, fn: "profile_drain" in f and fn == "noop"),
     ("claim: asyncpg + decoding rows", lambda f, fn: "asyncpg" in f and fn in ("fetch",)),
     ("engine: claim loop and dispatch", lambda f, fn: "engine/claimer" in f or "slots" in f),
@@ -225,7 +228,7 @@ async def explain(dsn: str, args_n: int) -> list[tuple[str, str]]:
                     "EXPLAIN EXECUTE c("
                     f"ARRAY[{priorities}], ARRAY['profile.noop'], 50, 'profiler', 300, 50)"
                 )
-                out.append(("claim, generic plan", "\n".join(r[0] for r in plan)))
+                out.append(("claim, generic plan (EXPLAIN without ANALYZE)", "\n".join(r[0] for r in plan)))
                 await conn.execute("SET LOCAL plan_cache_mode = auto")
                 plan = await conn.fetch(
                     "EXPLAIN (ANALYZE, BUFFERS) EXECUTE c("
@@ -305,7 +308,7 @@ async def amain(args: argparse.Namespace) -> int:
                 f" {per_job(secs, n)} us/job"
             )
     print("\nworker Python CPU by place (cProfile shares, scaled to run 1's CPU per job):")
-    parts = breakdown(prof["profiler"])
+    parts = [p for p in breakdown(prof["profiler"]) if not p[0].startswith("(idle")]
     total = sum(s for _, s in parts) or 1.0
     scale = plain["cpu"] / n * 1e6
     for label, secs in parts:
