@@ -200,6 +200,10 @@ def top_functions(profiler: cProfile.Profile, limit: int) -> str:
 # -- server plans ----------------------------------------------------------------
 
 
+def _text(plan: list[Any]) -> str:
+    return "\n".join(r[0] for r in plan)
+
+
 async def explain(dsn: str, args_n: int) -> list[tuple[str, str]]:
     """EXPLAIN ANALYZE of a claim of 50 and a completion of those 50, rolled back."""
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
@@ -228,13 +232,13 @@ async def explain(dsn: str, args_n: int) -> list[tuple[str, str]]:
                     "EXPLAIN EXECUTE c("
                     f"ARRAY[{priorities}], ARRAY['profile.noop'], 50, 'profiler', 300, 50)"
                 )
-                out.append(("claim, generic plan (EXPLAIN without ANALYZE)", "\n".join(r[0] for r in plan)))
+                out.append(("claim, generic plan (EXPLAIN without ANALYZE)", _text(plan)))
                 await conn.execute("SET LOCAL plan_cache_mode = auto")
                 plan = await conn.fetch(
                     "EXPLAIN (ANALYZE, BUFFERS) EXECUTE c("
                     f"ARRAY[{priorities}], ARRAY['profile.noop'], 50, 'profiler', 300, 50)"
                 )
-                out.append(("claim of 50", "\n".join(r[0] for r in plan)))
+                out.append(("claim of 50 (EXPLAIN ANALYZE, rolled back)", _text(plan)))
                 rows = await conn.fetch(
                     "SELECT job_id, attempts FROM scheduled_jobs WHERE worker_id = 'profiler'"
                 )
@@ -244,7 +248,7 @@ async def explain(dsn: str, args_n: int) -> list[tuple[str, str]]:
                     "EXPLAIN (ANALYZE, BUFFERS) EXECUTE d("
                     f"ARRAY[{ids}]::text[], '{{{by_id}}}', 'profiler')"
                 )
-                out.append(("completion of 50", "\n".join(r[0] for r in plan)))
+                out.append(("completion of 50 (EXPLAIN ANALYZE, rolled back)", _text(plan)))
             finally:
                 await tx.rollback()
         return out
@@ -316,7 +320,7 @@ async def amain(args: argparse.Namespace) -> int:
     if args.top:
         print("\n" + top_functions(prof["profiler"], args.top))
     for label, plan in plans:
-        print(f"\n{label} (EXPLAIN ANALYZE, rolled back):\n{plan}")
+        print(f"\n{label}:\n{plan}")
     if server is not None:
         server.stop()
     return 0
