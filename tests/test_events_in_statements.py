@@ -155,3 +155,39 @@ async def test_a_waiter_that_may_not_ask_for_events_polls(db, owner, role):  # n
     finally:
         await client.shutdown()
         await limited.close()
+
+
+async def test_a_deleted_completion_wakes_its_waiter_only_if_someone_waits(dsn, make_scheduler):
+    """Completed rows deleted at once: the DELETE trigger's "completed" is flagged too."""
+    from pg_scheduler import VacuumConfig, VacuumPolicy, VacuumTrigger
+    from pg_scheduler.results import JobNotFound
+
+    heard: list[str] = []
+    listener = await asyncpg.connect(dsn)
+    try:
+        await listener.add_listener("pg_scheduler_events", lambda *a: heard.append(a[3]))
+        worker = await make_scheduler(
+            vacuum_enabled=True,
+            vacuum_config=VacuumConfig(completed=VacuumPolicy(VacuumTrigger.IMMEDIATE)),
+        )
+        quiet = await worker.schedule(results_tasks.echo, execution_time=now(), args=(1,))
+        await wait_until(lambda: _gone(worker, quiet), message="deleted on completion")
+        client = await make_scheduler(start=False)
+        watched = await client.schedule(
+            results_tasks.echo, execution_time=now() + timedelta(milliseconds=300), args=(2,)
+        )
+        started = time.monotonic()
+        try:
+            await client.wait_for(watched, timeout=10)
+            raise AssertionError("the row was deleted: JobNotFound expected")
+        except JobNotFound:
+            pass
+        assert time.monotonic() - started < 3  # woken by the event, not the 5 s poll
+    finally:
+        await listener.close()
+    assert any(watched in p for p in heard)
+    assert not any(quiet in p for p in heard), heard
+
+
+async def _gone(scheduler, job_id: str) -> bool:
+    return await scheduler.get_job(job_id) is None
