@@ -77,7 +77,12 @@ OURS_ONLY = {"big_backlog", "scaling"}
 # ... and the raw limit, where it makes sense: the ceiling for the scaling curve.
 SCALING_CONTENDERS = ("raw_limit", "pg_scheduler")
 # Variants that differ from pg_scheduler in one scenario only run that one.
-ONLY_IN = {"pg_scheduler_notify": {"latency"}}
+ONLY_IN = {
+    "pg_scheduler_notify": {"latency"},
+    # The limit is a throughput floor for the database work, not a latency design.
+    "raw_limit": {"drain", "backlog", "big_backlog", "enqueue", "startup"},
+    "raw_limit_del": {"drain"},
+}
 
 
 def python_for(name: str) -> str:
