@@ -215,22 +215,26 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
             # Start-up is on the path to the first job: each step is one
             # statement, independent ones run together (README: Benchmarks).
             warm = asyncio.create_task(self.worker.warm_up(), name="pg_scheduler.warm_up")
+            listening_before = self.listener.started
             try:
                 await self.initialize_db()
-            except BaseException:
-                await warm
-                raise
-            # Before the worker registers: a missing grant fails start() here,
-            # not halfway through with a worker row left behind.
-            try:
+                # Before the worker registers: a missing grant fails start() here,
+                # not halfway through with a worker row left behind.
                 await self.check_privileges()
-            finally:
                 await warm
-            if self.notifications:
-                self.listener.start()  # connects while the worker registers and claims
-            await retry_on_disconnect(
-                self.heartbeat.run_once, what="register worker", give_up_after=30
-            )
+                if self.notifications:
+                    self.listener.start()  # connects while the worker registers and claims
+                await retry_on_disconnect(
+                    self.heartbeat.run_once, what="register worker", give_up_after=30
+                )
+            except BaseException:
+                # Nothing started stays behind: the warm-up's connection, the listener.
+                warm.cancel()
+                await asyncio.gather(warm, return_exceptions=True)
+                await self.worker.connection.release()
+                if self.listener.started and not listening_before:
+                    await self.listener.stop()
+                raise
             self.is_running = True
             self.is_shutting_down = False
             local_start.offer(self)
