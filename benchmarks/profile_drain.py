@@ -108,6 +108,39 @@ class StatementTimer:
             setattr(Store, name, original)
 
 
+class RoomWait:
+    """Times the claim loop's waits for room (``Slots.changed``): the held-row
+    bound holding the next claim back until completions are written."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.waits = 0
+        self._saved: Any = None
+
+    def install(self) -> None:
+        from pg_scheduler.engine.claimer import Worker
+
+        self._saved = Worker.__dict__["_wait"]  # the staticmethod itself
+        original = Worker._wait
+
+        async def timed(event: asyncio.Event, timeout: float) -> None:
+            t = time.perf_counter()
+            try:
+                await original(event, timeout)
+            finally:
+                if getattr(event, "_pgs_room", False):
+                    self.seconds += time.perf_counter() - t
+                    self.waits += 1
+
+        Worker._wait = staticmethod(timed)  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        from pg_scheduler.engine.claimer import Worker
+
+        if self._saved is not None:
+            Worker._wait = self._saved  # type: ignore[method-assign]
+
+
 # -- one drain -------------------------------------------------------------------
 
 
@@ -127,8 +160,11 @@ async def drain(dsn: str, n: int, profile: bool) -> dict[str, Any]:
         pids_sql = "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
         before = {r[0]: proc_cpu(r[0]) for r in await pool.fetch(pids_sql)}
         timer = StatementTimer()
+        room = RoomWait()
+        scheduler.worker.slots.changed._pgs_room = True  # type: ignore[attr-defined]
         if not profile:
             timer.install()
+            room.install()
         profiler = cProfile.Profile() if profile else None
         t0, cpu0 = time.perf_counter(), time.process_time()
         if profiler is not None:
@@ -139,6 +175,7 @@ async def drain(dsn: str, n: int, profile: bool) -> dict[str, Any]:
             profiler.disable()
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         timer.uninstall()
+        room.uninstall()
         after = {r[0] for r in await pool.fetch(pids_sql)} | set(before)
         backend = sum(proc_cpu(pid) - before.get(pid, 0.0) for pid in after)
         await scheduler.shutdown()
@@ -151,6 +188,7 @@ async def drain(dsn: str, n: int, profile: bool) -> dict[str, Any]:
             "backend": backend,
             "left": left,
             "timer": timer,
+            "room": room,
             "profiler": profiler,
         }
     finally:
@@ -311,6 +349,12 @@ async def amain(args: argparse.Namespace) -> int:
                 f"  {name:26s} {calls:6d} calls, {secs / calls * 1e3:6.2f} ms each,"
                 f" {per_job(secs, n)} us/job"
             )
+    room: RoomWait = plain["room"]
+    print(
+        f"  claim loop waiting for room (held-row bound): {room.waits} waits,"
+        f" {room.seconds * 1e3:.0f} ms in all, {per_job(room.seconds, n)} us/job"
+        f" ({room.seconds / plain['wall']:.0%} of the drain)"
+    )
     print("\nworker Python CPU by place (cProfile shares, scaled to run 1's CPU per job):")
     parts = [p for p in breakdown(prof["profiler"]) if not p[0].startswith("(idle")]
     total = sum(s for _, s in parts) or 1.0
