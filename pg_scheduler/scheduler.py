@@ -208,7 +208,8 @@ class Scheduler(SchedulerOps, ResultsAPI, SchedulerCompat):
     # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> None:
-        """Migrate, rescue orphans, then start claiming, heartbeats and housekeeping."""
+        """Migrate, register, then start claiming, heartbeats and housekeeping (the
+        first rescue pass runs beside the first claim)."""
         async with self._lifecycle:
             if self.is_running:
                 return
