@@ -34,6 +34,9 @@ DRIVER = HERE / "driver.py"
 
 # name -> pip requirement (None: this repository, in the current interpreter)
 CONTENDERS: dict[str, str | None] = {
+    # The ceiling: claim + one acknowledgement per batch, no library (see its module).
+    "raw_limit": None,
+    "raw_limit_del": None,
     "pg_scheduler": None,
     "pg_scheduler_del": None,  # the same, completed rows deleted at once
     "pg_scheduler_notify": None,  # the same, no in-process start (latency only)
@@ -56,6 +59,7 @@ FULL = {
     "scale_n": 20_000,
     "queue_n": 5_000,
     "queue_foreign": 200_000,
+    "startup_samples": 15,
     "repeat": 3,
 }
 QUICK = {
@@ -69,17 +73,24 @@ QUICK = {
     "scale_n": 10_000,
     "queue_n": 5_000,
     "queue_foreign": 50_000,
+    "startup_samples": 5,
     "repeat": 1,
 }
-SCENARIOS = ["enqueue", "latency", "drain", "backlog", "big_backlog", "scaling"]
+SCENARIOS = ["enqueue", "latency", "drain", "startup", "backlog", "big_backlog", "scaling"]
 # Issue 13's: a worker next to a due backlog it cannot run (run them by name).
 QUEUE_SCENARIOS = ["queue_empty", "queue_foreign", "queue_unregistered", "queue_idle_cpu"]
 # Scenarios run for this library only (the peers take minutes per 1M rows).
 OURS_ONLY = {"big_backlog", "scaling", *QUEUE_SCENARIOS}
+# ... and the raw limit, where it makes sense: the ceiling for the scaling curve.
+SCALING_CONTENDERS = ("raw_limit", "pg_scheduler")
 # Variants that differ from pg_scheduler in one scenario only run that one.
-ONLY_IN = {"pg_scheduler_notify": {"latency"}, "pg_scheduler_thread": {"drain"}}
-
-
+ONLY_IN = {
+    "pg_scheduler_notify": {"latency"},
+    "pg_scheduler_thread": {"drain"},
+    # The limit is a throughput floor for the database work, not a latency design.
+    "raw_limit": {"drain", "backlog", "big_backlog", "enqueue", "startup"},
+    "raw_limit_del": {"drain"},
+}
 DRIVER_SCENARIO = {
     "big_backlog": "backlog",
     "queue_empty": "foreign",
@@ -174,19 +185,21 @@ def run_driver(
     return {"error": f"exit {proc.returncode}: {tail}"}
 
 
-def run_scaling(server: Server, python: str, cfg: dict[str, Any], procs: int) -> dict[str, Any]:
-    """K worker processes of this library, released together, draining N due jobs."""
+def run_scaling(
+    server: Server, python: str, cfg: dict[str, Any], procs: int, name: str = "pg_scheduler"
+) -> dict[str, Any]:
+    """K worker processes of one contender, released together, draining N due jobs."""
     db, dsn = server.fresh_database(f"scale{procs}")
     try:
         base = {**cfg, "dsn": dsn}
-        enq = run_driver(python, "pg_scheduler", "scale_enqueue", base, 600)
+        enq = run_driver(python, name, "scale_enqueue", base, 600)
         if "error" in enq:
             return enq
         RESULTS.mkdir(exist_ok=True)
         errlog = (RESULTS / "scaling-workers.log").open("a")
         workers = [
             subprocess.Popen(
-                [python, str(DRIVER), "pg_scheduler", "scale_worker", json.dumps(base)],
+                [python, str(DRIVER), name, "scale_worker", json.dumps(base)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=errlog,
@@ -235,6 +248,7 @@ def run_scaling(server: Server, python: str, cfg: dict[str, Any], procs: int) ->
         missing = n - len(seen)
         dup = sum(1 for v in seen.values() if v > 1) + sum(r["dups"] for r in results)
         return {
+            "contender": name,
             "processes": procs,
             "jobs": n,
             "seconds": round(end - go, 3),
@@ -267,6 +281,8 @@ def scenario_cfg(scenario: str, sizes: dict[str, Any], concurrency: int) -> dict
         return {**c, "n": n, "foreign": foreign, "kind": kinds[scenario], "timeout": 300}
     if scenario == "queue_idle_cpu":
         return {**c, "foreign": sizes["queue_foreign"], "seconds": 20, "rate": 10}
+    if scenario == "startup":
+        return {**c, "samples": sizes["startup_samples"]}
     raise ValueError(scenario)
 
 
@@ -306,6 +322,8 @@ def summarize(results: dict[str, dict[str, list[dict[str, Any]]]]) -> list[dict[
             ("enqueue", "bulk_per_s", "bulk_enqueue_per_s"),
             ("enqueue", "single_p50_ms", "single_enqueue_p50_ms"),
             ("drain", "rss_peak_mb", "drain_rss_peak_mb"),
+            ("startup", "first_job_p50_ms", "startup_first_job_p50_ms"),
+            ("startup", "cold_first_job_ms", "startup_cold_first_job_ms"),
         ):
             runs = by_scenario.get(scenario, [])
             row[label] = median_of(runs, key)
@@ -341,6 +359,8 @@ def print_table(rows: list[dict[str, Any]], scaling: list[dict[str, Any]]) -> No
         ("bulk_enqueue_per_s", "bulk enq/s"),
         ("single_enqueue_p50_ms", "schedule p50 ms"),
         ("drain_rss_peak_mb", "drain RSS MB"),
+        ("startup_first_job_p50_ms", "start->1st job ms"),
+        ("startup_cold_first_job_ms", "cold start ms"),
         ("all_checks_ok", "checks"),
     ]
     widths = [max(len(h), *(len(fmt(r.get(k))) for r in rows)) for k, h in columns]
@@ -349,10 +369,11 @@ def print_table(rows: list[dict[str, Any]], scaling: list[dict[str, Any]]) -> No
     for r in rows:
         print(" | ".join(fmt(r.get(k)).ljust(w) for (k, _), w in zip(columns, widths, strict=True)))
     if scaling:
-        print("\nscaling (pg_scheduler, due-job drain):")
+        print("\nscaling (due-job drain, K worker processes):")
         for s in scaling:
             print(
-                f"  {s.get('processes')} process(es): {fmt(s.get('jobs_per_s'))} jobs/s "
+                f"  {s.get('contender', 'pg_scheduler')} {s.get('processes')} process(es): "
+                f"{fmt(s.get('jobs_per_s'))} jobs/s "
                 f"split {s.get('per_process')} checks={s.get('check', {}).get('ok')}"
             )
     for r in rows:
@@ -369,7 +390,13 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated")
     run.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated")
     run.add_argument("--concurrency", type=int, default=50)
-    run.add_argument("--scale-procs", default="1,2,4")
+    run.add_argument(
+        "--scale-procs",
+        "--procs",
+        dest="scale_procs",
+        default="1,2,4",
+        help="worker processes of the scaling scenario (comma-separated)",
+    )
     for key, value in FULL.items():
         run.add_argument(
             f"--{key.replace('_', '-')}",
@@ -409,18 +436,20 @@ def main(argv: list[str] | None = None) -> int:
     scaling: list[dict[str, Any]] = []
     for scenario in scenarios:
         if scenario == "scaling":
-            if "pg_scheduler" in names:
-                cfg = scenario_cfg("scaling", sizes, args.concurrency)
-                for procs in (int(p) for p in args.scale_procs.split(",")):
-                    print(f"[scaling] {procs} process(es)...", flush=True)
-                    res = run_scaling(server, pythons["pg_scheduler"], cfg, procs)
-                    print(f"  -> {res}", flush=True)
+            cfg = scenario_cfg("scaling", sizes, args.concurrency)
+            for procs in (int(p) for p in args.scale_procs.split(",")):
+                for name in SCALING_CONTENDERS:
+                    if name not in names:
+                        continue
+                    print(f"[scaling] {name} {procs} process(es)...", flush=True)
+                    res = run_scaling(server, pythons[name], cfg, procs, name)
+                    print(f"  -> {json.dumps(res)[:300]}", flush=True)
                     scaling.append(res)
             continue
         repeat = sizes["repeat"] if scenario in ("drain", "latency") else 1
         for rnd in range(repeat):
             for name in names:
-                if scenario in OURS_ONLY and name != "pg_scheduler":
+                if scenario in OURS_ONLY and name not in ("pg_scheduler", "raw_limit"):
                     continue
                 if scenario not in ONLY_IN.get(name, {scenario}):
                     continue
@@ -448,6 +477,24 @@ def main(argv: list[str] | None = None) -> int:
         ratios["drain_del_vs_pgqueuer"] = round(
             dele["drain_jobs_per_s"] / pgq["drain_jobs_per_s"], 2
         )
+    # The share of the raw limit (same sitting, same acknowledgement mode).
+    for mine, limit, label in (
+        ("pg_scheduler", "raw_limit", "drain_vs_raw_limit"),
+        ("pg_scheduler_del", "raw_limit_del", "drain_del_vs_raw_limit_del"),
+    ):
+        a = next((r for r in rows if r["contender"] == mine), None)
+        b = next((r for r in rows if r["contender"] == limit), None)
+        if a and b and a["drain_jobs_per_s"] and b["drain_jobs_per_s"]:
+            ratios[label] = round(a["drain_jobs_per_s"] / b["drain_jobs_per_s"], 3)
+    by_procs: dict[tuple[str, int], float] = {
+        (s.get("contender", "pg_scheduler"), s["processes"]): s["jobs_per_s"]
+        for s in scaling
+        if "jobs_per_s" in s
+    }
+    for (name, procs), rate in by_procs.items():
+        limit_rate = by_procs.get(("raw_limit", procs))
+        if name == "pg_scheduler" and limit_rate:
+            ratios[f"scaling_{procs}p_vs_raw_limit"] = round(rate / limit_rate, 3)
     if ours and ours["drain_jobs_per_s"] and ours["big_backlog_jobs_per_s"]:
         ratios["big_backlog_vs_empty"] = round(
             ours["big_backlog_jobs_per_s"] / ours["drain_jobs_per_s"], 3

@@ -279,6 +279,38 @@ async def latency(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+async def startup(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Schema current, one due job waiting, the worker built but not started:
+    time from start to the job running (and to start returning), ``samples``
+    times in this process (each with a fresh worker object; the pool, and so
+    its server connections, is the one setup() made: the first sample is the
+    cold one)."""
+    samples = cfg.get("samples", 5)
+    loop = asyncio.get_running_loop()
+    first_job: list[float] = []
+    returned: list[float] = []
+    for _ in range(samples):
+        RECORD.reset(1)
+        await c.enqueue_due(range(1))
+        waiter: asyncio.Future[float] = loop.create_future()
+        RECORD.waiters[0] = waiter
+        await c.prepare_worker(cfg["concurrency"])
+        t = time.perf_counter()
+        await c.start_worker(cfg["concurrency"])
+        returned.append((time.perf_counter() - t) * 1000)
+        ran = await asyncio.wait_for(waiter, cfg.get("timeout", 30))
+        first_job.append((ran - t) * 1000)
+        await c.stop_worker()
+    return {
+        "samples": samples,
+        "first_job_ms": [round(x, 1) for x in first_job],
+        "first_job_p50_ms": round(statistics.median(first_job), 2),
+        "cold_first_job_ms": round(first_job[0], 2),
+        "start_returned_p50_ms": round(statistics.median(returned), 2),
+        "check": {"ok": RECORD.done == 1},
+    }
+
+
 async def enqueue(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     """Bulk enqueue rate (future-dated, no worker) and single-call enqueue latency."""
     n, singles = cfg["n"], cfg["singles"]
@@ -345,6 +377,7 @@ SCENARIOS = {
     "backlog": backlog,
     "latency": latency,
     "enqueue": enqueue,
+    "startup": startup,
     "scale_worker": scale_worker,
     "scale_enqueue": scale_enqueue,
 }

@@ -48,8 +48,9 @@ JOB_KINDS = frozenset(
 WORKER_KINDS = frozenset({"worker_started", "worker_stopped"})
 ALL_KINDS = JOB_KINDS | WORKER_KINDS
 FINAL_KINDS = frozenset({"completed", "failed", "cancelled", "expired"})
-# Sent by the database only while a subscriber keeps its flag fresh.
-FLAGGED_KINDS = frozenset({"scheduled", "started"})
+# Sent by the database only while a subscriber (or, for completed, a waiter)
+# keeps its flag fresh (see store.event_sql).
+FLAGGED_KINDS = frozenset({"scheduled", "started", "completed"})
 FLAG_SECONDS = 60.0
 DEFAULT_QUEUE = "default"  # as validation.DEFAULT_QUEUE; events imports no checks
 
@@ -137,9 +138,8 @@ class Subscription:
                 "events need a LISTEN connection: none is available (behind pgbouncer "
                 "pass listen_dsn=, a direct connection to PostgreSQL)"
             )
-        flagged = sorted(self.kinds & FLAGGED_KINDS)
-        if flagged:  # the trigger sends these from now on (the flagger keeps them on)
-            await self._hub.store.want_kinds(flagged, FLAG_SECONDS)
+        # The database sends these from now on (the flagger keeps them on).
+        await self._hub.want(self.kinds & FLAGGED_KINDS)
 
     def close(self) -> None:
         if self.closed:
@@ -184,6 +184,8 @@ class EventHub:
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._started_listener = False
         self._flagger: asyncio.Task[None] | None = None
+        # Flagged kinds this hub asked for -> loop time until which that holds.
+        self._asked: dict[str, float] = {}
         self._callbacks: set[asyncio.Task[None]] = set()
 
     @property
@@ -210,10 +212,38 @@ class EventHub:
     # -- waiters ---------------------------------------------------------------
 
     def watch(self, job_id: str) -> asyncio.Future[None]:
-        """A future resolved when an event says ``job_id`` reached a final state."""
+        """A future resolved when an event says ``job_id`` reached a final state.
+
+        Completions are a flagged kind: ask for them (:meth:`want`) first."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(job_id, set()).add(future)
+        if self._flagger is None and self.enabled:
+            self._flagger = asyncio.create_task(self._keep_flags(), name="pg_scheduler.events")
         return future
+
+    async def want(self, kinds: Iterable[str]) -> None:
+        """Have the database send these flagged kinds for the next FLAG_SECONDS
+        (one write, skipped while an earlier one has over half its time left)."""
+        now = asyncio.get_running_loop().time()
+        stale = sorted(k for k in FLAGGED_KINDS.intersection(kinds) if self._asked.get(k, 0) <= now)
+        if not stale:
+            return
+        await self.store.want_kinds(stale, FLAG_SECONDS)
+        for kind in stale:
+            self._asked[kind] = now + FLAG_SECONDS / 2
+
+    async def want_quietly(self, kinds: Iterable[str]) -> None:
+        """:meth:`want`, a failure logged (a role without INSERT, UPDATE on
+        scheduler_event_flags): waiters then find the job by polling."""
+        try:
+            await self.want(kinds)
+        except Exception as exc:
+            log.warning(
+                "could not ask for completion events; waiters poll instead", error=repr(exc)
+            )
+            now = asyncio.get_running_loop().time()
+            for kind in FLAGGED_KINDS.intersection(kinds):
+                self._asked[kind] = now + FLAG_SECONDS / 2  # do not ask on every wait
 
     def unwatch(self, job_id: str, future: asyncio.Future[None]) -> None:
         futures = self._waiters.get(job_id)
@@ -271,15 +301,17 @@ class EventHub:
     async def _keep_flags(self) -> None:
         # Keep the database sending the flagged kinds while someone wants them.
         while True:
-            wanted = sorted({k for s in self._subs for k in s.kinds} & FLAGGED_KINDS)
+            wanted = {k for s in self._subs for k in s.kinds} & FLAGGED_KINDS
+            if self._waiters:
+                wanted.add("completed")
             if not wanted and not self._subs:
                 self._flagger = None
                 return
             if wanted:
                 try:
-                    await self.store.want_kinds(wanted, FLAG_SECONDS)
+                    await self.want(wanted)
                 except Exception as exc:
-                    log.warning("could not ask for events", kinds=wanted, error=repr(exc))
+                    log.warning("could not ask for events", kinds=sorted(wanted), error=repr(exc))
             await asyncio.sleep(FLAG_SECONDS / 3)
 
     async def close(self) -> None:

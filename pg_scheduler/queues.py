@@ -86,7 +86,11 @@ class QueueOps:
 
     def _on_jobs_notify(self, payload: str) -> None:
         # The payload names the queue of new rows ('' for "default", as 0.2.x
-        # sent); '*' (hand-backs, rescues, retries) concerns every queue.
+        # sent); '*' (hand-backs, rescues, retries) concerns every queue;
+        # '!events': a subscriber changed the event flags (engine.claim_events).
+        if payload == "!events":
+            self.worker.claim_events.flags_changed()
+            return
         served = self.served_queues
         if served is None or payload == "*" or (payload or DEFAULT_QUEUE) in served:
             self.worker.wake()

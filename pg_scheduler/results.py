@@ -82,6 +82,8 @@ async def wait_for(scheduler: Scheduler, job_id: str, timeout: float | None = No
     )
     future = hub.watch(job_id)
     try:
+        if notified:  # completions are sent only while someone waits for them
+            await hub.want_quietly(("completed",))
         while True:
             job = await scheduler.get_job(job_id)
             if job is None:

@@ -50,6 +50,10 @@ log = get_logger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+# Start-up work that is not on the path to the first claim waits this long.
+STARTUP_DEFER = 1.0
+
+
 class Scheduler(SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
     """Claims and runs due jobs from ``scheduled_jobs``; any number may share one database.
 
@@ -248,33 +252,53 @@ class Scheduler(SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
     # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> None:
-        """Migrate, rescue orphans, then start claiming, heartbeats and housekeeping."""
+        """Migrate, register, then start claiming, heartbeats and housekeeping (the
+        first rescue pass runs beside the first claim)."""
         async with self._lifecycle:
             if self.is_running:
                 return
-            await self.initialize_db()
-            # Before the worker registers: a missing grant fails start() here,
-            # not halfway through with a worker row left behind.
-            await self.check_privileges()
-            await retry_on_disconnect(
-                self.heartbeat.run_once, what="register worker", give_up_after=30
-            )
-            await self.recover_orphaned_jobs()
-            await retry_on_disconnect(
-                self._write_declared_limits, what="write task limits", give_up_after=30
-            )
-            if self.notifications:
-                self.listener.start()
+            # Start-up is on the path to the first job: each step is one
+            # statement, independent ones run together (README: Benchmarks).
+            warm = asyncio.create_task(self.worker.warm_up(), name="pg_scheduler.warm_up")
+            listening_before = self.listener.started
+            try:
+                await self.initialize_db()
+                # Before the worker registers: a missing grant fails start() here,
+                # not halfway through with a worker row left behind.
+                await self.check_privileges()
+                await warm
+                if self.notifications:
+                    self.listener.start()  # connects while the worker registers and claims
+                await retry_on_disconnect(
+                    self.heartbeat.run_once, what="register worker", give_up_after=30
+                )
+                if self.registry.all_limits():
+                    await retry_on_disconnect(
+                        self._write_declared_limits, what="write task limits", give_up_after=30
+                    )
+            except BaseException:
+                # Nothing started stays behind: the warm-up's connection, the listener.
+                warm.cancel()
+                await asyncio.gather(warm, return_exceptions=True)
+                await self.worker.connection.release()
+                if self.listener.started and not listening_before:
+                    await self.listener.stop()
+                raise
             self.is_running = True
             self.is_shutting_down = False
             local_start.offer(self)
             self._claim_task = asyncio.create_task(self.worker.run(), name="pg_scheduler.claim")
-            self.heartbeat.start()
+            await asyncio.sleep(0)  # the first claim goes out before the services' rounds
+            # The heartbeat just ran (registering); its loop starts an interval
+            # from now. The rescue pass (and the report of due jobs whose task
+            # no live worker has) runs beside the first claim, not before it.
+            self.heartbeat.start(first_after=self.heartbeat.interval)
             if self.watchdog is not None:
                 self.watchdog.start()
             self.rescuer.start()
             if self.vacuum_enabled:
-                self.vacuum.start()
+                # Its first round a moment after the first claim rather than with it.
+                self.vacuum.start(first_after=min(STARTUP_DEFER, self.vacuum.interval))
             if self.run_periodic_jobs:
                 await self.periodic.start()
             # Give the listener a moment so the first wake-ups are not missed.
@@ -283,12 +307,11 @@ class Scheduler(SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
                     await asyncio.wait_for(self.listener.connected.wait(), 5)
             except TimeoutError:
                 log.warning("listener not connected yet; polling until it is")
-            inventory = await self.load_task_functions()
             log.info(
                 "scheduler started",
                 worker_id=self.worker_id,
                 max_concurrent=self.max_concurrent_jobs,
-                tasks=len(inventory.registered),
+                tasks=len(self.registry.names()),
             )
 
     async def shutdown(self, grace_period: float | None = None) -> None:

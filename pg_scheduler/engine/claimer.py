@@ -20,6 +20,7 @@ from ..config import PollingConfig, RetryPolicy
 from ..reconnect import Backoff, is_connection_error, retry_on_disconnect
 from ..store import Store
 from ..tasks import TaskRegistry
+from .claim_events import ClaimEvents
 from .completer import Completer
 from .executor import Executor, log
 from .handback import HandBack
@@ -114,6 +115,7 @@ class Worker(HandBack, HeartbeatView):
         self.connection = HeldConnection(store.pool, asynchronous_commit=asynchronous_commit)
         # Global limits: limited tasks and queues are claimed apart (engine/limited.py).
         self.limits = LimitedClaims(store.limits)
+        self.claim_events = ClaimEvents(store, worker_id)
 
     # -- claim loop --------------------------------------------------------
 
@@ -130,6 +132,25 @@ class Worker(HandBack, HeartbeatView):
     def in_flight(self) -> int:
         """Rows this worker holds running in the database."""
         return self.slots.held
+
+    async def warm_up(self) -> None:
+        """Take the claim loop's connection and prepare the claim on it.
+
+        Run while start() checks the schema: a pooled connection's first
+        statement with an array type makes asyncpg look the types up (~10 ms on
+        a new server connection), and the claim's first parse opens the jobs
+        table and its indexes; done here, neither delays the first claim (nor
+        does reading the event flags). Best effort (the schema may not exist
+        yet): errors are ignored."""
+
+        async def warm(db: Any) -> None:
+            await db.prepare(self.store._claim)
+            await self.claim_events.read_flags(db)
+
+        try:
+            await self.connection.run(warm)
+        except Exception as exc:
+            log.debug("claim warm-up failed", error=repr(exc))
 
     async def run(self) -> None:
         try:
@@ -175,11 +196,14 @@ class Worker(HandBack, HeartbeatView):
                     )
                 finally:
                     self.claims_in_flight -= 1
+                # Dispatched before any other await: until then the heartbeat
+                # could take these rows for ghosts (see holdings.py).
+                self.dispatch(rows, claim)
+                if rows:
+                    await self._send_claim_events(rows)
                 if len(rows) >= limit:
-                    self.dispatch(rows, claim)
                     idle_wait = self.polling.idle_start_interval
                     continue
-                self.dispatch(rows, claim)
                 if self.limits.active:
                     rows += await self._claim_limited(names)
                 due_in = await self.connection.run(
@@ -225,7 +249,16 @@ class Worker(HandBack, HeartbeatView):
         finally:
             self.claims_in_flight -= 1
         self.dispatch(rows, claim)
+        if rows:
+            await self._send_claim_events(rows)
         return rows
+
+    async def _send_claim_events(self, rows: list[Any]) -> None:
+        # Never keeps claimed rows from starting: events are at most once.
+        try:
+            await self.connection.run(partial(self.claim_events.send, rows=rows))
+        except Exception as exc:
+            log.warning("could not send the claim's events", error=repr(exc))
 
     def _idle_timeout(self, due_in: float | None, claimed_some: bool, idle_wait: float) -> float:
         # With live notifications, sleep until the next due job (a NOTIFY

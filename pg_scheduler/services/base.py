@@ -22,15 +22,24 @@ class Service:
         self.interval = interval
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
+        self._first_after = 0.0
 
     async def run_once(self) -> Any:
         raise NotImplementedError
 
-    def start(self) -> None:
+    def start(self, *, first_after: float = 0.0) -> None:
+        """Run rounds until stopped, the first ``first_after`` seconds from now
+        (off the start-up path, or an interval after a round the caller ran)."""
         self._stop.clear()
+        self._first_after = first_after
         self._task = asyncio.create_task(self.run_forever(), name=f"pg_scheduler.{self.name}")
 
     async def run_forever(self) -> None:
+        if self._first_after > 0:
+            try:
+                await asyncio.wait_for(self._stop.wait(), self._first_after)
+            except TimeoutError:
+                pass
         while not self._stop.is_set():
             try:
                 await self.run_once()

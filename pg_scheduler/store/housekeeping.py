@@ -16,6 +16,7 @@ from datetime import datetime
 import asyncpg
 
 from ..enums import FINAL_STATUSES
+from .event_sql import events_cte
 from .names import DEFAULT_SCHEMA, JOBS_CHANNEL, Qualifier, lock_key_for
 from .queues import GROUPS
 
@@ -246,9 +247,14 @@ WITH retried AS (
        SET status = 'pending', execution_time = now(), finished_at = NULL, worker_id = NULL,
            lease_until = NULL, result = NULL, error_message = NULL, error_traceback = NULL
      WHERE job_id = ANY($1::text[]) AND status = ANY($2::text[])
-    RETURNING job_id
-)
-SELECT job_id, pg_notify('{JOBS_CHANNEL}', '*') FROM retried
+    RETURNING job_id, task_name, attempts, queue
+), {
+    events_cte(
+        "SELECT 'scheduled', job_id, task_name, attempts, NULL::text, NULL::float8, queue"
+        " FROM retried"
+    )
+}
+SELECT r.job_id, pg_notify('{JOBS_CHANNEL}', '*') FROM retried r, sent
 """
 _FAILED_IDS = """
 SELECT job_id FROM scheduled_jobs

@@ -11,6 +11,7 @@ always the database's ``now()``, never the worker's clock.
 
 from __future__ import annotations
 
+from .event_sql import events_cte
 from .queues import served_groups
 
 _INSERT_COLUMNS = """
@@ -153,14 +154,21 @@ _LEASE_GUARD = "job_id = $1 AND worker_id = $2 AND attempts = $3 AND status = 'r
 # generic plan (a prepared statement) expected one running row and ten ids,
 # chose a nested loop that rescanned the list for every row, and a batch of
 # 750 completions took 377 ms, O(n^2) in the batch size.
-_COMPLETE = """
-UPDATE scheduled_jobs j
-   SET status = 'completed', finished_at = now(), lease_until = NULL,
-       result = NULLIF($2::jsonb -> j.job_id -> 1, 'null'::jsonb)
- WHERE j.job_id = ANY($1::text[])
-   AND j.attempts = ($2::jsonb -> j.job_id ->> 0)::int
-   AND (j.worker_id = $3 AND j.status = 'running') IS TRUE
-RETURNING j.job_id
+_COMPLETE = f"""
+WITH done AS (
+    UPDATE scheduled_jobs j
+       SET status = 'completed', finished_at = now(), lease_until = NULL,
+           result = NULLIF($2::jsonb -> j.job_id -> 1, 'null'::jsonb)
+     WHERE j.job_id = ANY($1::text[])
+       AND j.attempts = ($2::jsonb -> j.job_id ->> 0)::int
+       AND (j.worker_id = $3 AND j.status = 'running') IS TRUE
+    RETURNING j.job_id, j.task_name, j.attempts, j.queue
+), {
+    events_cte(
+        "SELECT 'completed', job_id, task_name, attempts, $3::text, NULL::float8, queue FROM done"
+    )
+}
+SELECT d.job_id FROM done d, sent
 """
 _COMPLETE_AND_DELETE = """
 DELETE FROM scheduled_jobs j
@@ -180,12 +188,16 @@ WITH retried AS (
            lease_until = NULL, execution_time = now() + make_interval(secs => $4),
            error_message = NULL, error_traceback = NULL
      WHERE {_LEASE_GUARD}
-    RETURNING job_id, attempts, started_at, execution_time
+    RETURNING job_id, task_name, attempts, started_at, execution_time, queue
 ), kept AS (
     INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome, error, traceback)
     SELECT job_id, attempts, $2, started_at, {_ATTEMPT_OUTCOME.format("$5")}, $5, $6 FROM retried
-)
-SELECT execution_time FROM retried
+), {
+    events_cte(
+        "SELECT 'retried', job_id, task_name, attempts, $2::text, NULL::float8, queue FROM retried"
+    )
+}
+SELECT r.execution_time FROM retried r, sent
 """
 _FAIL = f"""
 WITH failed AS (
@@ -193,13 +205,22 @@ WITH failed AS (
        SET status = 'failed', finished_at = now(), lease_until = NULL,
            error_message = $4, error_traceback = $5
      WHERE {_LEASE_GUARD}
-    RETURNING job_id, attempts, started_at
+    RETURNING job_id, task_name, attempts, started_at, queue
 ), kept AS (
     INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome, error, traceback)
     SELECT job_id, attempts, $2, started_at, {_ATTEMPT_OUTCOME.format("$4")}, $4, $5 FROM failed
-)
-SELECT job_id FROM failed
+), {
+    events_cte(
+        "SELECT 'failed', job_id, task_name, attempts, $2::text, NULL::float8, queue FROM failed"
+    )
+}
+SELECT f.job_id FROM failed f, sent
 """
+
+
+_RELEASED_EVENTS = events_cte(
+    "SELECT 'handed_back', job_id, task_name, attempts, $2::text, NULL::float8, queue FROM released"
+)
 
 
 def _release_where(where: str) -> str:
@@ -211,15 +232,15 @@ WITH released AS (
        SET status = 'pending', worker_id = NULL, lease_until = NULL,
            attempts = GREATEST(attempts - 1, 0)
      WHERE {where} AND worker_id = $2 AND status = 'running'
-    RETURNING job_id, attempts, started_at, claimed_ahead
+    RETURNING job_id, task_name, attempts, started_at, claimed_ahead, queue
 ), kept AS (
     -- Only attempts that had started: a claimed-ahead row handed back never ran.
     INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome, error)
     SELECT job_id, attempts + 1, $2, started_at, 'handed_back', 'handed back by worker ' || $2
       FROM released WHERE NOT claimed_ahead
-)
-SELECT job_id, pg_notify('pg_scheduler_jobs', '*') FROM released
-""".replace("{where}", where)
+), {events}
+SELECT r.job_id, pg_notify('pg_scheduler_jobs', '*') FROM released r, sent
+""".replace("{where}", where).replace("{events}", _RELEASED_EVENTS)
 
 
 _RELEASE = _release_where("job_id = ANY($1::text[])")
@@ -231,7 +252,7 @@ _RELEASE_GHOSTS = _release_where(
 
 # A running attempt cancelled goes to job_attempts; ``target`` is the row
 # before the update (locked, so the status read is the one replaced).
-_CANCEL = """
+_CANCEL = f"""
 WITH target AS (
     SELECT job_id, status, attempts, worker_id, started_at FROM scheduled_jobs
      WHERE job_id = $1 AND status IN ('pending', 'running')
@@ -241,14 +262,19 @@ WITH target AS (
        SET status = 'cancelled', finished_at = now(), lease_until = NULL
       FROM target t
      WHERE j.job_id = t.job_id AND j.status IN ('pending', 'running')
-    RETURNING j.job_id
+    RETURNING j.job_id, j.task_name, j.attempts, j.queue
 ), kept AS (
     INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome, error)
     SELECT t.job_id, t.attempts, t.worker_id, t.started_at, 'cancelled', 'cancelled by cancel_job()'
       FROM target t JOIN cancelled c ON c.job_id = t.job_id
      WHERE t.status = 'running'
-)
-SELECT job_id, pg_notify('pg_scheduler_cancel', job_id) FROM cancelled
+), {
+    events_cte(
+        "SELECT 'cancelled', c.job_id, c.task_name, c.attempts, t.worker_id, NULL::float8,"
+        " c.queue FROM cancelled c JOIN target t ON t.job_id = c.job_id"
+    )
+}
+SELECT c.job_id, pg_notify('pg_scheduler_cancel', c.job_id) FROM cancelled c, sent
 """
 
 _JOB_COLUMNS = """
@@ -270,13 +296,30 @@ SELECT {_JOB_COLUMNS}, progress, progress_message, progress_at,
           FROM job_attempts a WHERE a.job_id = j.job_id) AS attempt_history
   FROM scheduled_jobs j WHERE j.job_id = $1
 """
-_SET_STATUS = """
-UPDATE scheduled_jobs
-   SET status = $2,
-       finished_at = CASE WHEN $2 IN ('completed', 'failed', 'cancelled', 'expired')
-                          THEN now() END,
-       lease_until = CASE WHEN $2 = 'running' THEN lease_until END,
-       worker_id = CASE WHEN $2 = 'pending' THEN NULL ELSE worker_id END
- WHERE job_id = $1
-RETURNING job_id
+# The event is the one the transition means (a pending row forced from running
+# is handed back; from a final state, scheduled again).
+_SET_STATUS = f"""
+WITH target AS (
+    SELECT job_id, status, worker_id FROM scheduled_jobs WHERE job_id = $1 FOR UPDATE
+), changed AS (
+    UPDATE scheduled_jobs j
+       SET status = $2,
+           finished_at = CASE WHEN $2 IN ('completed', 'failed', 'cancelled', 'expired')
+                              THEN now() END,
+           lease_until = CASE WHEN $2 = 'running' THEN j.lease_until END,
+           worker_id = CASE WHEN $2 = 'pending' THEN NULL ELSE j.worker_id END
+      FROM target t
+     WHERE j.job_id = t.job_id
+    RETURNING j.job_id, j.task_name, j.attempts, j.queue, t.status AS old_status,
+              t.worker_id AS old_worker
+), {
+    events_cte(
+        "SELECT CASE WHEN old_status = $2 THEN NULL"
+        " WHEN $2 IN ('completed', 'failed', 'cancelled', 'expired') THEN $2::text"
+        " WHEN $2 = 'running' THEN 'started'"
+        " WHEN old_status = 'running' THEN 'handed_back' ELSE 'scheduled' END,"
+        " job_id, task_name, attempts, old_worker, NULL::float8, queue FROM changed"
+    )
+}
+SELECT c.job_id FROM changed c, sent
 """

@@ -4,7 +4,7 @@ The statements themselves are in :mod:`pg_scheduler.store.job_sql`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import asyncpg
 
 from ..codec import encode_json
+from .event_sql import _EMIT, _WANTED
 from .job_sql import (
     _CANCEL,
     _CLAIM,
@@ -116,6 +117,8 @@ class Store(WorkerStatements):
         self._set_status = q(_SET_STATUS)
         self._missing_privileges = q(_MISSING_PRIVILEGES)
         self.limits = LimitStore(pool, q)
+        self._emit = q(_EMIT)
+        self._wanted = q(_WANTED)
 
     # -- enqueue -----------------------------------------------------------
 
@@ -138,15 +141,23 @@ class Store(WorkerStatements):
         held (no conflict target: every unique index); returns the inserted ids."""
         return await self._insert(db, jobs, " ON CONFLICT DO NOTHING")
 
-    async def copy_insert(self, db: Executor, jobs: Sequence[NewJob]) -> set[str]:
+    async def copy_insert(self, db: Executor, jobs: Iterable[NewJob]) -> set[str]:
         """Bulk insert through COPY (binary): several times faster than INSERT for
         large batches. Only for ids that cannot collide (generated); a duplicate
         still raises asyncpg.UniqueViolationError and writes nothing. COPY fires
-        the statement-level INSERT trigger, so workers are woken once."""
+        the statement-level INSERT trigger, so workers are woken once. ``jobs``
+        may be a generator: asyncpg streams the rows as it produces them."""
+        ids: set[str] = set()
+
+        def rows() -> Iterator[NewJob]:
+            for job in jobs:
+                ids.add(job.job_id)
+                yield job
+
         await db.copy_records_to_table(
-            "scheduled_jobs", records=jobs, columns=_COPY_COLUMNS, schema_name=self.schema
+            "scheduled_jobs", records=rows(), columns=_COPY_COLUMNS, schema_name=self.schema
         )
-        return {j.job_id for j in jobs}
+        return ids
 
     async def insert_replace(self, db: Executor, jobs: Sequence[NewJob]) -> set[str]:
         """Insert or overwrite non-running rows; returns the ids written."""
@@ -254,6 +265,27 @@ class Store(WorkerStatements):
             self._release_ghosts, list(claims), worker_id, list(claims.values())
         )
         return [r["job_id"] for r in rows]
+
+    # -- events the statements do not send (the claim's) -------------------------
+
+    async def emit_events(
+        self, db: Executor, kind: str, rows: Sequence[Mapping[str, Any]], worker_id: str
+    ) -> None:
+        """Notify ``kind`` for claimed rows (job_id, task_name, attempts); a
+        flagged kind only while a subscriber wants it."""
+        await db.execute(
+            self._emit,
+            kind,
+            [r["job_id"] for r in rows],
+            [r["task_name"] for r in rows],
+            [r["attempts"] for r in rows],
+            worker_id,
+            [r["queue"] for r in rows],
+        )
+
+    async def wanted_kinds(self, db: Executor) -> dict[str, float]:
+        """The flagged event kinds some subscriber wants, with the seconds left."""
+        return {r["kind"]: r["seconds"] for r in await db.fetch(self._wanted)}
 
     # -- workers, heartbeats, rescue -------------------------------------------
 

@@ -16,6 +16,7 @@ JOBS_CHANNEL = "pg_scheduler_jobs"
 CANCEL_CHANNEL = "pg_scheduler_cancel"
 # Pause and resume: the payload is "pause NAME" or "resume NAME".
 QUEUES_CHANNEL = "pg_scheduler_queues"
+EVENTS_CHANNEL = "pg_scheduler_events"
 DEFAULT_SCHEMA = "public"
 # A channel name is an identifier (at most 63 bytes): "pg_scheduler_cancel:" + schema.
 MAX_SCHEMA_BYTES = 40
@@ -36,7 +37,7 @@ TABLES = (
     "scheduler_queues",
 )
 _TABLE_RE = re.compile(r'(?<![."\w])(' + "|".join(TABLES) + r")\b")
-_CHANNEL_RE = re.compile(rf"'({JOBS_CHANNEL}|{CANCEL_CHANNEL}|{QUEUES_CHANNEL})'")
+_CHANNEL_RE = re.compile(rf"'({JOBS_CHANNEL}|{CANCEL_CHANNEL}|{QUEUES_CHANNEL}|{EVENTS_CHANNEL})'")
 
 
 def quote_ident(name: str) -> str:

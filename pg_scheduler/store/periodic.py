@@ -20,6 +20,7 @@ from datetime import datetime
 
 import asyncpg
 
+from .event_sql import events_cte
 from .names import DEFAULT_SCHEMA, Qualifier, lock_key_for
 
 PERIODIC_TASK_PREFIX = "periodic:"
@@ -85,19 +86,29 @@ SELECT job_id, execution_time
    FOR UPDATE SKIP LOCKED
 """
 
-_CANCEL_JOBS = """
-UPDATE scheduled_jobs
-   SET status = 'cancelled', finished_at = now(), error_message = $2
- WHERE job_id = ANY($1::text[]) AND status = 'pending'
-RETURNING job_id
+_CANCELLED_EVENTS = events_cte(
+    "SELECT 'cancelled', job_id, task_name, attempts, NULL::text, NULL::float8, queue"
+    " FROM cancelled"
+)
+_CANCEL_JOBS = f"""
+WITH cancelled AS (
+    UPDATE scheduled_jobs
+       SET status = 'cancelled', finished_at = now(), error_message = $2
+     WHERE job_id = ANY($1::text[]) AND status = 'pending'
+    RETURNING job_id, task_name, attempts, queue
+), {_CANCELLED_EVENTS}
+SELECT c.job_id FROM cancelled c, sent
 """
 
-_CANCEL_PENDING_WINDOWS = """
-UPDATE scheduled_jobs
-   SET status = 'cancelled', finished_at = now(), error_message = $2
- WHERE task_name = $1 AND status = 'pending' AND starts_with(task_name, 'periodic:')
-   AND starts_with(job_id, 'periodic:')
-RETURNING job_id
+_CANCEL_PENDING_WINDOWS = f"""
+WITH cancelled AS (
+    UPDATE scheduled_jobs
+       SET status = 'cancelled', finished_at = now(), error_message = $2
+     WHERE task_name = $1 AND status = 'pending' AND starts_with(task_name, 'periodic:')
+       AND starts_with(job_id, 'periodic:')
+    RETURNING job_id, task_name, attempts, queue
+), {_CANCELLED_EVENTS}
+SELECT c.job_id FROM cancelled c, sent
 """
 
 # coalesce="earliest": is an older window of this job due and not started, or

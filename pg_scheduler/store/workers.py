@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
+from .event_sql import events_cte
 from .names import Qualifier
 from .queues import GROUPS
 
@@ -32,7 +33,7 @@ RETURNING job_id, attempts, started_at,
 # held claimed ahead, never started, counts only against the cap $3 on such
 # rescues (a job that killed its worker before a heartbeat reported its start
 # still ends failed).
-_RESCUE = """
+_RESCUE = f"""
 WITH orphans AS (
     SELECT j.job_id, j.worker_id AS old_worker, j.claimed_ahead AS unstarted,
            CASE WHEN j.lease_until < now() THEN 'lease expired'
@@ -69,7 +70,7 @@ WITH orphans AS (
       FROM orphans o
      WHERE j.job_id = o.job_id
     RETURNING j.job_id, j.task_name, j.status, j.attempts, o.old_worker, o.reason, o.unstarted,
-              j.started_at
+              j.started_at, j.queue
 ), kept AS (
     INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome, error)
     SELECT r.job_id, r.attempts, r.old_worker, r.started_at, 'rescued',
@@ -79,10 +80,16 @@ WITH orphans AS (
                 ELSE format('rescued from worker %s (%s) during attempt %s',
                             r.old_worker, r.reason, r.attempts) END
       FROM rescued r
-)
+), {
+    events_cte(
+        "SELECT 'rescued', job_id, task_name, attempts, old_worker, NULL::float8, queue"
+        " FROM rescued UNION ALL SELECT 'failed', job_id, task_name, attempts, old_worker,"
+        " NULL::float8, queue FROM rescued WHERE status = 'failed'"
+    )
+}
 SELECT r.job_id, r.task_name, r.status, r.attempts, r.old_worker, r.reason, r.unstarted,
        pg_notify('pg_scheduler_jobs', '*')
-  FROM rescued r
+  FROM rescued r, sent
 """
 
 _FORGET_DEAD_WORKERS = """
