@@ -194,13 +194,13 @@ class Worker(HandBack, HeartbeatView):
                             caps=caps,
                         )
                     )
+                    # Still "in flight" until dispatched: the heartbeat must not
+                    # take rows answered but not yet owned for ghosts.
+                    if rows:
+                        await self._send_claim_events(rows)
                 finally:
                     self.claims_in_flight -= 1
-                # Dispatched before any other await: until then the heartbeat
-                # could take these rows for ghosts (see holdings.py).
                 self.dispatch(rows, claim)
-                if rows:
-                    await self._send_claim_events(rows)
                 if len(rows) >= limit:
                     idle_wait = self.polling.idle_start_interval
                     continue
@@ -246,11 +246,11 @@ class Worker(HandBack, HeartbeatView):
                     lease_seconds=self.lease_seconds(),
                 )
             )
+            if rows:  # before they start, still in flight (see _claim_loop)
+                await self._send_claim_events(rows)
         finally:
             self.claims_in_flight -= 1
         self.dispatch(rows, claim)
-        if rows:
-            await self._send_claim_events(rows)
         return rows
 
     async def _send_claim_events(self, rows: list[Any]) -> None:
