@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import asyncpg
 
 from .config import UNSET, RetryPolicy
+from .conflicts import check_conflict_resolution
 from .dedupe import mark_task
 from .engine import CANCELLED_REMOTELY
 from .engine import local as local_start
-from .enqueue import check_conflict_resolution
 from .enums import ConflictResolution, JobPriority
 from .job_spec import JobSpec
 from .limits import Limits, RateLimit
