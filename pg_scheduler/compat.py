@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from .codec import encode_task_data
 from .config import UNSET
+from .conflicts import check_conflict_resolution
 from .dedupe import resolve as resolve_dedupe
-from .enqueue import check_conflict_resolution
 from .enums import ConflictResolution, JobPriority, JobStatus
 from .job_fields import JobFields
 from .log import get_logger

@@ -6,8 +6,6 @@ input raises at the call and writes nothing.
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -16,11 +14,18 @@ import asyncpg
 import pg_scheduler.instrument as instrument
 
 from .codec import encode_task_data
+from .conflicts import (
+    check_conflict_resolution,
+    check_none_existing,
+    check_repeated_ids,
+    duplicate_id_error,
+)
 from .dedupe import has_task_key
 from .dedupe import resolve as resolve_dedupe
 from .enqueue_dedupe import KeyedWriter, KeyRace, check_batch_keys, is_dedupe_violation
 from .enums import ConflictResolution
 from .job_fields import JobFields, row_of
+from .job_ids import new_job_id, new_job_ids
 from .job_spec import JobSpec
 from .reconnect import retry_on_disconnect
 from .store import NewJob, Store
@@ -35,58 +40,6 @@ KEY_RACE_ATTEMPTS = 20
 
 
 T = TypeVar("T")
-
-# The variant nibble of an RFC 9562 UUID is 8, 9, a or b: two random bits.
-_VARIANT = dict(zip("0123456789abcdef", "89ab" * 4, strict=True))
-
-
-def new_job_ids(count: int) -> list[str]:
-    """``count`` time-ordered (version 7) UUIDs as text: a millisecond clock,
-    then 74 random bits.
-
-    Time-ordered because ``job_id`` is the primary key: new ids land at the
-    right edge of its index instead of on random pages, which cut the WAL a
-    bulk insert writes per row from about 1,450 bytes to 390 and its server
-    time by a quarter. Formatted by hand from one read of ``os.urandom``;
-    ``uuid`` objects cost several microseconds each.
-    """
-    clock = f"{time.time_ns() // 1_000_000:012x}"
-    prefix = f"{clock[:8]}-{clock[8:]}-7"
-    h = os.urandom(10 * count).hex()
-    return [
-        f"{prefix}{h[i : i + 3]}-{_VARIANT[h[i + 3]]}{h[i + 4 : i + 7]}-{h[i + 7 : i + 19]}"
-        for i in range(0, 20 * count, 20)
-    ]
-
-
-def new_job_id() -> str:
-    return new_job_ids(1)[0]
-
-
-def check_conflict_resolution(value: Any) -> None:
-    if not isinstance(value, ConflictResolution):
-        raise TypeError(f"conflict_resolution must be a ConflictResolution, got {value!r}")
-
-
-def check_repeated_ids(user_ids: list[str], conflict: ConflictResolution) -> None:
-    seen: set[str] = set()
-    duplicates: set[str] = set()
-    for i in user_ids:
-        if i in seen:
-            duplicates.add(i)
-        seen.add(i)
-    if duplicates and conflict is not ConflictResolution.IGNORE:
-        raise ValueError(
-            f"job ids repeated within one schedule_bulk call: {sorted(duplicates)[:10]}"
-        )
-
-
-def check_none_existing(existing: list[str]) -> None:
-    if existing:
-        raise ValueError(
-            f"job ids already exist: {sorted(existing)[:10]}; nothing "
-            "was scheduled (use IGNORE or REPLACE to allow this)"
-        )
 
 
 def _streamable(jobs: Sequence[Any]) -> bool:
@@ -110,28 +63,6 @@ def _streamable(jobs: Sequence[Any]) -> bool:
         if task_keyed:
             return False
     return True
-
-
-def duplicate_id_error(detail: str) -> ValueError:
-    return ValueError(
-        f"Job ID already exists: {detail}. Choose a different job_id, "
-        "omit it for auto-generation, or use ConflictResolution.IGNORE/REPLACE"
-    )
-
-
-def ids_in_order(
-    rows: list[NewJob], written: set[str], conflict: ConflictResolution
-) -> list[str | None]:
-    """One id per row, None where IGNORE skipped it (or an earlier row had its id)."""
-    if conflict is not ConflictResolution.IGNORE:
-        return [row.job_id for row in rows]
-    result: list[str | None] = []
-    returned: set[str] = set()
-    for row in rows:
-        fresh = row.job_id in written and row.job_id not in returned
-        returned.add(row.job_id)
-        result.append(row.job_id if fresh else None)
-    return result
 
 
 class Enqueuer:

@@ -26,14 +26,14 @@ from typing import Any, TypeVar, cast
 import asyncpg
 
 from .config import RetryPolicy
-from .enqueue import (
-    Enqueuer,
+from .conflicts import (
     check_conflict_resolution,
     check_none_existing,
     check_repeated_ids,
     duplicate_id_error,
     ids_in_order,
 )
+from .enqueue import Enqueuer
 from .enums import ConflictResolution, JobPriority
 from .job_spec import JobSpec
 from .models import Job

@@ -13,7 +13,7 @@ import pytest
 from conftest import wait_for_status
 
 from pg_scheduler import ConflictResolution, JobPriority, JobSpec, RetryPolicy
-from pg_scheduler.enqueue import new_job_ids
+from pg_scheduler.job_ids import new_job_ids
 
 
 def later(seconds: float = 3600) -> datetime:
