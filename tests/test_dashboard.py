@@ -445,3 +445,26 @@ async def test_without_listen_the_stream_tells_the_page_to_poll(pool):
             assert (await http.get("/api/config")).json()["read_only"] is True
     finally:
         await app.state.dashboard.close()
+
+
+async def test_queues_page_shows_global_limits_and_pauses_through_the_queue_store(
+    client, pool, make_scheduler
+):
+    scheduler = await make_scheduler(start=False)
+    await scheduler.initialize_db()
+    await scheduler.configure_queue("reports", max_running=3, rate_limit="100/m")
+    data = (await client.get("/api/queues")).json()
+    by_name = {q["queue"]: q for q in data["queues"]}
+    assert by_name["reports"]["settings"] == {"max_running": 3, "rate_limit": "100/m"}
+    bad = await client.post(
+        "/api/action/pause", json={"queue": "no spaces"}, headers={"X-Dashboard-Token": TOKEN}
+    )
+    assert bad.status_code == 400
+    paused = await client.post(
+        "/api/action/pause", json={"queue": "reports"}, headers={"X-Dashboard-Token": TOKEN}
+    )
+    assert paused.status_code == 200
+    assert await pool.fetchval("SELECT paused FROM scheduler_queues WHERE name = 'reports'")
+    assert (
+        await pool.fetchval("SELECT count(*) FROM scheduler_queues WHERE name = 'no spaces'") == 0
+    )

@@ -22,6 +22,7 @@ import asyncpg
 from ..codec import decode_json
 from ..config import RetryPolicy
 from ..enums import JobPriority, JobStatus
+from ..limits import limit_record
 from ..models import Job
 from ..store import Store
 from ..store.dashboard import DEFAULT_QUEUE, Cursor, DashboardStore
@@ -196,8 +197,14 @@ class DashboardService:
 
     async def _queue_rows(self, rows: list[asyncpg.Record]) -> list[dict[str, Any]]:
         settings = {r["name"]: r for r in await self.store.queue_settings()}
+        # Global limits of queues (scheduler_limits), shown with their settings.
+        limits = {
+            r["name"]: {"max_running": r["max_running"], "rate_limit": r["rate_limit"]}
+            for r in map(limit_record, await self.store.limits.listing())
+            if r["scope"] == "queue"
+        }
         queues: dict[str, dict[str, Any]] = {}
-        for name in [DEFAULT_QUEUE, *settings]:
+        for name in [DEFAULT_QUEUE, *settings, *limits]:
             queues.setdefault(name, {"queue": name, "counts": {}, "due": 0})
         for r in rows:
             q = queues.setdefault(r["queue"], {"queue": r["queue"], "counts": {}, "due": 0})
@@ -207,7 +214,9 @@ class DashboardService:
             row = settings.get(name)
             q["paused"] = bool(row["paused"]) if row is not None else False
             extra = decode_json(row["settings"]) if row is not None else {}
-            q["settings"] = {k: v for k, v in (extra or {}).items() if k not in ("name", "paused")}
+            hidden = ("name", "paused", "created_at", "updated_at")
+            q["settings"] = {k: v for k, v in (extra or {}).items() if k not in hidden}
+            q["settings"].update({k: v for k, v in limits.get(name, {}).items() if v is not None})
         return [queues[name] for name in sorted(queues)]
 
     async def queues(self) -> dict[str, Any]:

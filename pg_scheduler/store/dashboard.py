@@ -25,6 +25,7 @@ from datetime import datetime
 import asyncpg
 
 from ..enums import FINAL_STATUSES, JobStatus
+from .limits import LimitStore
 from .names import DEFAULT_SCHEMA, Qualifier
 from .queues import QueueStore
 
@@ -138,6 +139,7 @@ class DashboardStore:
         queues_table = q.table("scheduler_queues")
         self._queue_settings = _QUEUE_SETTINGS.format(table=queues_table)
         self._queues = QueueStore(pool, schema)
+        self.limits = LimitStore(pool, q)
 
     @classmethod
     async def open(cls, pool: asyncpg.Pool, schema: str = DEFAULT_SCHEMA) -> DashboardStore:
