@@ -27,6 +27,18 @@ _TRANSIENT = (
 )
 
 
+# The server rolled the statement (its whole transaction) back to break a
+# deadlock or a serialization conflict: it had no effect, so running it again
+# is always safe. A worker's own statements can deadlock each other (the
+# heartbeat and a completion batch lock the same rows in different orders).
+_ROLLED_BACK = (pgerr.DeadlockDetectedError, pgerr.SerializationError)
+
+
+def is_rolled_back_conflict(exc: BaseException) -> bool:
+    """True when the server aborted the statement over a lock conflict (40P01, 40001)."""
+    return isinstance(exc, _ROLLED_BACK)
+
+
 def is_connection_error(exc: BaseException) -> bool:
     """True when ``exc`` means the database went away, not that the statement is wrong."""
     if isinstance(exc, _TRANSIENT):
@@ -66,7 +78,8 @@ async def retry_on_disconnect(
     give_up_after: float | None = None,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> T:
-    """Run ``operation``, retrying with backoff while the database is unreachable.
+    """Run ``operation``, retrying with backoff while the database is unreachable,
+    and after a deadlock or serialization failure (the server rolled it back).
 
     Other errors propagate at once. ``give_up_after`` bounds the total wait in
     seconds (None: keep trying until ``should_stop()``).
@@ -78,13 +91,16 @@ async def retry_on_disconnect(
         try:
             return await operation()
         except Exception as exc:
-            if not is_connection_error(exc) or should_stop():
+            conflict = is_rolled_back_conflict(exc)
+            if not (conflict or is_connection_error(exc)) or should_stop():
                 raise
             if deadline is not None and loop.time() >= deadline:
                 raise
             delay = backoff.next_delay()
             log.warning(
-                "database unreachable, retrying",
+                "rolled back by a lock conflict, retrying"
+                if conflict
+                else "database unreachable, retrying",
                 operation=what,
                 error=repr(exc),
                 retry_in=round(delay, 3),

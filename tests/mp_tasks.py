@@ -6,7 +6,7 @@ import os
 
 import asyncpg
 
-from pg_scheduler import task
+from pg_scheduler import current_job, task
 
 _pool: asyncpg.Pool | None = None
 
@@ -21,7 +21,14 @@ async def _get_pool() -> asyncpg.Pool:
 @task(name="mp.log_run")
 async def log_run(n: int) -> int:
     pool = await _get_pool()
-    await pool.execute("INSERT INTO job_runs (n, pid) VALUES ($1, $2)", n, os.getpid())
+    job = current_job()
+    await pool.execute(
+        "INSERT INTO job_runs (n, pid, job_id, attempt) VALUES ($1, $2, $3, $4)",
+        n,
+        os.getpid(),
+        job.job_id if job else None,
+        job.attempt if job else None,
+    )
     return n
 
 
@@ -29,5 +36,7 @@ SETTINGS = {
     "max_concurrent_jobs": 20,
     "batch_claim_limit": 20,
     "vacuum_enabled": False,
-    "heartbeat_interval": 0.5,
+    # Stress knob: PG_SCHEDULER_MP_HEARTBEAT=0.005 makes the heartbeat collide
+    # with completion batches: a few deadlocks per run (rare at the default 0.5).
+    "heartbeat_interval": float(os.environ.get("PG_SCHEDULER_MP_HEARTBEAT", "0.5")),
 }

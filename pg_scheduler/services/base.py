@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from ..log import get_logger
-from ..reconnect import is_connection_error
+from ..reconnect import is_connection_error, is_rolled_back_conflict
 
 log = get_logger(__name__)
 
@@ -46,7 +46,15 @@ class Service:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if is_connection_error(exc):
+                if is_rolled_back_conflict(exc):
+                    # A deadlock with this worker's own writes (the heartbeat
+                    # and a completion batch): the next round runs it again.
+                    log.warning(
+                        "service round rolled back by a lock conflict",
+                        service=self.name,
+                        error=repr(exc),
+                    )
+                elif is_connection_error(exc):
                     log.warning(
                         "service round failed: database unreachable",
                         service=self.name,
