@@ -67,23 +67,36 @@ _LIST_COLUMNS = """
 # text (a job id, or text in the arguments), $7 page size, $8 queue. One
 # upper bound only: a row comparison and a scalar bound on the same column
 # would leave the index scan starting at the looser one.
-_LIST = """
-SELECT x.* FROM unnest($1::text[]) AS s(status)
- CROSS JOIN LATERAL (
-    SELECT {columns}
-      FROM scheduled_jobs j
-     WHERE j.status = s.status
+# The filters a page applies, per candidate row.
+_LIST_FILTERS = """
        AND (j.created_at, j.job_id)
            < (COALESCE($2::timestamptz, 'infinity'), COALESCE($3::text, ''))
        AND j.created_at >= COALESCE($5::timestamptz, '-infinity')
        AND ($4::text IS NULL OR j.task_name = $4 OR j.job_name = $4)
        AND ($6::text IS NULL OR j.job_id = $6
             OR strpos(lower(j.task_data::text), lower($6)) > 0)
-       AND {queue_filter}
-     ORDER BY j.created_at DESC, j.job_id DESC
-     LIMIT $7
- ) x
- ORDER BY x.created_at DESC, x.job_id DESC
+       AND {queue_filter}"""
+# One short range of scheduled_jobs_dashboard_idx per status (migration 0009),
+# which leaves running rows out so that a claim does not write to it: those,
+# at most the workers' concurrency, come from scheduled_jobs_running_idx.
+_LIST = """
+SELECT y.* FROM (
+    SELECT x.* FROM unnest($1::text[]) AS s(status)
+     CROSS JOIN LATERAL (
+        SELECT {columns}
+          FROM scheduled_jobs j
+         WHERE j.status = s.status AND j.status <> 'running' {filters}
+         ORDER BY j.created_at DESC, j.job_id DESC
+         LIMIT $7
+     ) x
+    UNION ALL
+    (SELECT {columns}
+       FROM scheduled_jobs j
+      WHERE j.status = 'running' AND 'running' = ANY($1::text[]) {filters}
+      ORDER BY j.created_at DESC, j.job_id DESC
+      LIMIT $7)
+) y
+ ORDER BY y.created_at DESC, y.job_id DESC
  LIMIT $7
 """
 _JOB_QUEUE = "SELECT queue FROM scheduled_jobs WHERE job_id = $1"
@@ -132,7 +145,10 @@ class DashboardStore:
             else f"($8::text IS NULL OR $8 = '{DEFAULT_QUEUE}')"
         )
         self._list = q(
-            _LIST.format(columns=_LIST_COLUMNS.format(queue=queue), queue_filter=queue_filter)
+            _LIST.format(
+                columns=_LIST_COLUMNS.format(queue=queue),
+                filters=_LIST_FILTERS.format(queue_filter=queue_filter),
+            )
         )
         self._job_queue = q(_JOB_QUEUE) if self.catalog.has_queue_column else None
         self._running = q(_RUNNING)
