@@ -173,8 +173,10 @@ class Worker(HandBack, HeartbeatView):
             self._wake.clear()
             try:
                 names = self.registry.names()
-                queues, caps = slots.claim_queues()
                 await self.connection.run(self.limits.refresh)
+                # Room read after the await (an in-process start may have taken some).
+                queues, caps = slots.claim_queues()
+                limit = min(limit, slots.claim_limit(self.completer.pending))
                 self.claims_in_flight += 1
                 self.claims_sent += 1
                 claim = self.claims_sent
