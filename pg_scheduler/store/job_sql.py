@@ -56,6 +56,8 @@ _REPLACE_SET = """
 _CLAIMED_COLUMNS = """j.job_id, j.job_name, j.task_name, j.queue, j.task_data::text AS task_data,
           j.priority, j.execution_time, j.status, j.attempts, j.retry_count,
           j.max_retries, j.timeout, j.retry_policy::text AS retry_policy, j.claimed_ahead"""
+
+
 # $1 tasks, $2 how many rows, $3 worker, $4 lease seconds, $5 how many start
 # now, $6 queues served (NULL: all), $7 the most rows per queue (parallel to $6).
 # Each served (queue, task, priority) group is read from its head (see
@@ -64,9 +66,14 @@ _CLAIMED_COLUMNS = """j.job_id, j.job_name, j.task_name, j.queue, j.task_data::t
 # says they started. With several groups due, each locks up to its cap and the
 # claim keeps the best $2 by (priority, execution_time); the rest are unlocked
 # when the statement ends.
-_CLAIM = f"""
-{served_groups("$1", "$6", "$7", "$2", limits="none")},
-picked AS (
+def due_in_groups(limit: str) -> str:
+    """CTEs ``candidates`` and ``kept``: from each ``served`` group (see
+    queues.served_groups) its due rows from the head, locked (SKIP LOCKED), at
+    most the group's queue cap and ``limit``; ``kept``: the best ``limit`` of
+    them by (priority, execution_time) within each queue's cap, each marked
+    ``expired`` when past its misfire grace. Shared by the plain and the
+    limited claim."""
+    return f"""candidates AS (
     SELECT c.job_id, c.expired, s.priority, c.execution_time, s.queue, s.cap
       FROM served s
      CROSS JOIN LATERAL (
@@ -79,36 +86,46 @@ picked AS (
            AND j.priority = s.priority AND j.execution_time >= s.head
            AND j.execution_time <= now()
          ORDER BY j.execution_time
-         LIMIT LEAST(s.cap, $2)
+         LIMIT LEAST(s.cap, {limit})
            FOR UPDATE SKIP LOCKED
      ) c
 ), kept AS (
     SELECT job_id, expired, priority, execution_time
       FROM (SELECT p.*, row_number() OVER (PARTITION BY p.queue
                                            ORDER BY p.priority, p.execution_time) AS in_queue
-              FROM picked p) r
+              FROM candidates p) r
      WHERE r.in_queue <= r.cap
      ORDER BY priority, execution_time
-     LIMIT $2
-), placed AS (
+     LIMIT {limit}
+)"""
+
+
+def claim_set(worker: str, lease: str, claimed_ahead: str) -> str:
+    """The SET list that starts (or, past its grace, expires) each ``picked`` row."""
+    return f"""status = CASE WHEN picked.expired THEN 'expired' ELSE 'running' END,
+       worker_id = {worker},
+       attempts = j.attempts + CASE WHEN picked.expired THEN 0 ELSE 1 END,
+       started_at = CASE WHEN picked.expired THEN j.started_at ELSE now() END,
+       last_heartbeat = now(),
+       lease_until = CASE WHEN picked.expired THEN NULL
+                          ELSE now() + make_interval(secs => {lease}) END,
+       finished_at = CASE WHEN picked.expired THEN now() END,
+       claimed_ahead = {claimed_ahead},
+       error_message = CASE WHEN picked.expired
+           THEN format('expired: not started within misfire_grace_time (%s s) of %s',
+                       j.misfire_grace_time, j.execution_time)
+           ELSE j.error_message END"""
+
+
+_CLAIM = f"""
+{served_groups("$1", "$6", "$7", "$2", limits="none")},
+{due_in_groups("$2")}, placed AS (
     SELECT job_id, expired,
            row_number() OVER (PARTITION BY expired ORDER BY priority, execution_time) AS place
       FROM kept
 )
 UPDATE scheduled_jobs j
-   SET status = CASE WHEN picked.expired THEN 'expired' ELSE 'running' END,
-       worker_id = $3,
-       attempts = j.attempts + CASE WHEN picked.expired THEN 0 ELSE 1 END,
-       started_at = CASE WHEN picked.expired THEN j.started_at ELSE now() END,
-       last_heartbeat = now(),
-       lease_until = CASE WHEN picked.expired THEN NULL
-                          ELSE now() + make_interval(secs => $4) END,
-       finished_at = CASE WHEN picked.expired THEN now() END,
-       claimed_ahead = NOT picked.expired AND picked.place > $5,
-       error_message = CASE WHEN picked.expired
-           THEN format('expired: not started within misfire_grace_time (%s s) of %s',
-                       j.misfire_grace_time, j.execution_time)
-           ELSE j.error_message END
+   SET {claim_set("$3", "$4", "NOT picked.expired AND picked.place > $5")}
   FROM placed AS picked
  WHERE j.job_id = picked.job_id
 RETURNING {_CLAIMED_COLUMNS}

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from .job_sql import _CLAIMED_COLUMNS
+from .job_sql import _CLAIMED_COLUMNS, claim_set, due_in_groups
 from .names import Executor, Qualifier
 from .queues import served_groups
 
@@ -77,46 +77,10 @@ lim AS (
                                                         ELSE r.queue END = lim.name),
                lim.rate_count - cardinality(lim.recent))))) AS n
       FROM lim
-), candidates AS (
-    SELECT c.job_id, c.expired, s.priority, c.execution_time, s.queue, s.cap
-      FROM served s
-     CROSS JOIN LATERAL (
-        SELECT j.job_id, j.execution_time,
-               (j.started_at IS NULL AND j.misfire_grace_time IS NOT NULL
-                AND j.execution_time + make_interval(secs => j.misfire_grace_time) < now())
-                   AS expired
-          FROM scheduled_jobs j
-         WHERE j.status = 'pending' AND j.queue = s.queue AND j.task_name = s.task_name
-           AND j.priority = s.priority AND j.execution_time >= s.head
-           AND j.execution_time <= now()
-         ORDER BY j.execution_time
-         LIMIT LEAST(s.cap, (SELECT n FROM room))
-           FOR UPDATE SKIP LOCKED
-     ) c
-), picked AS (
-    SELECT job_id, expired
-      FROM (SELECT p.*, row_number() OVER (PARTITION BY p.queue
-                                           ORDER BY p.priority, p.execution_time) AS in_queue
-              FROM candidates p) r
-     WHERE r.in_queue <= r.cap
-     ORDER BY priority, execution_time
-     LIMIT (SELECT n FROM room)
-), claimed AS (
+), {due_in_groups("(SELECT n FROM room)")}, claimed AS (
     UPDATE scheduled_jobs j
-       SET status = CASE WHEN picked.expired THEN 'expired' ELSE 'running' END,
-           worker_id = $6,
-           attempts = j.attempts + CASE WHEN picked.expired THEN 0 ELSE 1 END,
-           started_at = CASE WHEN picked.expired THEN j.started_at ELSE now() END,
-           last_heartbeat = now(),
-           lease_until = CASE WHEN picked.expired THEN NULL
-                              ELSE now() + make_interval(secs => $7) END,
-           finished_at = CASE WHEN picked.expired THEN now() END,
-           claimed_ahead = false,
-           error_message = CASE WHEN picked.expired
-               THEN format('expired: not started within misfire_grace_time (%s s) of %s',
-                           j.misfire_grace_time, j.execution_time)
-               ELSE j.error_message END
-      FROM picked
+       SET {claim_set("$6", "$7", "false")}
+      FROM kept AS picked
      WHERE j.job_id = picked.job_id
     RETURNING {_CLAIMED_COLUMNS}
 ), stamped AS (
