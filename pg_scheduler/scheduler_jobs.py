@@ -11,12 +11,11 @@ import asyncpg
 
 from .config import UNSET, RetryPolicy
 from .conflicts import check_conflict_resolution
-from .dedupe import mark_task
 from .engine import CANCELLED_REMOTELY
 from .engine import local as local_start
 from .enums import ConflictResolution, JobPriority
 from .job_spec import JobSpec
-from .limits import Limits, RateLimit
+from .limits import RateLimit
 from .log import get_logger
 from .models import Job, TaskInventory
 from .reconnect import retry_on_disconnect
@@ -61,15 +60,16 @@ class JobsAPI:
         queue: str | None = None,
     ) -> Any:
         """Decorator: register a function this scheduler can run (see :func:`pg_scheduler.task`)."""
-        limits = Limits.of(max_running, rate_limit)
-
-        def decorate(f: F) -> F:
-            mark_task(f, dedupe_key, dedupe_scope)
-            return self.registry.register(
-                f, name=name, executor=executor, limits=limits, queue=queue
-            )
-
-        return decorate(func) if func is not None else decorate
+        return self.registry.decorator(
+            func,
+            name=name,
+            executor=executor,
+            dedupe_key=dedupe_key,
+            dedupe_scope=dedupe_scope,
+            max_running=max_running,
+            rate_limit=rate_limit,
+            queue=queue,
+        )
 
     def register_task(self, func: F, name: str | None = None) -> F:
         """Register ``func`` so this worker claims its jobs."""

@@ -126,6 +126,29 @@ class TaskRegistry:
         self._notify(task_name)
         return func
 
+    def decorator(
+        self,
+        func: Any,
+        *,
+        name: str | None,
+        executor: str | None,
+        dedupe_key: Any,
+        dedupe_scope: str | None,
+        max_running: int | None,
+        rate_limit: str | RateLimit | None,
+        queue: str | None,
+    ) -> Any:
+        """What ``@task(...)`` and ``Scheduler.task(...)`` return: ``func``
+        registered here, or a decorator that registers its function (limits
+        checked at once, before any function is given)."""
+        limits = Limits.of(max_running, rate_limit)
+
+        def decorate(f: F) -> F:
+            mark_task(f, dedupe_key, dedupe_scope)
+            return self.register(f, name=name, executor=executor, limits=limits, queue=queue)
+
+        return decorate(func) if func is not None else decorate
+
     def all_limits(self) -> dict[str, Limits]:
         """Declared limits of every task here and in the parent registry."""
         merged = dict(self._parent.all_limits()) if self._parent is not None else {}
@@ -223,12 +246,13 @@ def task(
     ``@task(queue="emails")`` puts its jobs in queue ``emails`` (unless the
     call that schedules one names a queue; the default queue is ``"default"``).
     """
-    limits = Limits.of(max_running, rate_limit)
-
-    def decorate(f: F) -> F:
-        mark_task(f, dedupe_key, dedupe_scope)
-        return default_registry.register(
-            f, name=name, executor=executor, limits=limits, queue=queue
-        )
-
-    return decorate(func) if func is not None else decorate
+    return default_registry.decorator(
+        func,
+        name=name,
+        executor=executor,
+        dedupe_key=dedupe_key,
+        dedupe_scope=dedupe_scope,
+        max_running=max_running,
+        rate_limit=rate_limit,
+        queue=queue,
+    )
