@@ -45,7 +45,6 @@ structlog.configure(
 import asyncpg  # noqa: E402
 
 from pg_scheduler import JobSpec, Scheduler, task  # noqa: E402
-from pg_scheduler.enums import PRIORITY_DB_VALUES  # noqa: E402
 from pg_scheduler.store import Store  # noqa: E402
 
 N_DONE = 0
@@ -62,6 +61,19 @@ async def noop(i: int) -> None:
 
 
 TICK = os.sysconf("SC_CLK_TCK")
+
+
+def server_wide() -> float:
+    """CPU of every postgres process on this machine (backends, WAL writer, checkpointer...)."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == "postgres":
+                    total += proc_cpu(int(entry.name))
+            except OSError:
+                pass
+    return total
 
 
 def proc_cpu(pid: int) -> float:
@@ -159,6 +171,7 @@ async def drain(dsn: str, n: int, profile: bool) -> dict[str, Any]:
         scheduler = Scheduler(pool, max_concurrent_jobs=50, batch_claim_limit=50)
         pids_sql = "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
         before = {r[0]: proc_cpu(r[0]) for r in await pool.fetch(pids_sql)}
+        server0 = server_wide()
         timer = StatementTimer()
         room = RoomWait()
         scheduler.worker.slots.changed._pgs_room = True  # type: ignore[attr-defined]
@@ -176,8 +189,18 @@ async def drain(dsn: str, n: int, profile: bool) -> dict[str, Any]:
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         timer.uninstall()
         room.uninstall()
-        after = {r[0] for r in await pool.fetch(pids_sql)} | set(before)
-        backend = sum(proc_cpu(pid) - before.get(pid, 0.0) for pid in after)
+        rows = await pool.fetch(
+            "SELECT pid, left(regexp_replace(query, '\\s+', ' ', 'g'), 60) AS q"
+            " FROM pg_stat_activity WHERE datname = current_database()"
+        )
+        after = {r[0] for r in rows} | set(before)
+        per_backend = sorted(
+            ((proc_cpu(pid) - before.get(pid, 0.0), next((r[1] for r in rows if r[0] == pid), "?"))
+             for pid in after),
+            reverse=True,
+        )
+        backend = sum(c for c, _ in per_backend)
+        server_cpu = server_wide() - server0
         await scheduler.shutdown()
         left = await pool.fetchval(
             "SELECT count(*) FROM scheduled_jobs WHERE status <> 'completed'"
@@ -186,6 +209,8 @@ async def drain(dsn: str, n: int, profile: bool) -> dict[str, Any]:
             "wall": wall,
             "cpu": cpu,
             "backend": backend,
+            "per_backend": per_backend,
+            "server": server_cpu,
             "left": left,
             "timer": timer,
             "room": room,
@@ -259,7 +284,6 @@ async def explain(dsn: str, args_n: int) -> list[tuple[str, str]]:
             tx = conn.transaction()
             await tx.start()
             try:
-                priorities = ",".join(str(p) for p in PRIORITY_DB_VALUES)
                 await conn.execute(f"PREPARE c AS {store._claim}")
                 await conn.execute(f"PREPARE d AS {store._complete}")
                 # Literal arguments: EXPLAIN EXECUTE takes no bind parameters.
@@ -268,13 +292,13 @@ async def explain(dsn: str, args_n: int) -> list[tuple[str, str]]:
                 await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
                 plan = await conn.fetch(
                     "EXPLAIN EXECUTE c("
-                    f"ARRAY[{priorities}], ARRAY['profile.noop'], 50, 'profiler', 300, 50)"
+                    "ARRAY['profile.noop'], 50, 'profiler', 300, 50, NULL, NULL)"
                 )
                 out.append(("claim, generic plan (EXPLAIN without ANALYZE)", _text(plan)))
                 await conn.execute("SET LOCAL plan_cache_mode = auto")
                 plan = await conn.fetch(
                     "EXPLAIN (ANALYZE, BUFFERS) EXECUTE c("
-                    f"ARRAY[{priorities}], ARRAY['profile.noop'], 50, 'profiler', 300, 50)"
+                    "ARRAY['profile.noop'], 50, 'profiler', 300, 50, NULL, NULL)"
                 )
                 out.append(("claim of 50 (EXPLAIN ANALYZE, rolled back)", _text(plan)))
                 rows = await conn.fetch(
@@ -328,7 +352,7 @@ async def amain(args: argparse.Namespace) -> int:
     _, dsn2 = await fresh()
     prof = await drain(dsn2, n, profile=True)
     _, dsn3 = await fresh()
-    plans = await explain(dsn3, n)
+    plans = await explain(dsn3, n) if args.explain else []
 
     print(f"drain of {n:,} no-op jobs, one worker, max_concurrent_jobs=50, batch 50")
     print(
@@ -339,6 +363,9 @@ async def amain(args: argparse.Namespace) -> int:
     print(f"  wall time                         {per_job(plain['wall'], n)}")
     print(f"  worker process CPU                {per_job(plain['cpu'], n)}")
     print(f"  PostgreSQL backends' CPU          {per_job(plain['backend'], n)}")
+    for cpu, query in plain["per_backend"][:4]:
+        print(f"    backend {per_job(cpu, n)}  last: {query}")
+    print(f"  all postgres processes' CPU       {per_job(plain['server'], n)}")
     timer: StatementTimer = plain["timer"]
     print("\nstatements, client side (send to answer; overlaps the worker's Python work):")
     for name in STATEMENTS:
@@ -374,6 +401,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/profile_drain.py")
     parser.add_argument("--n", type=int, default=20_000)
     parser.add_argument("--dsn", help="PostgreSQL server DSN (default: embedded server)")
+    parser.add_argument("--explain", action="store_true", help="also print the server's plans")
     parser.add_argument("--top", type=int, default=0, help="also print the top N functions")
     return asyncio.run(amain(parser.parse_args()))
 
