@@ -323,7 +323,7 @@ class Worker(HandBack, HeartbeatView):
         if slots.active < slots.max_running and self.claiming:
             self._start(row)
         else:
-            slots.buffer.append((time.monotonic(), row))
+            slots.buffer_row(row)
 
     def _start(self, row: Mapping[str, Any]) -> None:
         job_id = row["job_id"]

@@ -61,8 +61,8 @@ class HandBack:
         return [r for r in rows if r["job_id"] not in set(back)]
 
     async def _hand_back_stale(self) -> None:
-        buffer = self.slots.buffer
-        if buffer and time.monotonic() - buffer[0][0] > self.max_buffer_wait:
+        oldest = self.slots.oldest_buffered()
+        if oldest is not None and time.monotonic() - oldest > self.max_buffer_wait:
             self.slots.pause_prefetch(30.0)
             await self.hand_back_buffer()
 

@@ -102,6 +102,22 @@ class Slots:
             return queue in self.queue_limits and self.queue_held[queue] < self.queue_limits[queue]
         return self.served is None or queue in self.served
 
+    def buffer_row(self, row: Mapping[str, Any]) -> None:
+        """Keep a claimed row until a slot frees, behind every buffered row of
+        the same or a more urgent priority: a CRITICAL job claimed during a
+        drain overtakes the claimed-ahead NORMAL rows instead of waiting for them."""
+        buffer = self.buffer
+        priority = row.get("priority") or 0
+        index = len(buffer)
+        while index and (buffer[index - 1][1].get("priority") or 0) > priority:
+            index -= 1
+        buffer.insert(index, (time.monotonic(), row))
+
+    def oldest_buffered(self) -> float | None:
+        """When the longest-waiting buffered row arrived (the buffer is in
+        start order, not arrival order)."""
+        return min((arrived for arrived, _ in self.buffer), default=None)
+
     def start_now(self) -> int:
         """How many of a claim's rows start at once; the rest are claimed ahead."""
         return max(0, self.max_running - self.active - len(self.buffer))
