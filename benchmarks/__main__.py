@@ -50,6 +50,9 @@ COMMON_REQUIREMENTS = ["asyncpg", "uvloop", "psycopg[binary]", "psycopg-pool"]
 
 FULL = {
     "drain_n": 10_000,
+    "drain_big_n": 50_000,
+    "critical_backlog": 150_000,
+    "critical_samples": 100,
     "latency_samples": 300,
     "backlog_n": 5_000,
     "backlog_future": 200_000,
@@ -64,6 +67,9 @@ FULL = {
 }
 QUICK = {
     "drain_n": 5_000,
+    "drain_big_n": 20_000,
+    "critical_backlog": 50_000,
+    "critical_samples": 50,
     "latency_samples": 100,
     "backlog_n": 1_000,
     "backlog_future": 50_000,
@@ -76,11 +82,23 @@ QUICK = {
     "startup_samples": 5,
     "repeat": 1,
 }
-SCENARIOS = ["enqueue", "latency", "drain", "startup", "backlog", "big_backlog", "scaling"]
+SCENARIOS = [
+    "enqueue",
+    "latency",
+    "latency_cross",
+    "drain",
+    "drain_big",
+    "critical",
+    "startup",
+    "backlog",
+    "big_backlog",
+    "scaling",
+]
 # Issue 13's: a worker next to a due backlog it cannot run (run them by name).
 QUEUE_SCENARIOS = ["queue_empty", "queue_foreign", "queue_unregistered", "queue_idle_cpu"]
 # Scenarios run for this library only (the peers take minutes per 1M rows).
-OURS_ONLY = {"big_backlog", "scaling", *QUEUE_SCENARIOS}
+# latency_cross and critical need a contender method the peers' modules lack.
+OURS_ONLY = {"big_backlog", "scaling", "latency_cross", "critical", *QUEUE_SCENARIOS}
 # ... and the raw limit, where it makes sense: the ceiling for the scaling curve.
 SCALING_CONTENDERS = ("raw_limit", "pg_scheduler")
 # Variants that differ from pg_scheduler in one scenario only run that one.
@@ -88,10 +106,11 @@ ONLY_IN = {
     "pg_scheduler_notify": {"latency"},
     "pg_scheduler_thread": {"drain"},
     # The limit is a throughput floor for the database work, not a latency design.
-    "raw_limit": {"drain", "backlog", "big_backlog", "enqueue", "startup"},
-    "raw_limit_del": {"drain"},
+    "raw_limit": {"drain", "drain_big", "backlog", "big_backlog", "enqueue", "startup"},
+    "raw_limit_del": {"drain", "drain_big"},
 }
 DRIVER_SCENARIO = {
+    "drain_big": "drain",
     "big_backlog": "backlog",
     "queue_empty": "foreign",
     "queue_foreign": "foreign",
@@ -264,6 +283,13 @@ def scenario_cfg(scenario: str, sizes: dict[str, Any], concurrency: int) -> dict
     c = {"concurrency": concurrency}
     if scenario == "drain":
         return {**c, "n": sizes["drain_n"], "timeout": 300}
+    if scenario == "drain_big":
+        return {**c, "n": sizes["drain_big_n"], "timeout": 600}
+    if scenario == "critical":
+        n = sizes["critical_backlog"]
+        return {**c, "n": n, "samples": sizes["critical_samples"], "gap": 0.05, "timeout": 600}
+    if scenario == "latency_cross":
+        return {**c, "samples": sizes["latency_samples"]}
     if scenario == "latency":
         return {**c, "samples": sizes["latency_samples"]}
     if scenario == "backlog":
@@ -315,8 +341,13 @@ def summarize(results: dict[str, dict[str, list[dict[str, Any]]]]) -> list[dict[
         row: dict[str, Any] = {"contender": name}
         for scenario, key, label in (
             ("drain", "jobs_per_s", "drain_jobs_per_s"),
+            ("drain_big", "jobs_per_s", "drain_big_jobs_per_s"),
             ("latency", "p50_ms", "latency_p50_ms"),
             ("latency", "p99_ms", "latency_p99_ms"),
+            ("latency_cross", "p50_ms", "latency_cross_p50_ms"),
+            ("latency_cross", "p99_ms", "latency_cross_p99_ms"),
+            ("critical", "p50_ms", "critical_p50_ms"),
+            ("critical", "p99_ms", "critical_p99_ms"),
             ("backlog", "jobs_per_s", "backlog_jobs_per_s"),
             ("big_backlog", "jobs_per_s", "big_backlog_jobs_per_s"),
             ("enqueue", "bulk_per_s", "bulk_enqueue_per_s"),
@@ -352,8 +383,12 @@ def print_table(rows: list[dict[str, Any]], scaling: list[dict[str, Any]]) -> No
     columns = [
         ("contender", "contender"),
         ("drain_jobs_per_s", "drain jobs/s"),
+        ("drain_big_jobs_per_s", "big drain jobs/s"),
         ("latency_p50_ms", "lat p50 ms"),
         ("latency_p99_ms", "lat p99 ms"),
+        ("latency_cross_p50_ms", "x-proc p50"),
+        ("latency_cross_p99_ms", "x-proc p99"),
+        ("critical_p99_ms", "CRIT p99 ms"),
         ("backlog_jobs_per_s", "backlog jobs/s"),
         ("big_backlog_jobs_per_s", "1M-backlog jobs/s"),
         ("bulk_enqueue_per_s", "bulk enq/s"),
@@ -405,6 +440,9 @@ def main(argv: list[str] | None = None) -> int:
             help=f"default {value} (quick: {QUICK[key]})",
         )
     run.add_argument("--out", help="JSON output path (default benchmarks/results/<time>.json)")
+    run.add_argument(
+        "--uvloop", action="store_true", help="run every contender on uvloop (default: asyncio)"
+    )
     args = parser.parse_args(argv)
 
     sizes = dict(QUICK if args.quick else FULL)
@@ -418,12 +456,15 @@ def main(argv: list[str] | None = None) -> int:
         if n not in CONTENDERS:
             parser.error(f"unknown contender {n!r}; one of {list(CONTENDERS)}")
     pythons = {n: python_for(n) for n in names}
+    if args.uvloop:
+        os.environ["PGS_BENCH_UVLOOP"] = "1"
     server = Server(args.dsn)
     print(f"[server] {server.dsn}", flush=True)
     meta = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "sizes": sizes,
         "concurrency": args.concurrency,
+        "event_loop": "uvloop" if args.uvloop else "asyncio",
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
@@ -446,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  -> {json.dumps(res)[:300]}", flush=True)
                     scaling.append(res)
             continue
-        repeat = sizes["repeat"] if scenario in ("drain", "latency") else 1
+        repeat = sizes["repeat"] if scenario in ("drain", "drain_big", "latency") else 1
         for rnd in range(repeat):
             for name in names:
                 if scenario in OURS_ONLY and name not in ("pg_scheduler", "raw_limit"):
@@ -484,8 +525,15 @@ def main(argv: list[str] | None = None) -> int:
     ):
         a = next((r for r in rows if r["contender"] == mine), None)
         b = next((r for r in rows if r["contender"] == limit), None)
-        if a and b and a["drain_jobs_per_s"] and b["drain_jobs_per_s"]:
-            ratios[label] = round(a["drain_jobs_per_s"] / b["drain_jobs_per_s"], 3)
+        for key, suffix in (("drain_jobs_per_s", ""), ("drain_big_jobs_per_s", "_big")):
+            if a and b and a[key] and b[key]:
+                ratios[label + suffix] = round(a[key] / b[key], 3)
+    for peer in ("pgqueuer", "procrastinate", "chancy", "pg_scheduler_023"):
+        other = next((r for r in rows if r["contender"] == peer), None)
+        if ours and other and ours["drain_big_jobs_per_s"] and other["drain_big_jobs_per_s"]:
+            ratios[f"drain_big_vs_{peer}"] = round(
+                ours["drain_big_jobs_per_s"] / other["drain_big_jobs_per_s"], 2
+            )
     by_procs: dict[tuple[str, int], float] = {
         (s.get("contender", "pg_scheduler"), s["processes"]): s["jobs_per_s"]
         for s in scaling

@@ -2,8 +2,8 @@
 
 Usage (the orchestrator calls this): ``python driver.py CONTENDER SCENARIO JSON``.
 It prints one line ``RESULT {...}`` with the measurements and the correctness
-checks. Only the standard library, asyncpg and uvloop are needed here; the
-contender module (``contenders/c_<name>.py``) imports its own library.
+checks. Only the standard library and asyncpg are needed here (uvloop with
+``PGS_BENCH_UVLOOP=1``); the contender module (``contenders/c_<name>.py``) imports its own library.
 
 Every job is the same no-op ``async def job(i)``: it records that job ``i``
 ran (and when), so the driver can check that each due job ran exactly once
@@ -27,6 +27,7 @@ import queue_scenarios  # benchmarks/, next to this script
 
 HERE = Path(__file__).resolve().parent
 FUTURE_BASE = 10_000_000  # ids of future-dated jobs start here
+CROSS_BASE = 20_000_000  # ids of jobs a producer process schedules (latency from outside)
 
 
 class Record:
@@ -41,6 +42,14 @@ class Record:
         self.started: dict[int, float] = {}
         self.waiters: dict[int, asyncio.Future[float]] = {}
         self.last_end = 0.0
+        # Jobs scheduled by another process: sample -> start time (perf_counter,
+        # CLOCK_MONOTONIC: comparable across processes on one Linux machine).
+        self.cross_started: dict[int, float] = {}
+        self.cross_target = 0
+        self.cross_done = asyncio.Event()
+        # Set once ``milestone`` jobs have run (the critical scenario starts sampling).
+        self.milestone = 0
+        self.reached = asyncio.Event()
 
     def reset(self, n: int) -> None:
         self.counts = array.array("I", bytes(4 * n))
@@ -50,9 +59,18 @@ class Record:
         self.all_done = asyncio.Event()
         self.started.clear()
         self.waiters.clear()
+        self.cross_started.clear()
+        self.cross_target = self.milestone = 0
+        self.cross_done = asyncio.Event()
+        self.reached = asyncio.Event()
 
     def ran(self, i: int) -> None:
         now = time.perf_counter()
+        if i >= CROSS_BASE:
+            self.cross_started.setdefault(i - CROSS_BASE, now)
+            if self.cross_target and len(self.cross_started) >= self.cross_target:
+                self.cross_done.set()
+            return
         if i >= FUTURE_BASE:
             self.future_ran += 1
             return
@@ -62,6 +80,8 @@ class Record:
         if i < len(self.counts):
             self.counts[i] += 1
         self.done += 1
+        if self.done == self.milestone:
+            self.reached.set()
         self.last_end = time.time()
         if self.done >= self.target and self.all_done is not None:
             self.all_done.set()
@@ -370,7 +390,118 @@ async def idle_cpu(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     return await queue_scenarios.idle_cpu(c, {**cfg, "settle": settle}, RECORD)
 
 
+async def producer(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The other process of the cross-process scenarios: on "go" (stdin),
+    schedules ``samples`` jobs ``gap`` seconds apart (``priority``: "critical"
+    or "normal"), each through the library's own schedule() call, and reports
+    when each call began."""
+    print("READY", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    sent: list[float] = []
+    for i in range(cfg["samples"]):
+        sent.append(time.perf_counter())
+        await c.enqueue_from_outside(CROSS_BASE + i, cfg.get("priority", "normal"))
+        await asyncio.sleep(cfg.get("gap", 0.05))
+    return {"sent": sent}
+
+
+class Outside:
+    """The producer process of the cross-process scenarios, started ahead (its
+    interpreter and pool are ready before sampling begins)."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg = cfg
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def ready(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(Path(__file__)),
+            self.cfg["contender"],
+            "producer",
+            json.dumps(self.cfg),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert self.proc.stdout is not None
+        while (await self.proc.stdout.readline()).strip() != b"READY":
+            pass
+
+    async def run(self) -> list[float | None]:
+        """Let it schedule its jobs; the call-to-start delay of each (ms; None: never ran)."""
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(b"go\n")
+        await self.proc.stdin.drain()
+        out, _ = await self.proc.communicate()
+        line = next(x for x in out.decode().splitlines() if x.startswith("RESULT "))
+        sent: list[float] = json.loads(line[7:])["sent"]
+        RECORD.cross_target = len(sent)
+        if len(RECORD.cross_started) < len(sent):
+            try:
+                await asyncio.wait_for(RECORD.cross_done.wait(), 10)
+            except TimeoutError:
+                pass
+        return [
+            (RECORD.cross_started[i] - t) * 1000 if i in RECORD.cross_started else None
+            for i, t in enumerate(sent)
+        ]
+
+
+def _summary(delays: list[float | None]) -> dict[str, Any]:
+    got = [d for d in delays if d is not None]
+    return {
+        "samples": len(got),
+        "lost": len(delays) - len(got),
+        "p50_ms": round(statistics.median(got), 3) if got else None,
+        "p90_ms": round(pct(got, 0.90), 3) if got else None,
+        "p99_ms": round(pct(got, 0.99), 3) if got else None,
+        "max_ms": round(max(got), 3) if got else None,
+    }
+
+
+async def latency_cross(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Idle worker; another process schedules one job at a time: call-to-start."""
+    RECORD.reset(0)
+    outside = Outside({**cfg, "priority": "normal", "gap": 0.02})
+    await outside.ready()
+    await c.start_worker(cfg["concurrency"])
+    await asyncio.sleep(cfg.get("idle_before", 3.0))  # steady state, as in latency
+    delays = await outside.run()
+    await c.stop_worker()
+    out = _summary(delays)
+    out["check"] = {"ok": out["lost"] == 0}
+    return out
+
+
+async def critical(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    """A worker drains ``n`` due normal jobs; meanwhile another process
+    schedules CRITICAL jobs ``gap`` apart: how long each waits to start."""
+    n = cfg["n"]
+    RECORD.reset(n)
+    await c.enqueue_due(range(n))
+    await settle(cfg["dsn"])
+    outside = Outside({**cfg, "priority": "critical"})
+    await outside.ready()
+    # Sample only while the backlog is being drained (past the worker's start).
+    RECORD.milestone = min(n // 20, 2000)
+    await c.start_worker(cfg["concurrency"])
+    await RECORD.reached.wait()
+    delays = await outside.run()
+    backlog_left = n - RECORD.done
+    await wait_all_done(cfg.get("timeout", 600))
+    await c.stop_worker()
+    out = _summary(delays)
+    out["backlog_left_after_last_sample"] = backlog_left
+    check = RECORD.verify(n)
+    check["ok"] = check["ok"] and out["lost"] == 0 and backlog_left > 0
+    out["check"] = check
+    return out
+
+
 SCENARIOS = {
+    "producer": producer,
+    "latency_cross": latency_cross,
+    "critical": critical,
     "foreign": foreign,
     "idle_cpu": idle_cpu,
     "drain": drain,
@@ -386,6 +517,7 @@ SCENARIOS = {
 async def main() -> None:
     name, scenario, raw = sys.argv[1], sys.argv[2], sys.argv[3]
     cfg = json.loads(raw)
+    cfg["contender"] = name
     module = load_contender(name)
     contender = module.Contender(cfg["dsn"], RECORD)
     await contender.setup()
@@ -398,9 +530,11 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
+    # A plain asyncio loop, as the applications (and the outside harness)
+    # run; PGS_BENCH_UVLOOP=1 (``--uvloop``) runs every contender on uvloop.
+    if os.environ.get("PGS_BENCH_UVLOOP"):
         import uvloop
-    except ImportError:
-        asyncio.run(main())
-    else:
+
         uvloop.run(main())
+    else:
+        asyncio.run(main())

@@ -20,6 +20,7 @@ structlog.configure(
 
 import pg_scheduler  # noqa: E402
 from pg_scheduler import (  # noqa: E402
+    JobPriority,
     JobSpec,
     Scheduler,
     VacuumConfig,
@@ -77,6 +78,14 @@ class Contender:
         assert self.producer is not None
         when = datetime.now(UTC) + (timedelta(hours=1) if future else timedelta(0))
         await self.producer.schedule(job, execution_time=when, args=(i,))
+
+    async def enqueue_from_outside(self, i: int, priority: str) -> None:
+        """One due job, as another process schedules it (this object never runs a worker)."""
+        assert self.producer is not None
+        level = JobPriority.CRITICAL if priority == "critical" else JobPriority.NORMAL
+        await self.producer.schedule(
+            job, execution_time=datetime.now(UTC), args=(i,), priority=level
+        )
 
     async def analyze(self) -> None:
         assert self.pool is not None
