@@ -23,7 +23,7 @@ from .conflicts import (
 )
 from .dedupe import resolve as resolve_dedupe
 from .enqueue_dedupe import KeyedWriter, KeyRace, check_batch_keys, is_dedupe_violation
-from .enqueue_rows import COPY_THRESHOLD, spec_rows, streamable
+from .enqueue_rows import COPY_THRESHOLD, spec_rows, spec_tuples, streamable
 from .enums import ConflictResolution
 from .job_fields import JobFields, row_of
 from .job_ids import new_job_id
@@ -148,10 +148,10 @@ class Enqueuer:
         us per row one after the other). A bad spec raises from inside the
         COPY, which aborts it: nothing is written. A retry after a lost
         connection replays the rows built so far, then builds the rest."""
-        built: list[NewJob] = []
-        pending = self._rows(jobs, built)
+        built: list[tuple[Any, ...]] = []
+        pending = spec_tuples(jobs, self.register, self.default_misfire_grace_time, built)
 
-        def stream() -> Iterator[NewJob]:
+        def stream() -> Iterator[tuple[Any, ...]]:
             return chain(built.copy(), pending)
 
         async def once() -> None:
@@ -161,11 +161,11 @@ class Enqueuer:
             return await self.store.copy_rows(self.pool, stream())
 
         await self._attempts(once, built, False, False, connection is None)
-        return [row.job_id for row in built]
+        return [row[0] for row in built]  # job_id
 
-    def _rows(self, jobs: Sequence[JobSpec], into: list[NewJob] | None = None) -> Iterator[NewJob]:
+    def _rows(self, jobs: Sequence[JobSpec]) -> Iterator[NewJob]:
         """Each spec checked again and made a row (see ``spec_rows``)."""
-        return spec_rows(jobs, self.register, self.default_misfire_grace_time, into)
+        return spec_rows(jobs, self.register, self.default_misfire_grace_time)
 
     async def _check_user_ids(
         self,
@@ -299,7 +299,7 @@ class Enqueuer:
     async def _attempts(
         self,
         once: Callable[[], Awaitable[T]],
-        rows: list[NewJob],
+        rows: Sequence[tuple[Any, ...]],
         user_ids: bool,
         retried: bool,
         pooled: bool,
@@ -308,6 +308,7 @@ class Enqueuer:
         """Run ``once`` (retried on a lost pooled connection); a duplicate id or
         a held dedupe key -> ValueError.
 
+        ``rows``: NewJobs, or the streamed COPY's plain tuples in their order.
         ``retried``: an earlier attempt at these rows lost its answer.
         ``lost``: the answer when it turns out that attempt committed (default:
         every row's id).
@@ -324,9 +325,10 @@ class Enqueuer:
                 if again and await self._all_landed(rows):
                     # Our generated ids are unique: the earlier attempt committed
                     # and only its answer was lost.
-                    return lost() if lost is not None else {r.job_id for r in rows}  # type: ignore[return-value]
+                    return lost() if lost is not None else {r[0] for r in rows}  # type: ignore[return-value]
                 if is_dedupe_violation(exc):
-                    error = await self.keyed.held_error(self.pool, rows, exc.detail or str(exc))
+                    named = [NewJob._make(r) for r in rows]
+                    error = await self.keyed.held_error(self.pool, named, exc.detail or str(exc))
                     raise error from None
                 raise duplicate_id_error(str(exc.detail or exc)) from None
 
@@ -334,9 +336,9 @@ class Enqueuer:
             return await attempt()
         return await retry_on_disconnect(attempt, what="schedule", give_up_after=10)
 
-    async def _all_landed(self, rows: list[NewJob]) -> bool:
+    async def _all_landed(self, rows: Sequence[tuple[Any, ...]]) -> bool:
         """After a lost answer: did every row (generated ids) get written?"""
-        ids = [r.job_id for r in rows]
+        ids = [r[0] for r in rows]  # job_id
         return len(await self.store.existing_ids(self.pool, ids)) == len(set(ids))
 
 

@@ -153,12 +153,13 @@ class Store(WorkerStatements):
         await self.copy_rows(db, rows())
         return ids
 
-    async def copy_rows(self, db: Executor, jobs: Iterable[NewJob]) -> None:
+    async def copy_rows(self, db: Executor, jobs: Iterable[tuple[Any, ...]]) -> None:
         """Bulk insert through COPY (binary): several times faster than INSERT for
         large batches. Only for ids that cannot collide (generated); a duplicate
         still raises asyncpg.UniqueViolationError and writes nothing. COPY fires
         the statement-level INSERT trigger, so workers are woken once. ``jobs``
-        may be a generator: asyncpg streams the rows as it produces them."""
+        may be a generator: asyncpg streams the rows as it produces them;
+        plain tuples in NewJob's column order do as well."""
         await db.copy_records_to_table(
             "scheduled_jobs", records=jobs, columns=_COPY_COLUMNS, schema_name=self.schema
         )
