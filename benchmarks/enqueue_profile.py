@@ -8,7 +8,9 @@ checkout, so it imports that tree), in a fresh database. Reports, per tree,
 the medians of jobs/s, the client's CPU per row (``time.process_time``), the
 database's backends' CPU per row and the CPU per row of all the server's processes
 (``/proc/<pid>/stat``; the server must run on this machine). CPU per row
-moves less than jobs/s on a shared machine.
+moves less than jobs/s on a shared machine. ``ENQUEUE_WARM=1``: a 200-row
+bulk first, so the measured one pays no cold start (a fresh database's first
+COPY costs the server about 0.8 us a row more at N=50,000).
 
 ``--profile``: instead, cProfile one ``schedule_bulk`` in the first tree and
 print where its Python time goes.
