@@ -195,13 +195,8 @@ async def drain(dsn: str, n: int, profile: bool) -> dict[str, Any]:
         )
         after = {r[0] for r in rows} | set(before)
         per_backend = sorted(
-            (
-                (
-                    proc_cpu(pid) - before.get(pid, 0.0),
-                    next((r[1] for r in rows if r[0] == pid), "?"),
-                )
-                for pid in after
-            ),
+            ((proc_cpu(pid) - before.get(pid, 0.0), next((r[1] for r in rows if r[0] == pid), "?"))
+             for pid in after),
             reverse=True,
         )
         backend = sum(c for c, _ in per_backend)
@@ -296,7 +291,8 @@ async def explain(dsn: str, args_n: int) -> list[tuple[str, str]]:
                 # first executions when the planner prefers it.
                 await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
                 plan = await conn.fetch(
-                    "EXPLAIN EXECUTE c(ARRAY['profile.noop'], 50, 'profiler', 300, 50, NULL, NULL)"
+                    "EXPLAIN EXECUTE c("
+                    "ARRAY['profile.noop'], 50, 'profiler', 300, 50, NULL, NULL)"
                 )
                 out.append(("claim, generic plan (EXPLAIN without ANALYZE)", _text(plan)))
                 await conn.execute("SET LOCAL plan_cache_mode = auto")
