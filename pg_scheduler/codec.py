@@ -151,7 +151,13 @@ def encode_task_data(args: tuple | list, kwargs: dict[str, Any], task: str) -> s
     if not isinstance(kwargs, dict):
         raise TypeError(f"kwargs must be a dict, got {type(kwargs).__name__}")
     try:
-        text = _dumps_fast({"args": args, "kwargs": kwargs})
+        # The text of {"args": args, "kwargs": kwargs}, joined by hand: encoding
+        # that dict cost twice as much as encoding args alone.
+        text = (
+            '{"args":'
+            + _dumps_fast(args)
+            + (',"kwargs":' + _dumps_fast(kwargs) + "}" if kwargs else ',"kwargs":{}}')
+        )
     except (TypeError, ValueError, RecursionError):
         found = _find_unstorable(args, kwargs)
         if found is not None:

@@ -7,6 +7,7 @@ input raises at the call and writes nothing.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from itertools import chain
 from typing import Any, TypeVar
 
 import asyncpg
@@ -20,49 +21,23 @@ from .conflicts import (
     check_repeated_ids,
     duplicate_id_error,
 )
-from .dedupe import has_task_key
 from .dedupe import resolve as resolve_dedupe
 from .enqueue_dedupe import KeyedWriter, KeyRace, check_batch_keys, is_dedupe_violation
+from .enqueue_rows import COPY_THRESHOLD, spec_rows, spec_tuples, streamable
 from .enums import ConflictResolution
 from .job_fields import JobFields, row_of
-from .job_ids import new_job_id, new_job_ids
+from .job_ids import new_job_id
 from .job_spec import JobSpec
 from .reconnect import retry_on_disconnect
 from .store import NewJob, Store
 from .tasks import TaskRegistry, ensure_async, queue_of, task_name_of
-from .timeutil import to_aware
-from .validation import check_int, check_job_fields
+from .validation import check_int
 
-# schedule_bulk batches at least this large are written with COPY (generated ids only).
-COPY_THRESHOLD = 100
 # A write that finds a dedupe key changing hands under it starts over this often.
 KEY_RACE_ATTEMPTS = 20
 
 
 T = TypeVar("T")
-
-
-def _streamable(jobs: Sequence[Any]) -> bool:
-    """Whether a bulk may stream into one COPY as it is checked: many plain
-    specs with generated ids and no dedupe key (keyed rows need ON CONFLICT)."""
-    if len(jobs) < COPY_THRESHOLD:
-        return False
-    keyed: dict[Any, bool] = {}
-    for spec in jobs:
-        if (
-            type(spec) is not JobSpec
-            or spec.job_id is not None
-            or spec.dedupe_key is not None
-            or spec.dedupe_scope is not None
-        ):
-            return False
-        func = spec.func
-        task_keyed = keyed.get(func)
-        if task_keyed is None:
-            task_keyed = keyed[func] = has_task_key(func)
-        if task_keyed:
-            return False
-    return True
 
 
 class Enqueuer:
@@ -138,7 +113,7 @@ class Enqueuer:
         check_int("batch_size", batch_size, 1)
         if not isinstance(jobs, Sequence):
             raise TypeError("jobs must be a list of JobSpec")
-        if _streamable(jobs):
+        if streamable(jobs):
             ids = await self._streamed(jobs, connection)
             return list(ids), len(ids)
         rows = list(self._rows(jobs))
@@ -169,88 +144,28 @@ class Enqueuer:
     ) -> list[str]:
         """Generated ids only: one COPY fed by a generator that checks and
         encodes each spec as asyncpg streams the rows, so the server inserts
-        while Python prepares the rest (prepared first, the two took ~6 and ~8
-        us per row one after the other). A bad spec raises from inside the
+        while Python prepares the rest (about 4 and 6 us of CPU per row, which
+        overlap). A bad spec raises from inside the
         COPY, which aborts it: nothing is written. A retry after a lost
         connection replays the rows built so far, then builds the rest."""
-        built: list[NewJob] = []
-        pending = self._rows(jobs)
+        built: list[tuple[Any, ...]] = []
+        pending = spec_tuples(jobs, self.register, self.default_misfire_grace_time, built)
 
-        def stream() -> Iterator[NewJob]:
-            yield from list(built)
-            for row in pending:
-                built.append(row)
-                yield row
+        def stream() -> Iterator[tuple[Any, ...]]:
+            return chain(built.copy(), pending)
 
-        async def once() -> set[str]:
+        async def once() -> None:
             if connection is not None:
                 async with connection.transaction():
-                    return await self.store.copy_insert(connection, stream())
-            return await self.store.copy_insert(self.pool, stream())
+                    return await self.store.copy_rows(connection, stream())
+            return await self.store.copy_rows(self.pool, stream())
 
         await self._attempts(once, built, False, False, connection is None)
-        return [row.job_id for row in built]
+        return [row[0] for row in built]  # job_id
 
     def _rows(self, jobs: Sequence[JobSpec]) -> Iterator[NewJob]:
-        """Each spec checked again (it may have changed since it was built) and
-        made a row; raises TypeError/ValueError at the first bad one."""
-        # Bulk lists repeat one function and one time: each is looked at once.
-        task_names: dict[Any, str] = {}
-        keyed_tasks: dict[Any, bool] = {}
-        fresh_ids = iter(new_job_ids(len(jobs)))
-        default_grace = self.default_misfire_grace_time
-        last_time: Any = None
-        aware_time: Any = None
-        inject = instrument.trace_injector  # the caller's trace context (issue 16)
-        for index, spec in enumerate(jobs):
-            if not isinstance(spec, JobSpec):
-                raise TypeError(f"jobs[{index}] must be a JobSpec, got {type(spec).__name__}")
-            # Again: a spec may have been changed since it was built.
-            check_job_fields(
-                spec.execution_time,
-                spec.priority,
-                spec.max_retries,
-                spec.job_id,
-                spec.misfire_grace_time,
-                spec.timeout,
-                spec.retry_policy,
-            )
-            func = spec.func
-            task_name = task_names.get(func)
-            if task_name is None:
-                task_name = task_names[func] = self.register(func)
-                keyed_tasks[func] = has_task_key(func)
-            keyed_task = keyed_tasks[func]
-            queue = queue_of(func, spec.queue)
-            if spec.execution_time is not last_time:
-                last_time = spec.execution_time
-                aware_time = to_aware(last_time)
-            key = scope = None
-            if spec.dedupe_key is not None or spec.dedupe_scope is not None or keyed_task:
-                key, scope = resolve_dedupe(
-                    func, spec.dedupe_key, spec.dedupe_scope, spec.args, spec.kwargs
-                )
-            fields = JobFields(
-                func.__name__,
-                task_name,
-                aware_time,
-                (
-                    encode_task_data(spec.args, spec.kwargs, task_name)
-                    if inject is None
-                    else inject(encode_task_data(spec.args, spec.kwargs, task_name))
-                ),
-                spec.priority,
-                spec.max_retries,
-                spec.job_id,
-                spec.misfire_grace_time,
-                spec.timeout,
-                spec.retry_policy,
-                key,
-                scope,
-                queue,
-            )
-            row_id = next(fresh_ids) if spec.job_id is None else spec.job_id
-            yield row_of(fields, row_id, default_grace)
+        """Each spec checked again and made a row (see ``spec_rows``)."""
+        return spec_rows(jobs, self.register, self.default_misfire_grace_time)
 
     async def _check_user_ids(
         self,
@@ -384,7 +299,7 @@ class Enqueuer:
     async def _attempts(
         self,
         once: Callable[[], Awaitable[T]],
-        rows: list[NewJob],
+        rows: Sequence[tuple[Any, ...]],
         user_ids: bool,
         retried: bool,
         pooled: bool,
@@ -393,6 +308,7 @@ class Enqueuer:
         """Run ``once`` (retried on a lost pooled connection); a duplicate id or
         a held dedupe key -> ValueError.
 
+        ``rows``: NewJobs, or the streamed COPY's plain tuples in their order.
         ``retried``: an earlier attempt at these rows lost its answer.
         ``lost``: the answer when it turns out that attempt committed (default:
         every row's id).
@@ -409,9 +325,10 @@ class Enqueuer:
                 if again and await self._all_landed(rows):
                     # Our generated ids are unique: the earlier attempt committed
                     # and only its answer was lost.
-                    return lost() if lost is not None else {r.job_id for r in rows}  # type: ignore[return-value]
+                    return lost() if lost is not None else {r[0] for r in rows}  # type: ignore[return-value]
                 if is_dedupe_violation(exc):
-                    error = await self.keyed.held_error(self.pool, rows, exc.detail or str(exc))
+                    named = [NewJob._make(r) for r in rows]
+                    error = await self.keyed.held_error(self.pool, named, exc.detail or str(exc))
                     raise error from None
                 raise duplicate_id_error(str(exc.detail or exc)) from None
 
@@ -419,9 +336,9 @@ class Enqueuer:
             return await attempt()
         return await retry_on_disconnect(attempt, what="schedule", give_up_after=10)
 
-    async def _all_landed(self, rows: list[NewJob]) -> bool:
+    async def _all_landed(self, rows: Sequence[tuple[Any, ...]]) -> bool:
         """After a lost answer: did every row (generated ids) get written?"""
-        ids = [r.job_id for r in rows]
+        ids = [r[0] for r in rows]  # job_id
         return len(await self.store.existing_ids(self.pool, ids)) == len(set(ids))
 
 

@@ -9,13 +9,20 @@ from typing import Any
 from .config import UNSET, RetryPolicy
 from .dedupe import check_dedupe_key, check_dedupe_scope
 from .enums import JobPriority
-from .validation import as_args, as_kwargs, check_job_fields, check_queue
+from .validation import (
+    as_args,
+    as_kwargs,
+    check_execution_time,
+    check_job_fields,
+    check_queue,
+)
 
 __all__ = ["JobSpec"]
 
 #: "Not given" for ``misfire_grace_time`` (the Scheduler's default applies).
 #: Private, but 0.2.x code and tests import it from here: the very same object.
 _UNSET: Any = UNSET
+_NORMAL = JobPriority.NORMAL
 
 
 class JobSpec:
@@ -66,16 +73,34 @@ class JobSpec:
     ) -> None:
         if not callable(func):
             raise TypeError(f"func must be a callable (an async function), got {func!r}")
-        check_job_fields(
-            execution_time, priority, max_retries, job_id, misfire_grace_time, timeout, retry_policy
-        )
+        if (
+            priority is _NORMAL
+            and type(max_retries) is int
+            and max_retries == 0
+            and job_id is None
+            and misfire_grace_time is UNSET
+            and timeout is None
+            and retry_policy is None
+        ):
+            # Every other field at its default, which is valid: a bulk's common case.
+            check_execution_time(execution_time)
+        else:
+            check_job_fields(
+                execution_time,
+                priority,
+                max_retries,
+                job_id,
+                misfire_grace_time,
+                timeout,
+                retry_policy,
+            )
         if dedupe_key is not None or dedupe_scope is not None:
             check_dedupe_key(dedupe_key)
             check_dedupe_scope(dedupe_scope)
         self.func = func
         self.execution_time = execution_time
-        self.args = as_args(args)
-        self.kwargs = as_kwargs(kwargs)
+        self.args = args if type(args) is tuple else as_args(args)
+        self.kwargs = {} if kwargs is None else as_kwargs(kwargs)
         self.priority = priority
         self.max_retries = max_retries
         self.job_id = job_id

@@ -142,11 +142,7 @@ class Store(WorkerStatements):
         return await self._insert(db, jobs, " ON CONFLICT DO NOTHING")
 
     async def copy_insert(self, db: Executor, jobs: Iterable[NewJob]) -> set[str]:
-        """Bulk insert through COPY (binary): several times faster than INSERT for
-        large batches. Only for ids that cannot collide (generated); a duplicate
-        still raises asyncpg.UniqueViolationError and writes nothing. COPY fires
-        the statement-level INSERT trigger, so workers are woken once. ``jobs``
-        may be a generator: asyncpg streams the rows as it produces them."""
+        """Bulk insert through COPY (see ``copy_rows``); the ids written."""
         ids: set[str] = set()
 
         def rows() -> Iterator[NewJob]:
@@ -154,10 +150,19 @@ class Store(WorkerStatements):
                 ids.add(job.job_id)
                 yield job
 
-        await db.copy_records_to_table(
-            "scheduled_jobs", records=rows(), columns=_COPY_COLUMNS, schema_name=self.schema
-        )
+        await self.copy_rows(db, rows())
         return ids
+
+    async def copy_rows(self, db: Executor, jobs: Iterable[tuple[Any, ...]]) -> None:
+        """Bulk insert through COPY (binary): several times faster than INSERT for
+        large batches. Only for ids that cannot collide (generated); a duplicate
+        still raises asyncpg.UniqueViolationError and writes nothing. COPY fires
+        the statement-level INSERT trigger, so workers are woken once. ``jobs``
+        may be a generator: asyncpg streams the rows as it produces them;
+        plain tuples in NewJob's column order do as well."""
+        await db.copy_records_to_table(
+            "scheduled_jobs", records=jobs, columns=_COPY_COLUMNS, schema_name=self.schema
+        )
 
     async def insert_replace(self, db: Executor, jobs: Sequence[NewJob]) -> set[str]:
         """Insert or overwrite non-running rows; returns the ids written."""
