@@ -72,7 +72,9 @@ class Worker(HandBack, HeartbeatView):
             job_timeout=job_timeout,
             retry_policy=retry_policy,
             complete=self.completer.submit,
+            queue=self.completer.queue,
             free_slot=self._free_slot,
+            settled=self._settled,
             release=self._release,
             wake_after=self._wake_after,
             thread_pool_size=thread_pool_size,
@@ -341,10 +343,22 @@ class Worker(HandBack, HeartbeatView):
         # its first step (whose finally blocks never run).
         self.tasks.discard(task)
         self._free_slot(job_id)
+        if task.cancelled():
+            deferred = False
+        elif (exc := task.exception()) is not None:
+            log.error("job task crashed", error=repr(exc))
+            deferred = False
+        else:
+            deferred = task.result()
+        if not deferred:
+            self._settled(job_id)
+        # Else its completion is queued: the row stays owned and held until
+        # the completer has written it (then _settled).
+
+    def _settled(self, job_id: str) -> None:
+        """The job's outcome is written (or given up on): the row is no longer held here."""
         self.owned.discard(job_id)
         self.slots.let_go(job_ids=(job_id,))
-        if not task.cancelled() and task.exception() is not None:
-            log.error("job task crashed", error=repr(task.exception()))
 
     # -- running claimed jobs (the executor runs each one) -----------------------
 
@@ -362,7 +376,7 @@ class Worker(HandBack, HeartbeatView):
             self.owned.discard(job_row["job_id"])
             self.slots.let_go()
 
-    async def _run_claimed(self, job_row: Mapping[str, Any]) -> None:
+    async def _run_claimed(self, job_row: Mapping[str, Any]) -> bool:
         # Started only when a slot is free, so the acquire does not wait (an
         # asyncio.Semaphore with many waiters costs O(waiters) per acquire).
         # The accounting is _free_slot's and _job_task_done's alone.
@@ -373,8 +387,9 @@ class Worker(HandBack, HeartbeatView):
             slots.taken[job_id] = True
         else:  # freed meanwhile (cannot happen today): keep the semaphore balanced
             slots.semaphore.release()
-            return
-        await self._execute(job_row)
+            return False
+        # True: the completion is queued; the completer settles it after its write.
+        return await self._execute(job_row, True)
 
     def _free_slot(self, job_id: str) -> None:
         """The job's function has returned: let the next job run while its completion is written.
