@@ -334,7 +334,17 @@ class Worker(HandBack, HeartbeatView):
         slots.taken[job_id] = False
         if row.get("claimed_ahead"):
             self.started_ahead.append(job_id)
-        task = asyncio.create_task(self._run_claimed(row))
+        # A slot is free here (see accept and _free_slot), so the permit is
+        # taken at once unless callers of execute_job_with_concurrency_control
+        # hold some; then the task waits for one first (_run_claimed).
+        if slots.semaphore.take():
+            slots.taken[job_id] = True
+            # True once the completion is queued: the completer settles it.
+            coro = self._execute(row, True)
+        else:
+            slots.taken[job_id] = False
+            coro = self._run_claimed(row)
+        task = asyncio.create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(partial(self._job_task_done, job_id))
 
@@ -377,9 +387,9 @@ class Worker(HandBack, HeartbeatView):
             self.slots.let_go()
 
     async def _run_claimed(self, job_row: Mapping[str, Any]) -> bool:
-        # Started only when a slot is free, so the acquire does not wait (an
-        # asyncio.Semaphore with many waiters costs O(waiters) per acquire).
-        # The accounting is _free_slot's and _job_task_done's alone.
+        # A job started while execute_job_with_concurrency_control callers held
+        # permits: wait for one. The accounting is _free_slot's and
+        # _job_task_done's alone.
         job_id = job_row["job_id"]
         slots = self.slots
         await slots.semaphore.acquire()
@@ -388,7 +398,6 @@ class Worker(HandBack, HeartbeatView):
         else:  # freed meanwhile (cannot happen today): keep the semaphore balanced
             slots.semaphore.release()
             return False
-        # True: the completion is queued; the completer settles it after its write.
         return await self._execute(job_row, True)
 
     def _free_slot(self, job_id: str) -> None:
