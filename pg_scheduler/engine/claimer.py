@@ -352,7 +352,8 @@ class Worker(HandBack, HeartbeatView):
         # Runs exactly once per started job, even for a task cancelled before
         # its first step (whose finally blocks never run).
         self.tasks.discard(task)
-        self._free_slot(job_id)
+        if job_id in self.slots.taken:  # not freed when its function returned
+            self._free_slot(job_id)
         if task.cancelled():
             deferred = False
         elif (exc := task.exception()) is not None:
@@ -414,7 +415,7 @@ class Worker(HandBack, HeartbeatView):
         slots.changed.set()
         if slots.buffer and self.claiming:
             row = slots.buffer.popleft()[1]
-            if row.get("queue") in self.paused_queues:
+            if self.paused_queues and row.get("queue") in self.paused_queues:
                 slots.buffer.appendleft((time.monotonic(), row))
                 self.queue_paused(row["queue"], True)
             else:

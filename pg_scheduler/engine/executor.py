@@ -227,7 +227,8 @@ class Executor:
                 outcome = await self._failed(job, message, tb.format_exc(), duration)
                 return False
             self.running.pop(job.job_id, None)
-            self._slot_done(running)
+            if running.linger is None:  # as _slot_done, inline on the hot path
+                self._free_slot(job.job_id)
             duration = time.perf_counter() - started
             try:
                 encoded, note = encode_result(result)

@@ -141,7 +141,8 @@ class Slots:
     def hold(self, row: Mapping[str, Any]) -> None:
         """A row claimed or inserted running here is held."""
         self.held += 1
-        self.hold_queue(row["job_id"], row.get("queue"))
+        if self.queue_limits is not None:
+            self.hold_queue(row["job_id"], row.get("queue"))
 
     def hold_queue(self, job_id: str, queue: str | None) -> None:
         if self.queue_limits is not None and queue in self.queue_held:
