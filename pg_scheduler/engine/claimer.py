@@ -1,17 +1,17 @@
-"""The claimer: the claim loop, the claimed-ahead buffer and each job's task.
+"""The claimer: the claim loop, and the worker that ties the engine together.
 
 The claim loop asks for up to what :class:`~.slots.Slots` allows in one
-statement; each claimed row starts in its own task when a slot is free (the
-rest wait in the buffer, marked claimed ahead), and the :class:`~.executor.Executor`
-runs it; completions go through the :class:`~.completer.Completer`. Every write
-out of ``running`` carries the lease guard (worker id + attempt), so a worker
-that lost a job to the rescuer can never overwrite what happened to it.
+statement and dispatches the rows: each starts in its own task when a slot is
+free, the rest wait in the buffer, marked claimed ahead (``starts``); the
+:class:`~.executor.Executor` runs it; completions go through the
+:class:`~.completer.Completer`. Every write out of ``running`` carries the
+lease guard (worker id + attempt), so a worker that lost a job to the rescuer
+can never overwrite what happened to it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
@@ -28,9 +28,10 @@ from .held import HeldConnection
 from .holdings import HeartbeatView
 from .limited import LimitedClaims
 from .slots import Slots
+from .starts import JobTasks
 
 
-class Worker(HandBack, HeartbeatView):
+class Worker(HandBack, HeartbeatView, JobTasks):
     """Claims, runs and settles jobs for one Scheduler."""
 
     def __init__(
@@ -72,7 +73,9 @@ class Worker(HandBack, HeartbeatView):
             job_timeout=job_timeout,
             retry_policy=retry_policy,
             complete=self.completer.submit,
+            queue=self.completer.queue,
             free_slot=self._free_slot,
+            settled=self._settled,
             release=self._release,
             wake_after=self._wake_after,
             thread_pool_size=thread_pool_size,
@@ -304,97 +307,6 @@ class Worker(HandBack, HeartbeatView):
                 continue
             self.slots.hold(row)
             self.accept(row)
-
-    def accept(self, row: Mapping[str, Any], local: bool = False) -> None:
-        """A row claimed here (counted in flight): start it, or keep it for a slot."""
-        if self.executor.log_debug:
-            log.debug(
-                "job claimed",
-                event_type="claimed",
-                job_id=row["job_id"],
-                task=row["task_name"],
-                worker_id=self.worker_id,
-                attempt=row["attempts"],
-                **({"local": True} if local else {}),
-            )
-        self.owned.add(row["job_id"])
-        # After stop_claiming nothing new starts: drain() hands the buffer back.
-        slots = self.slots
-        if slots.active < slots.max_running and self.claiming:
-            self._start(row)
-        else:
-            slots.buffer_row(row)
-
-    def _start(self, row: Mapping[str, Any]) -> None:
-        job_id = row["job_id"]
-        slots = self.slots
-        slots.active += 1
-        slots.taken[job_id] = False
-        if row.get("claimed_ahead"):
-            self.started_ahead.append(job_id)
-        task = asyncio.create_task(self._run_claimed(row))
-        self.tasks.add(task)
-        task.add_done_callback(partial(self._job_task_done, job_id))
-
-    def _job_task_done(self, job_id: str, task: asyncio.Task[Any]) -> None:
-        # Runs exactly once per started job, even for a task cancelled before
-        # its first step (whose finally blocks never run).
-        self.tasks.discard(task)
-        self._free_slot(job_id)
-        self.owned.discard(job_id)
-        self.slots.let_go(job_ids=(job_id,))
-        if not task.cancelled() and task.exception() is not None:
-            log.error("job task crashed", error=repr(task.exception()))
-
-    # -- running claimed jobs (the executor runs each one) -----------------------
-
-    async def execute_job_with_concurrency_control(self, job_row: Mapping[str, Any]) -> None:
-        """Run one claimed job under the concurrency semaphore.
-
-        The slot is freed as soon as the function returns (see :meth:`_free_slot`);
-        the job stays owned until its completion (or failure) is written.
-        """
-        self.slots.held += 1
-        try:
-            async with self.semaphore:
-                await self._execute(job_row)
-        finally:
-            self.owned.discard(job_row["job_id"])
-            self.slots.let_go()
-
-    async def _run_claimed(self, job_row: Mapping[str, Any]) -> None:
-        # Started only when a slot is free, so the acquire does not wait (an
-        # asyncio.Semaphore with many waiters costs O(waiters) per acquire).
-        # The accounting is _free_slot's and _job_task_done's alone.
-        job_id = job_row["job_id"]
-        slots = self.slots
-        await slots.semaphore.acquire()
-        if job_id in slots.taken:
-            slots.taken[job_id] = True
-        else:  # freed meanwhile (cannot happen today): keep the semaphore balanced
-            slots.semaphore.release()
-            return
-        await self._execute(job_row)
-
-    def _free_slot(self, job_id: str) -> None:
-        """The job's function has returned: let the next job run while its completion is written.
-
-        Idempotent: the first call gives back the slot and the start; later calls do nothing."""
-        slots = self.slots
-        held = slots.taken.pop(job_id, None)
-        if held is None:
-            return
-        if held:
-            slots.semaphore.release()
-        slots.active -= 1
-        slots.changed.set()
-        if slots.buffer and self.claiming:
-            row = slots.buffer.popleft()[1]
-            if row.get("queue") in self.paused_queues:
-                slots.buffer.appendleft((time.monotonic(), row))
-                self.queue_paused(row["queue"], True)
-            else:
-                self._start(row)
 
     def _wake_after(self, delay: float) -> None:
         # The retry is due later; make sure this worker looks again then.

@@ -83,13 +83,26 @@ async def write_failure(
         return await write(f"{_UNSTORABLE_ERROR} ({type(exc).__name__})", None)
 
 
+def _settle_future(future: asyncio.Future[bool | str], outcome: Any) -> None:
+    if not future.done():  # a cancelled waiter leaves its completion queued and written
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+
+# A queued completion, what settles it, and the settle's first argument.
+_Entry = tuple[Completion, Callable[[Any, Any], None], Any]
+
+
 class Completer:
     """Group commit for completions: one UPDATE for everything that finished meanwhile.
 
     A completion waits for the flush in flight, never for a timer, so an idle
     worker writes each completion at once and a busy one writes hundreds per
     statement. A flush that hits a lost connection is retried until it lands;
-    the lease guard makes the retry harmless.
+    the lease guard makes the retry harmless. Each queued completion is
+    settled exactly once, after its write or when it is given up on.
     """
 
     def __init__(
@@ -103,53 +116,75 @@ class Completer:
         self._worker_id = worker_id
         self._delete_completed = delete_completed
         self._max_batch = max_batch
-        self._queue: list[tuple[Completion, asyncio.Future[bool | str]]] = []
+        self._queue: list[_Entry] = []
         self._flusher: asyncio.Task[None] | None = None
         self._unwritten = 0
         self.connection = HeldConnection(store.pool)
-
-    def _written(self, _future: asyncio.Future[bool | str]) -> None:
-        self._unwritten -= 1
 
     @property
     def pending(self) -> int:
         """Completions queued or being written."""
         return self._unwritten
 
-    async def submit(self, completion: Completion) -> bool | str:
-        """Queue a completion; True once written, False if the lease was already lost,
-        or the error recorded instead when the database refused the result."""
-        future: asyncio.Future[bool | str] = asyncio.get_running_loop().create_future()
+    def queue(self, completion: Completion, settle: Callable[[Any, Any], None], arg: Any) -> None:
+        """Queue a completion; ``settle(arg, outcome)`` is called once it is settled:
+        outcome True (written), False (the lease was already lost), the error
+        recorded instead (the database refused the result), or the exception
+        that kept it from being written. ``settle`` must not raise."""
         self._unwritten += 1
-        future.add_done_callback(self._written)
-        self._queue.append((completion, future))
-        if self._flusher is None or self._flusher.done():
+        self._queue.append((completion, settle, arg))
+        flusher = self._flusher
+        if flusher is None or flusher.done():
             self._flusher = asyncio.create_task(self._flush_all())
+
+    async def submit(self, completion: Completion) -> bool | str:
+        """Queue a completion and wait for it: True once written, False if the lease
+        was already lost, or the error recorded instead when the database refused the result."""
+        future: asyncio.Future[bool | str] = asyncio.get_running_loop().create_future()
+        self.queue(completion, _settle_future, future)
         # No shield needed: a cancelled waiter leaves its completion queued and written.
         return await future
 
-    async def _complete(self, batch: list[tuple[Completion, asyncio.Future[bool | str]]]) -> None:
+    def _settle(self, entries: list[_Entry], outcome: Any) -> None:
+        self._unwritten -= len(entries)
+        for _, settle, arg in entries:
+            try:
+                settle(arg, outcome)
+            except Exception as exc:  # a bug: never let it settle the rest twice
+                log.error("settling a completion failed", error=repr(exc))
+
+    def _give_up(self, entries: list[_Entry], why: str) -> None:
+        self._unwritten -= len(entries)
+        for _, settle, arg in entries:
+            try:
+                settle(arg, ConnectionError(why))
+            except Exception as exc:
+                log.error("settling a completion failed", error=repr(exc))
+
+    async def _complete(self, batch: list[_Entry]) -> None:
         written = await retry_on_disconnect(
             lambda: self.connection.run(
                 lambda db: self._store.complete(
-                    self._worker_id, [c for c, _ in batch], self._delete_completed(), db
+                    self._worker_id, [c for c, _, _ in batch], self._delete_completed(), db
                 )
             ),
             what="complete",
         )
-        for completion, future in batch:
-            if not future.done():
-                future.set_result(completion.job_id in written)
+        self._unwritten -= len(batch)
+        for completion, settle, arg in batch:
+            try:
+                settle(arg, completion.job_id in written)
+            except Exception as exc:  # a bug: never let it settle the rest twice
+                log.error("settling a completion failed", error=repr(exc))
 
-    async def _complete_isolating(
-        self, batch: list[tuple[Completion, asyncio.Future[bool | str]]]
-    ) -> None:
+    async def _complete_isolating(self, batch: list[_Entry], settled: set[int]) -> None:
         """The batch was refused for its data: write the good rows, fail the bad ones.
 
         Results whose JSON may hold what jsonb refuses (NUL, surrogate
         escapes) are tried alone, the rest together; a refused group is split
         in halves until the refused rows stand alone, and each of those is
         recorded as failed with the reason: never left running to run again.
+        ``settled``: ids of the entries settled so far (for the caller, if this raises).
         """
         suspect = [
             entry
@@ -166,6 +201,7 @@ class Completer:
             group = groups.pop()
             try:
                 await self._complete(group)
+                settled.update(map(id, group))
                 continue
             except Exception as exc:
                 if not _refused(exc):
@@ -175,32 +211,32 @@ class Completer:
                 half = len(group) // 2
                 groups += [group[:half], group[half:]]
                 continue
-            completion, future = group[0]
+            completion = group[0][0]
             reason = unstorable_result_reason(completion.result or "null")
             reason = f"{reason} ({type(refusal).__name__})"
             recorded = await write_failure(
                 self._store, completion.job_id, self._worker_id, completion.attempt, reason, None
             )
-            if not future.done():
-                future.set_result(reason if recorded else False)
+            settled.add(id(group[0]))
+            self._settle(group, reason if recorded else False)
 
     async def _flush_all(self) -> None:
         while self._queue:
             batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
+            settled: set[int] = set()
             try:
                 try:
                     await self._complete(batch)
                 except Exception as exc:
                     if not _refused(exc):
                         raise
-                    await self._complete_isolating(batch)
+                    await self._complete_isolating(batch, settled)
             except BaseException as exc:
                 # A bug, or shutdown gave up during an outage: the rows stay
                 # 'running' and will be rescued, so nothing is lost.
                 log.error("writing completions failed", error=repr(exc), jobs=len(batch))
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(ConnectionError(f"completion not written: {exc!r}"))
+                unsettled = [entry for entry in batch if id(entry) not in settled]
+                self._give_up(unsettled, f"completion not written: {exc!r}")
                 if isinstance(exc, asyncio.CancelledError):
                     raise
                 continue
@@ -218,10 +254,9 @@ class Completer:
             await asyncio.wait_for(asyncio.shield(flusher), timeout)
         except TimeoutError:
             flusher.cancel()
-            for _, future in self._queue:
-                if not future.done():
-                    future.set_exception(ConnectionError("completion not written at shutdown"))
+            queued, self._queue = self._queue, []
+            self._give_up(queued, "completion not written at shutdown")
             log.error(
                 "completions not written before shutdown; their jobs will be rescued and run again",
-                jobs=len(self._queue),
+                jobs=len(queued),
             )

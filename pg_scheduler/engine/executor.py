@@ -1,11 +1,13 @@
 """The executor: run one claimed job and settle what happened to it.
 
 It decodes the arguments, runs the function (with its timeout), and records
-the result: completed through the completer, a failure as a retry or failed,
-a cancel or shutdown as stopped or handed back. It reports back to the claimer
-through narrow callbacks only (``free_slot``: the function returned, let the
-next job run; ``release``: hand rows back; ``wake_after``: look again when a
-retry is due); it never reads the claimer's state.
+the result (:class:`~.outcome.Outcomes`): completed through the completer, a
+failure as a retry or failed, a cancel or shutdown as stopped or handed back.
+It reports back to the claimer through narrow callbacks only (``free_slot``:
+the function returned, let the next job run; ``settled``: a completion queued
+by a job whose task has ended is written, let go of its row; ``release``: hand
+rows back; ``wake_after``: look again when a retry is due); it never reads the
+claimer's state.
 """
 
 from __future__ import annotations
@@ -15,27 +17,30 @@ import logging
 import time
 import traceback as tb
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import pg_scheduler.instrument as instrument
 
-from ..codec import (
-    ERROR_MAX_CHARS,
-    UnstorableResult,
-    clip_text,
-    decode_json,
-    decode_task_data,
-    encode_json,
-    encode_result,
-)
+from ..codec import UnstorableResult, decode_task_data, encode_result
 from ..config import RetryPolicy
 from ..context import enter_job
 from ..log import get_logger
 from ..store import Completion, Store
 from ..tasks import EXECUTOR_ATTR, TaskRegistry
-from .completer import write_failure
+from .job import ClaimedJob, RunningJob
+from .outcome import Outcomes
 from .sync import SyncRunners, default_process_pool_size
+
+__all__ = [
+    "BLOCKED_LOOP",
+    "CANCELLED_REMOTELY",
+    "LEASE_LOST",
+    "SHUTDOWN",
+    "ClaimedJob",
+    "Executor",
+    "RunningJob",
+    "log",
+]
 
 # The engine's log lines keep the name they had when it was one module.
 log = get_logger("pg_scheduler.worker")
@@ -63,55 +68,6 @@ SHUTDOWN = "shutdown"  # graceful shutdown ran out of grace: hand it back
 BLOCKED_LOOP = "blocked the event loop"  # the watchdog failed it (services/stall.py)
 
 
-@dataclass(slots=True)
-class ClaimedJob:
-    """The fields of a claimed row the worker needs."""
-
-    job_id: str
-    job_name: str
-    task_name: str
-    task_data: str | None
-    attempt: int
-    retry_count: int
-    max_retries: int
-    timeout: float | None
-    retry_policy: str | None
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> ClaimedJob:
-        # Read straight from the row (an asyncpg Record or a dict): copying it
-        # into a dict first cost more than the rest of this method.
-        get = row.get
-        task_data = get("task_data")
-        if task_data is not None and not isinstance(task_data, str):
-            task_data = encode_json(task_data)
-        return cls(
-            row["job_id"],
-            row["job_name"],
-            get("task_name") or row["job_name"],
-            task_data,
-            get("attempts") or 1,
-            get("retry_count") or 0,
-            get("max_retries") or 0,
-            get("timeout"),
-            get("retry_policy"),
-        )
-
-
-@dataclass(slots=True)
-class RunningJob:
-    job: ClaimedJob
-    task: asyncio.Task[Any]
-    claimed_at: float
-    cancel_reason: str | None = None
-    #: A sync job was told to stop (cancel or timeout): current_job().cancelled().
-    stopped: bool = False
-    #: A thread job's thread still running after its outcome was recorded.
-    linger: Any = None
-    #: False for thread and process jobs (the watchdog names only jobs on the loop).
-    on_loop: bool = True
-
-
 class _SyncTimeout(Exception):
     """A sync job ran past its timeout (its process was killed, or its thread told to stop)."""
 
@@ -128,7 +84,9 @@ class Executor:
         job_timeout: float | None,
         retry_policy: RetryPolicy,
         complete: Callable[[Completion], Awaitable[bool | str]],
+        queue: Callable[[Completion, Callable[[RunningJob, Any], None], RunningJob], None],
         free_slot: Callable[[str], None],
+        settled: Callable[[str], None],
         release: Callable[[list[str]], Awaitable[list[str]]],
         wake_after: Callable[[float], None],
         thread_pool_size: int = 10,
@@ -140,9 +98,14 @@ class Executor:
         self.job_timeout = job_timeout
         self.retry_policy = retry_policy
         self._complete = complete
+        self._queue = queue
         self._free_slot = free_slot
         self._release = release
-        self._wake_after = wake_after
+        self.outcomes = Outcomes(store, worker_id, retry_policy, wake_after, settled)
+        self._settle = self.outcomes.settle
+        self._fields = self.outcomes.fields
+        self._failed = self.outcomes.failed
+        self.retry_delay = self.outcomes.retry_delay
         #: Jobs whose function runs now, by id (the heartbeat and cancel look here).
         self.running: dict[str, RunningJob] = {}
         #: Thread jobs whose outcome is written but whose thread still runs, by id.
@@ -153,10 +116,17 @@ class Executor:
     def check_log_levels(self) -> None:
         # Checked once per claim, not per job.
         self.log_debug = _debug_enabled()
-        self.log_info = _info_enabled()
+        self.log_info = self.outcomes.log_info = _info_enabled()
 
-    async def execute_job(self, job_row: Mapping[str, Any]) -> None:
-        """Run a claimed job, then complete it (or write its failure) under the lease guard."""
+    async def execute_job(self, job_row: Mapping[str, Any], defer: bool = False) -> bool:
+        """Run a claimed job, then complete it (or write its failure) under the lease guard.
+
+        ``defer``: once the function has returned and its completion is queued,
+        return True without waiting for the write; the completer settles it
+        afterwards (``Outcomes.settle``: the log line, the observers, and the
+        ``settled`` callback, which lets go of the row). Otherwise (and on
+        every other path) the outcome is recorded before this returns False.
+        """
         job = ClaimedJob.from_row(job_row)
         func = self.registry.resolve(job.task_name)
         if func is None:
@@ -168,7 +138,7 @@ class Executor:
                 task=job.task_name,
             )
             await self._release([job.job_id])
-            return
+            return False
         current = asyncio.current_task()
         assert current is not None
         running = RunningJob(job, current, time.monotonic())
@@ -209,7 +179,7 @@ class Executor:
                     message = "CancelledError: raised inside the job (not a cancel_job())"
                     duration = time.perf_counter() - started
                     outcome = await self._failed(job, message, tb.format_exc(), duration)
-                    return
+                    return False
                 current.uncancel()
                 self.running.pop(job.job_id, None)
                 duration = time.perf_counter() - started
@@ -231,7 +201,7 @@ class Executor:
                         duration=duration,
                         **self._fields(job),
                     )
-                return
+                return False
             except Exception as exc:
                 self.running.pop(job.job_id, None)
                 self._slot_done(running)
@@ -241,7 +211,7 @@ class Executor:
                 else:
                     message = f"{type(exc).__name__}: {exc}"
                 outcome = await self._failed(job, message, tb.format_exc(), duration)
-                return
+                return False
             except BaseException as exc:
                 # SystemExit, KeyboardInterrupt, GeneratorExit raised by the job's
                 # code: a failed attempt like any exception. Left to propagate,
@@ -255,52 +225,33 @@ class Executor:
                     f"{type(exc).__name__}: {exc} (raised by the job; the worker keeps running)"
                 )
                 outcome = await self._failed(job, message, tb.format_exc(), duration)
-                return
+                return False
             self.running.pop(job.job_id, None)
-            self._slot_done(running)
+            if running.linger is None:  # as _slot_done, inline on the hot path
+                self._free_slot(job.job_id)
             duration = time.perf_counter() - started
             try:
                 encoded, note = encode_result(result)
             except UnstorableResult as exc:
                 # Not a retry: the same function would return the same result.
                 outcome = await self._failed(job, str(exc), None, duration, final=True)
-                return
+                return False
             if note:
                 log.warning(note, **self._fields(job))
+            completion = Completion(job.job_id, job.attempt, encoded)
+            if defer and running.linger is None:
+                # The task ends here: the completer settles the job after its write.
+                running.observed, observed = observed, None
+                running.duration = duration
+                self._queue(completion, self._settle, running)
+                return True
+            written: Any
             try:
-                written = await self._complete(Completion(job.job_id, job.attempt, encoded))
+                written = await self._complete(completion)
             except Exception as exc:
-                outcome = "lost"
-                log.error(
-                    "completion not written; the job will be rescued and run again",
-                    error=repr(exc),
-                    **self._fields(job),
-                )
-                return
-            outcome = "completed" if written is True else "failed" if written else "lost"
-            if written is True:
-                if self.log_info:
-                    log.info(
-                        "job completed",
-                        event_type="completed",
-                        duration=duration,
-                        **self._fields(job),
-                    )
-            elif written:
-                log.error(
-                    "job failed: its result could not be stored",
-                    event_type="failed",
-                    error=written,
-                    duration=duration,
-                    **self._fields(job),
-                )
-            else:
-                log.warning(
-                    "job finished but its lease was lost; outcome not written",
-                    event_type="lease_lost",
-                    duration=duration,
-                    **self._fields(job),
-                )
+                written = exc
+            outcome = self.outcomes.completed(job, written, duration)
+            return False
         finally:
             if observed:
                 instrument.finished(observed, outcome, duration)
@@ -359,67 +310,3 @@ class Executor:
             if linger.done() and self.lingering.get(running.job.job_id) is linger:
                 del self.lingering[running.job.job_id]
         log.info("cancelled thread job returned; slot freed", job_id=running.job.job_id)
-
-    def _fields(self, job: ClaimedJob) -> dict[str, Any]:
-        """What every log line about a job carries (built only when one is written)."""
-        return {
-            "job_id": job.job_id,
-            "task": job.task_name,
-            "worker_id": self.worker_id,
-            "attempt": job.attempt,
-        }
-
-    def retry_delay(self, job: ClaimedJob) -> float | None:
-        """Seconds before a failed attempt of ``job`` runs again; None: no retry left."""
-        if job.attempt > job.max_retries:
-            return None
-        stored = decode_json(job.retry_policy)
-        policy = RetryPolicy(**stored) if stored else self.retry_policy
-        return policy.delay_for(job.retry_count + 1)
-
-    async def _failed(
-        self,
-        job: ClaimedJob,
-        message: str,
-        trace: str | None,
-        duration: float,
-        final: bool = False,
-    ) -> str:
-        """Write a failed attempt; what it became: retried, failed or lost."""
-        message = clip_text(message, ERROR_MAX_CHARS)
-        delay = None if final else self.retry_delay(job)
-        if delay is not None:
-            retry_at = await write_failure(
-                self.store, job.job_id, self.worker_id, job.attempt, message, trace, delay
-            )
-            if retry_at is not None:
-                self._wake_after(delay)
-                log.warning(
-                    "job failed, will retry",
-                    event_type="retried",
-                    error=message,
-                    retry_in=round(delay, 3),
-                    duration=duration,
-                    **self._fields(job),
-                )
-                return "retried"
-        else:
-            written = await write_failure(
-                self.store, job.job_id, self.worker_id, job.attempt, message, trace
-            )
-            if written:
-                log.error(
-                    "job failed",
-                    event_type="failed",
-                    error=message,
-                    duration=duration,
-                    **self._fields(job),
-                )
-                return "failed"
-        log.warning(
-            "job failed but its lease was lost; outcome not written",
-            event_type="lease_lost",
-            error=message,
-            **self._fields(job),
-        )
-        return "lost"

@@ -25,6 +25,58 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 
+class Permits:
+    """The ``max_concurrent_jobs`` semaphore (acquire, release, locked, ``async
+    with``), whose uncontended take is synchronous: a claimed job starts
+    without a coroutine for it. A release hands the permit to the first
+    waiter, so none is taken out of turn."""
+
+    def __init__(self, value: int) -> None:
+        self._value = value
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def locked(self) -> bool:
+        return self._value <= 0 or any(not w.done() for w in self._waiters)
+
+    def take(self) -> bool:
+        """Take a permit if one is free and nobody waits; never blocks."""
+        if self._value > 0 and not self._waiters:
+            self._value -= 1
+            return True
+        return False
+
+    async def acquire(self) -> bool:
+        if self.take():
+            return True
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # handed to us just before the cancel: pass it on
+            raise
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+        return True
+
+    def release(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._value += 1
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+
 class Slots:
     """Capacity of one worker (see the module docstring)."""
 
@@ -44,7 +96,7 @@ class Slots:
         # Called when a full queue gets room (the claim loop may be asleep).
         self.on_queue_room: Callable[[], None] = lambda: None
         self.batch_claim_limit = batch_claim_limit
-        self.semaphore = asyncio.Semaphore(max_concurrent_jobs)
+        self.semaphore = Permits(max_concurrent_jobs)
         # Claim ahead: up to one batch waits locally for a slot, so the next
         # claim overlaps the running jobs. While every slot is busy, claim only
         # once half a batch has room (no one-row claims).
@@ -89,7 +141,8 @@ class Slots:
     def hold(self, row: Mapping[str, Any]) -> None:
         """A row claimed or inserted running here is held."""
         self.held += 1
-        self.hold_queue(row["job_id"], row.get("queue"))
+        if self.queue_limits is not None:
+            self.hold_queue(row["job_id"], row.get("queue"))
 
     def hold_queue(self, job_id: str, queue: str | None) -> None:
         if self.queue_limits is not None and queue in self.queue_held:
