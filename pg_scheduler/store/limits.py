@@ -81,7 +81,7 @@ lim AS (
     UPDATE scheduled_jobs j
        SET {claim_set("$6", "$7", "false")}
       FROM kept AS picked
-     WHERE j.job_id = picked.job_id
+     WHERE j.ctid = picked.tid
     RETURNING {_CLAIMED_COLUMNS}
 ), stamped AS (
     UPDATE scheduler_limits l
