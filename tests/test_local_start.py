@@ -154,3 +154,37 @@ async def test_many_concurrent_local_starts_run_each_job_once(dsn, pool, make_sc
     finally:
         await remote.shutdown()
         await other_pool.close()
+
+
+async def test_local_starts_give_every_connection_back_to_the_pool(dsn):
+    # The insert's connection goes back in the background (the job starts
+    # without waiting for asyncpg's reset): none may be kept.
+    own = await asyncpg.create_pool(dsn, min_size=8, max_size=8)
+    worker = Scheduler(own, max_concurrent_jobs=20, batch_claim_limit=20)
+    await worker.start()
+    try:
+        await wait_until(lambda: own.get_idle_size() > 0, message="an idle connection")
+        idle_before = own.get_idle_size()
+        ids = [
+            await worker.schedule(app_tasks.add, execution_time=datetime.now(UTC), args=(i, 1))
+            for i in range(40)
+        ]
+        stored = await own.fetch("SELECT worker_id FROM scheduled_jobs WHERE job_id = ANY($1)", ids)
+        assert {r["worker_id"] for r in stored} <= {worker.worker_id}
+
+        async def done() -> bool:
+            n = await own.fetchval(
+                "SELECT count(*) FROM scheduled_jobs WHERE job_id = ANY($1)"
+                " AND status = 'completed'",
+                ids,
+            )
+            return n == len(ids)
+
+        await wait_until(done, message="every job completed")
+        await wait_until(
+            lambda: own.get_idle_size() >= idle_before,
+            message=f"{idle_before} idle connections again",
+        )
+    finally:
+        await worker.shutdown()
+        await asyncio.wait_for(own.close(), 10)

@@ -8,11 +8,13 @@ and started without a NOTIFY hop or a claim. All of it is here: the choice of
 worker, reserving its slot, the write, and starting the row that came back.
 
 The job always runs in its own task, created as the last step of
-``schedule()``: it never runs inside the caller's await.
+``schedule()``: it never runs inside the caller's await. The connection the
+insert used goes back to the pool in the background, after that.
 """
 
 from __future__ import annotations
 
+import asyncio
 import weakref
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -20,10 +22,13 @@ from typing import Any, Protocol
 
 import asyncpg
 
+from ..log import get_logger
 from ..reconnect import is_connection_error
 from ..store import NewJob, Store
 from ..tasks import TaskRegistry
 from .claimer import Worker
+
+log = get_logger("pg_scheduler.worker")
 
 # Jobs due later than this (by this process's clock) are not tried locally.
 LOCAL_START_HORIZON = timedelta(seconds=1)
@@ -107,17 +112,41 @@ async def write_started(
         return False
     claimed = None
     try:
-        async with pool.acquire() as conn:
+        conn = await pool.acquire()
+        try:
             claimed = await store.insert_running(
                 conn, row, worker.worker_id, worker.lease_seconds()
             )
+        except BaseException:
+            await pool.release(conn)
+            raise
     except BaseException as exc:
         finish(worker, row.job_id, claimed)  # written: start it anyway; else free the slot
         if isinstance(exc, Exception) and is_connection_error(exc):
             return None if claimed is None else True
         raise
-    # Started only once the connection is back in the pool (after asyncpg's
-    # reset round trip): the job's task then first runs after schedule() has
-    # returned, so a job that blocks the loop cannot hold up its caller.
+    # The connection goes back to the pool in the background: asyncpg's reset
+    # round trip (0.3-1.3 ms here) no longer sits between the insert and the
+    # job's start. Nothing is awaited after the job's task is created, so it
+    # first runs after schedule() has returned: a job that blocks the loop
+    # cannot hold up its caller.
+    _release_later(pool, conn)
     finish(worker, row.job_id, claimed)
     return True
+
+
+# Releases in flight (a task nobody references may be collected mid-run).
+_releasing: set[asyncio.Task[None]] = set()
+
+
+def _release_later(pool: asyncpg.Pool, conn: asyncpg.Connection) -> None:
+    task = asyncio.get_running_loop().create_task(_release(pool, conn))
+    _releasing.add(task)
+    task.add_done_callback(_releasing.discard)
+
+
+async def _release(pool: asyncpg.Pool, conn: asyncpg.Connection) -> None:
+    try:
+        await pool.release(conn)
+    except Exception as exc:  # the pool replaces a connection it could not reset
+        log.debug("connection release after a local start failed", error=repr(exc))
