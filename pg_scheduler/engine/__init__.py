@@ -1,10 +1,14 @@
 """The engine of one Scheduler: claim due jobs, run them, complete them.
 
-``claimer``: the claim loop, the claimed-ahead buffer, each job's task
-(:class:`Worker`). ``slots``: capacity, the one owner of how many may run and
-how many rows are held. ``executor``: one claimed job and what happened to it.
-``completer``: group commit of completions, failed attempts. ``held``: the
-pooled connection a serial hot path keeps. ``local``: the in-process start.
+``claimer``: the claim loop and dispatch (:class:`Worker`); ``starts``: each
+job's task (accept, start, free its slot, settle it after the write);
+``handback``: giving claimed rows back; ``holdings``: what the heartbeat asks.
+``slots``: capacity, the one owner of how many may run and how many rows are
+held. ``executor``: running one claimed job; ``job``: its records;
+``outcome``: what happened to it. ``completer``: group commit of completions,
+each settled once after its write. ``held``: the pooled connection a serial
+hot path keeps. ``local``: the in-process start. ``limited``: the claim of
+jobs a global limit binds.
 """
 
 from .claimer import Worker
