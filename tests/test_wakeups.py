@@ -68,3 +68,25 @@ async def test_polling_is_the_safety_net_without_notifications(pool, make_schedu
     scheduler.listener.live = False
     job_id = await scheduler.schedule(app_tasks.noop, execution_time=datetime.now(UTC))
     await wait_for_status(pool, job_id, "completed", timeout=3)
+
+
+async def test_a_job_started_in_process_wakes_no_worker(pool, make_scheduler, dsn):
+    # Migration 0012: a row inserted already running is started by the process
+    # that wrote it; only pending inserts notify. The marker job, inserted
+    # pending after it, proves the listener would have heard one.
+    scheduler = await make_scheduler()
+    received: list[str] = []
+    listener = await asyncpg.connect(dsn)
+    await listener.add_listener("pg_scheduler_jobs", lambda *args: received.append(args[3]))
+    try:
+        local = await scheduler.schedule(app_tasks.noop, execution_time=datetime.now(UTC))
+        row = await pool.fetchrow(
+            "SELECT status, worker_id FROM scheduled_jobs WHERE job_id = $1", local
+        )
+        assert row["worker_id"] == scheduler.worker_id  # started here, not claimed
+        later = datetime.now(UTC) + timedelta(hours=1)
+        await scheduler.schedule(app_tasks.noop, execution_time=later, queue="marker")
+        await wait_until(lambda: "marker" in received, timeout=5, message="the marker's NOTIFY")
+        assert received == ["marker"]
+    finally:
+        await listener.close()
