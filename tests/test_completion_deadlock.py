@@ -94,3 +94,18 @@ async def test_completion_rolled_back_by_a_deadlock_is_written_again(pool, dsn):
         "SELECT job_id, status FROM scheduled_jobs WHERE job_id LIKE 'deadlock-%' ORDER BY 1"
     )
     assert [tuple(r) for r in rows] == [("deadlock-a", "completed"), ("deadlock-b", "completed")]
+
+
+async def test_heartbeat_never_runs_beside_this_workers_completion(pool, make_scheduler):
+    # Both lock the worker's running rows in their own order: the heartbeat
+    # waits for a completion statement in flight instead of racing it.
+    scheduler = await make_scheduler()
+    lock = scheduler.worker.completer.statement_lock
+    await lock.acquire()  # as a completion statement would
+    try:
+        beat = asyncio.ensure_future(scheduler.heartbeat.run_once())
+        await asyncio.sleep(0.3)  # a heartbeat round takes a few ms
+        assert not beat.done()
+    finally:
+        lock.release()
+    await asyncio.wait_for(beat, 10)

@@ -99,7 +99,9 @@ async def test_a_killed_backend_is_replaced(dsn, pool):
 
 
 async def test_worker_runs_on_after_its_held_backends_are_killed(pool, make_scheduler):
-    scheduler = await make_scheduler()
+    # Through NOTIFY and the claim, so the held claim connection is used (a
+    # job started in-process wakes no claim: migration 0012).
+    scheduler = await make_scheduler(start_due_jobs_locally=False)
     first = await scheduler.schedule(app_tasks.noop, execution_time=datetime.now(UTC))
     await wait_for_status(pool, first, "completed")
     claim_conn = scheduler.worker.connection._conn

@@ -25,6 +25,7 @@ from ..codec import (
 from ..log import get_logger
 from ..reconnect import is_connection_error, retry_on_disconnect
 from ..store import Completion, Store
+from ..store.names import Executor
 from .held import HeldConnection
 
 log = get_logger("pg_scheduler.worker")
@@ -120,6 +121,11 @@ class Completer:
         self._flusher: asyncio.Task[None] | None = None
         self._unwritten = 0
         self.connection = HeldConnection(store.pool)
+        #: Held while a completion statement runs. The heartbeat takes it too:
+        #: both lock this worker's running rows, each in its own order, and
+        #: run concurrently they could deadlock (PostgreSQL then aborts one
+        #: after deadlock_timeout, a one-second stall of every completion).
+        self.statement_lock = asyncio.Lock()
 
     @property
     def pending(self) -> int:
@@ -162,14 +168,15 @@ class Completer:
                 log.error("settling a completion failed", error=repr(exc))
 
     async def _complete(self, batch: list[_Entry]) -> None:
-        written = await retry_on_disconnect(
-            lambda: self.connection.run(
-                lambda db: self._store.complete(
-                    self._worker_id, [c for c, _, _ in batch], self._delete_completed(), db
+        done = [c for c, _, _ in batch]
+
+        async def write(db: Executor) -> set[str]:
+            async with self.statement_lock:
+                return await self._store.complete(
+                    self._worker_id, done, self._delete_completed(), db
                 )
-            ),
-            what="complete",
-        )
+
+        written = await retry_on_disconnect(lambda: self.connection.run(write), what="complete")
         self._unwritten -= len(batch)
         for completion, settle, arg in batch:
             try:

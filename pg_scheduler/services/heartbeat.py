@@ -43,15 +43,18 @@ class HeartbeatService(Service):
         worker = self.worker
         holdings = worker.holdings()
         try:
-            rows = await self.store.heartbeat(
-                worker.worker_id,
-                self.lease_seconds(),
-                self.hostname,
-                self.pid,
-                worker.slots.max_running,
-                worker.registry.names(),
-                holdings.started_ahead,
-            )
+            # Never beside this worker's own completion statement (see
+            # Completer.statement_lock): the two could deadlock.
+            async with worker.completer.statement_lock:
+                rows = await self.store.heartbeat(
+                    worker.worker_id,
+                    self.lease_seconds(),
+                    self.hostname,
+                    self.pid,
+                    worker.slots.max_running,
+                    worker.registry.names(),
+                    holdings.started_ahead,
+                )
         except BaseException:
             worker.unreported(holdings)
             raise
