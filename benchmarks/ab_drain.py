@@ -13,14 +13,9 @@ jobs/s when the machine is shared.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
-import subprocess
 import sys
-import tempfile
-import uuid
-from pathlib import Path
+
+from checkouts import alternate, run_child, server_dsn  # benchmarks/, next to this script
 
 CHILD = r"""
 import asyncio, json, logging, os, sys, time
@@ -92,53 +87,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dsn")
     args = ap.parse_args()
-    trees = args.trees.split(",")
-    if args.dsn:
-        dsn = args.dsn
-    else:
-        from pg_scheduler.embedded import EmbeddedPostgres
-
-        server = EmbeddedPostgres(
-            Path(tempfile.mkdtemp(prefix="pgs-ab-")) / "pgdata", cleanup="delete"
-        )
-        dsn = server.dsn
-    import asyncio
-
-    import asyncpg
-
-    async def admin(sql: str) -> None:
-        conn = await asyncpg.connect(dsn)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    results: dict[str, list[dict]] = {t: [] for t in trees}
-    for rnd in range(args.rounds):
-        for tree in trees if rnd % 2 == 0 else reversed(trees):
-            db = f"ab_{uuid.uuid4().hex[:8]}"
-            asyncio.run(admin(f'CREATE DATABASE "{db}"'))
-            tree_dsn = dsn.rsplit("/", 1)[0] + "/" + db if "?" not in dsn else None
-            if tree_dsn is None:
-                base, query = dsn.split("?", 1)
-                tree_dsn = base.rsplit("/", 1)[0] + "/" + db + "?" + query
-            proc = subprocess.run(
-                [sys.executable, "-c", CHILD, tree_dsn, str(args.n)],
-                cwd=tree,
-                capture_output=True,
-                text=True,
-                env={**os.environ, "PYTHONPATH": tree},
-            )
-            asyncio.run(admin(f'DROP DATABASE "{db}" WITH (FORCE)'))
-            line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-            res = json.loads(line[0][7:]) if line else {"error": proc.stderr[-800:]}
-            results[tree].append(res)
-            print(rnd, tree, res, flush=True)
-    for tree, runs in results.items():
-        ok = [r for r in runs if "error" not in r]
-        if ok:
-            med = {k: statistics.median(r[k] for r in ok) for k in ("jobs_per_s", "py_us", "pg_us")}
-            print("MEDIAN", tree, med, "runs", [r["jobs_per_s"] for r in ok])
+    dsn = server_dsn(args.dsn, "pgs-ab-")
+    alternate(
+        args.trees.split(","),
+        args.rounds,
+        lambda tree: run_child(dsn, tree, CHILD, [str(args.n)])[0],
+        ("jobs_per_s", "py_us", "pg_us"),
+    )
     return 0
 
 

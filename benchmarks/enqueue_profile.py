@@ -19,14 +19,10 @@ print where its Python time goes.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
-import subprocess
 import sys
-import tempfile
-import uuid
 from pathlib import Path
+
+from checkouts import alternate, run_child, server_dsn  # benchmarks/, next to this script
 
 CHILD = r"""
 import asyncio, cProfile, json, logging, os, pstats, sys, time
@@ -117,69 +113,23 @@ def main() -> int:
     ap.add_argument("--dsn")
     args = ap.parse_args()
     trees = [str(Path(t).resolve()) for t in args.trees.split(",")]
-    if args.dsn:
-        dsn = args.dsn
-    else:
-        from pg_scheduler.embedded import EmbeddedPostgres
+    dsn = server_dsn(args.dsn, "pgs-enq-")
 
-        server = EmbeddedPostgres(
-            Path(tempfile.mkdtemp(prefix="pgs-enq-")) / "pgdata", cleanup="delete"
-        )
-        dsn = server.dsn
-    import asyncio
-
-    import asyncpg
-
-    async def admin(sql: str) -> None:
-        conn = await asyncpg.connect(dsn)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    def run(tree: str, profile: bool) -> dict:
-        db = f"enq_{uuid.uuid4().hex[:8]}"
-        asyncio.run(admin(f'CREATE DATABASE "{db}"'))
-        base, _, query = dsn.partition("?")
-        tree_dsn = base.rsplit("/", 1)[0] + "/" + db + ("?" + query if query else "")
-        try:
-            proc = subprocess.run(
-                [
-                    sys.executable,
-                    "-c",
-                    CHILD,
-                    tree_dsn,
-                    str(args.n),
-                    args.batch_size,
-                    "1" if profile else "0",
-                ],
-                cwd=tree,
-                capture_output=True,
-                text=True,
-                env={**os.environ, "PYTHONPATH": tree},
-            )
-        finally:
-            asyncio.run(admin(f'DROP DATABASE "{db}" WITH (FORCE)'))
-        if profile:
-            print(proc.stdout)
-        line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-        return json.loads(line[0][7:]) if line else {"error": proc.stderr[-800:]}
+    def run(tree: str, profile: bool) -> tuple[dict, str]:
+        child_args = [str(args.n), args.batch_size, "1" if profile else "0"]
+        return run_child(dsn, tree, CHILD, child_args)
 
     if args.profile:
-        print(run(trees[0], True))
+        result, stdout = run(trees[0], True)
+        print(stdout)
+        print(result)
         return 0
-    keys = ("jobs_per_s", "client_us", "backend_us", "server_us")
-    results: dict[str, list[dict]] = {t: [] for t in trees}
-    for rnd in range(args.rounds):
-        for tree in trees if rnd % 2 == 0 else list(reversed(trees)):
-            res = run(tree, False)
-            results[tree].append(res)
-            print(rnd, tree, res, flush=True)
-    for tree, runs in results.items():
-        ok = [r for r in runs if "error" not in r]
-        if ok:
-            med = {k: statistics.median(r[k] for r in ok) for k in keys}
-            print("MEDIAN", tree, med, "runs", [r["jobs_per_s"] for r in ok])
+    alternate(
+        trees,
+        args.rounds,
+        lambda tree: run(tree, False)[0],
+        ("jobs_per_s", "client_us", "backend_us", "server_us"),
+    )
     return 0
 
 

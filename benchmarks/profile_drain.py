@@ -43,6 +43,7 @@ structlog.configure(
 )
 
 import asyncpg  # noqa: E402
+from checkouts import database_dsn  # noqa: E402  (benchmarks/, next to this script)
 
 from pg_scheduler import JobSpec, Scheduler, task  # noqa: E402
 from pg_scheduler.store import Store  # noqa: E402
@@ -346,9 +347,7 @@ async def amain(args: argparse.Namespace) -> int:
         conn = await asyncpg.connect(base)
         await conn.execute(f'CREATE DATABASE "{name}"')
         await conn.close()
-        head, _, query = base.partition("?")
-        dsn = head.rsplit("/", 1)[0] + "/" + name + (("?" + query) if query else "")
-        return name, dsn
+        return name, database_dsn(base, name)
 
     n = args.n
     _, dsn1 = await fresh()
