@@ -43,9 +43,9 @@ class HeartbeatService(Service):
         worker = self.worker
         holdings = worker.holdings()
         try:
-            # Never beside this worker's own completion statement (see
-            # Completer.statement_lock): the two could deadlock.
-            async with worker.completer.statement_lock:
+            # Never beside this worker's own completion statement: the two
+            # could deadlock.
+            async with worker.statement_turn():
                 rows = await self.store.heartbeat(
                     worker.worker_id,
                     self.lease_seconds(),
