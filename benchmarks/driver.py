@@ -144,6 +144,18 @@ def pct(values: list[float], q: float) -> float:
     return ordered[index]
 
 
+def spread_ms(values: list[float]) -> dict[str, float | None]:
+    """p50, p90, p99 and max of samples in ms (None each when there are none)."""
+    if not values:
+        return dict.fromkeys(("p50_ms", "p90_ms", "p99_ms", "max_ms"))
+    return {
+        "p50_ms": round(statistics.median(values), 3),
+        "p90_ms": round(pct(values, 0.90), 3),
+        "p99_ms": round(pct(values, 0.99), 3),
+        "max_ms": round(max(values), 3),
+    }
+
+
 async def settle(dsn: str) -> None:
     """After a large load: vacuum, analyze and checkpoint now, so the timed drain
     does not share the machine with the autovacuum and checkpoint the load
@@ -289,10 +301,7 @@ async def latency(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     await asyncio.sleep(0.2)
     return {
         "samples": len(lat),
-        "p50_ms": round(statistics.median(lat), 3) if lat else None,
-        "p90_ms": round(pct(lat, 0.90), 3) if lat else None,
-        "p99_ms": round(pct(lat, 0.99), 3) if lat else None,
-        "max_ms": round(max(lat), 3) if lat else None,
+        **spread_ms(lat),
         "timeouts": lost,
         "slow_samples": slow[:20],
         "check": RECORD.verify(total),
@@ -452,10 +461,7 @@ def _summary(delays: list[float | None]) -> dict[str, Any]:
     return {
         "samples": len(got),
         "lost": len(delays) - len(got),
-        "p50_ms": round(statistics.median(got), 3) if got else None,
-        "p90_ms": round(pct(got, 0.90), 3) if got else None,
-        "p99_ms": round(pct(got, 0.99), 3) if got else None,
-        "max_ms": round(max(got), 3) if got else None,
+        **spread_ms(got),
     }
 
 
