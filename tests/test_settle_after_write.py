@@ -64,30 +64,3 @@ async def test_shutdown_waits_for_a_queued_completion(pool, make_scheduler):
     await stopping
     await wait_for_status(pool, job_id, "completed")
     assert worker.in_flight == 0 and job_id not in worker.owned
-
-
-async def test_claims_go_on_while_a_completion_is_being_written(pool, make_scheduler):
-    # One slot, one row claimed ahead: the held-row bound is two rows. Rows
-    # whose job has returned take no room, so while the first completion's
-    # write is blocked the worker still claims and runs three more jobs (their
-    # completions queue behind it); counting them against the bound would
-    # have stopped it after one.
-    scheduler = await make_scheduler(max_concurrent_jobs=1, batch_claim_limit=1)
-    worker = scheduler.worker
-    key = f"overlap-{uuid.uuid4().hex[:8]}"
-    async with completion_blocked(pool, scheduler) as job_id:
-        await wait_until(lambda: worker.completer.pending == 1, message="the write to wait")
-        later = [
-            await scheduler.schedule(
-                app_tasks.record, execution_time=datetime.now(UTC), args=(key, i)
-            )
-            for i in range(3)
-        ]
-        await wait_until(lambda: len(app_tasks.calls[key]) == 3, message="three more jobs to run")
-        assert worker.completer.pending == 4
-        status = await pool.fetchval("SELECT status FROM scheduled_jobs WHERE job_id = $1", job_id)
-        assert status == "running"  # the first write is still blocked
-    for other in later:
-        await wait_for_status(pool, other, "completed")
-    await wait_for_status(pool, job_id, "completed")
-    await wait_until(lambda: worker.in_flight == 0, message="every row to be let go")

@@ -7,11 +7,8 @@ in-process start decide about room is asked here. Two counts: ``active``
 ``held`` (rows this worker holds ``running`` in the database: started,
 buffered, or awaiting their completion write). A slot is given back when the
 function returns, so the next job starts while the completion is written;
-``held`` drops only after the write. A claim may ask for rows while earlier
-completions are being written: rows whose job has returned take no room (a
-claim overlaps the completion's write, as a raw queue overlaps its
-acknowledgement), so a worker holds at most ``max_running + prefetch`` rows
-not yet finished, plus at most ``max_unwritten`` awaiting their write.
+``held`` drops only after the write, so a worker never holds more than
+``max_running + prefetch`` rows.
 
 Queues: ``served`` is the queues this worker claims from (None: every queue);
 ``queue_limits`` (a mapping given to the Scheduler) caps the rows held per
@@ -120,9 +117,7 @@ class Slots:
     def claim_limit(self, unwritten: int) -> int:
         """How many rows the next claim may ask for; 0: wait for room."""
         paused = time.monotonic() < self.prefetch_paused_until
-        # Rows whose job has finished and only await their completion's write
-        # take no room: the next claim overlaps that write.
-        free = self.max_running + (0 if paused else self.prefetch) - (self.held - unwritten)
+        free = self.max_running + (0 if paused else self.prefetch) - self.held
         idle = self.active + len(self.buffer) < self.max_running
         if free <= 0 or (free < self.min_claim and not idle) or unwritten >= self.max_unwritten:
             return 0
