@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from datetime import datetime
 from typing import Any
 
@@ -117,9 +117,20 @@ class JobContext:
             log.warning("progress not written", job_id=self.job_id, error=repr(exc))
 
 
-def enter_job(store: Store, running: Any, row: Any) -> None:
-    """Called by the worker in the job's task, before the function runs."""
-    _current.set(JobContext(store, running, row))
+def enter_job(store: Store, running: Any, row: Any) -> Token[JobContext | None]:
+    """Called by the worker in the job's task, before the function runs; give
+    the token to :func:`leave_job` once the job's outcome is decided."""
+    return _current.set(JobContext(store, running, row))
+
+
+def leave_job(token: Token[JobContext | None]) -> None:
+    """Called by the worker in the job's task when the job is over. The task's
+    context holds the job's context, which holds the task (to cancel it): a
+    reference cycle per job, left to the cyclic garbage collector, whose full
+    collections then stall the event loop for tens of milliseconds under a
+    drain. Resetting the variable breaks the cycle, so the job's objects are
+    freed at once. Tasks the job started keep their own copy."""
+    _current.reset(token)
 
 
 def current_job() -> JobContext:

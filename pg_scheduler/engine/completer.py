@@ -9,6 +9,7 @@ a worker that lost a job to the rescuer never overwrites what happened to it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -141,7 +142,9 @@ class Completer:
         self._queue.append((completion, settle, arg))
         flusher = self._flusher
         if flusher is None or flusher.done():
-            self._flusher = asyncio.create_task(self._flush_all())
+            # Usually called from a job's task: in an empty context, so the
+            # flusher neither runs as that job (current_job()) nor keeps it alive.
+            self._flusher = asyncio.create_task(self._flush_all(), context=contextvars.Context())
 
     async def submit(self, completion: Completion) -> bool | str:
         """Queue a completion and wait for it: True once written, False if the lease

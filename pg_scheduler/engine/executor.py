@@ -23,7 +23,7 @@ import pg_scheduler.instrument as instrument
 
 from ..codec import UnstorableResult, decode_task_data, encode_result
 from ..config import RetryPolicy
-from ..context import enter_job
+from ..context import enter_job, leave_job
 from ..log import get_logger
 from ..store import Completion, Store
 from ..tasks import EXECUTOR_ATTR, TaskRegistry
@@ -143,7 +143,7 @@ class Executor:
         assert current is not None
         running = RunningJob(job, current, time.monotonic())
         self.running[job.job_id] = running
-        enter_job(self.store, running, job_row)  # current_job()
+        token = enter_job(self.store, running, job_row)  # current_job()
         # Metrics and tracing observers (issue 16); none installed: one attribute read.
         observed = instrument.started(job_row, job.task_name) if instrument.observers else None
         outcome = "interrupted"
@@ -253,10 +253,13 @@ class Executor:
             outcome = self.outcomes.completed(job, written, duration)
             return False
         finally:
-            if observed:
-                instrument.finished(observed, outcome, duration)
-            if running.linger is not None:
-                await self._wait_linger(running)
+            try:
+                if observed:
+                    instrument.finished(observed, outcome, duration)
+                if running.linger is not None:
+                    await self._wait_linger(running)
+            finally:
+                leave_job(token)
 
     def _slot_done(self, running: RunningJob) -> None:
         # A thread still running keeps its slot: the job's task waits for it
