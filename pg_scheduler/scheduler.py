@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
+from . import process_gc
 from .compat import SchedulerCompat
 from .config import PollingConfig, RetryPolicy, VacuumConfig
 from .engine import BLOCKED_LOOP, CANCELLED_REMOTELY, Worker
@@ -98,6 +99,7 @@ class Scheduler(JobsAPI, SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
         loop_stall_warning: float | None = 0.5,
         loop_stall_limit: float | None = None,
         queues: list[str] | dict[str, int] | None = None,
+        gc_freeze: bool = False,
     ) -> None:
         check_arguments(
             db_pool=db_pool,
@@ -123,6 +125,8 @@ class Scheduler(JobsAPI, SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
         check_int("process_pool_size", process_pool_size, 1, allow_none=True)
         check_seconds("loop_stall_warning", loop_stall_warning)
         check_seconds("loop_stall_limit", loop_stall_limit)
+        if not isinstance(gc_freeze, bool):
+            raise TypeError(f"gc_freeze must be a bool, got {type(gc_freeze).__name__}")
         # None: every queue; a list; or queue -> local concurrency.
         self.served_queues, self.queue_limits = check_queues(queues, max_concurrent_jobs)
         # One thread per slot by default: a thread job never waits for a thread.
@@ -130,6 +134,10 @@ class Scheduler(JobsAPI, SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
         self.process_pool_size = process_pool_size or default_process_pool_size()
         self.loop_stall_warning = loop_stall_warning
         self._loop_stall_limit = loop_stall_limit
+        # Freeze the objects alive at start() out of Python's full collections
+        # while running (see process_gc); process-wide, so opt-in.
+        self.gc_freeze = gc_freeze
+        self._froze = False
 
         self.db_pool = db_pool
         self.max_concurrent_jobs = max_concurrent_jobs
@@ -281,6 +289,9 @@ class Scheduler(JobsAPI, SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
                 raise
             self.is_running = True
             self.is_shutting_down = False
+            if self.gc_freeze:  # before the first job runs
+                process_gc.freeze()
+                self._froze = True
             local_start.offer(self)
             self._claim_task = asyncio.create_task(self.worker.run(), name="pg_scheduler.claim")
             await asyncio.sleep(0)  # the first claim goes out before the services' rounds
@@ -342,6 +353,9 @@ class Scheduler(JobsAPI, SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
                 log.warning("could not unregister worker; it will age out", error=repr(exc))
             self.is_running = False
             self.is_shutting_down = False
+            if self._froze:
+                self._froze = False
+                process_gc.thaw()
             log.info("scheduler stopped", worker_id=self.worker_id)
 
     def request_immediate_shutdown(self) -> None:

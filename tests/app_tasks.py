@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 from collections import defaultdict
 from typing import Any
@@ -72,3 +73,9 @@ async def wait_for(key: str) -> str:
     event(key + ":started").set()
     await event(key + ":release").wait()
     return "released"
+
+
+@task
+async def gc_freeze_count() -> int:
+    """How many objects the worker's process has frozen out of garbage collection."""
+    return gc.get_freeze_count()

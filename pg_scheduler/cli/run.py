@@ -44,6 +44,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     worker.add_argument(
         "--grace", type=float, default=None, help="seconds running jobs get to finish at shutdown"
     )
+    worker.add_argument(
+        "--no-gc-freeze",
+        dest="gc_freeze",
+        action="store_false",
+        help="leave Python's garbage collector as it is (default: the worker owns its "
+        "process and freezes what is alive at start out of full collections: Scheduler "
+        "gc_freeze=True; the app's dict may also set it)",
+    )
     worker.set_defaults(handler=_cmd_worker)
 
     migrate = commands.add_parser("migrate", help="apply pending schema migrations")
@@ -120,6 +128,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         options["pgbouncer"] = True
     if args.listen_dsn:
         options["listen_dsn"] = args.listen_dsn
+    if not args.gc_freeze:
+        options["gc_freeze"] = False
+    else:
+        options.setdefault("gc_freeze", True)
     return run_async(lambda: _worker(args, options))
 
 

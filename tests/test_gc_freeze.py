@@ -1,0 +1,96 @@
+"""``Scheduler(gc_freeze=True)`` freezes the objects alive at start() out of
+Python's full garbage collections while it runs (process_gc); the
+``pg-scheduler worker`` command turns it on unless ``--no-gc-freeze``."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import signal
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import app_tasks
+import pytest
+from conftest import wait_for_status
+
+from pg_scheduler import Scheduler
+
+TESTS_DIR = Path(__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def nothing_frozen():
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+
+
+async def test_frozen_while_running_and_thawed_by_the_last_shutdown(pool, make_scheduler):
+    first = await make_scheduler(gc_freeze=True)
+    assert gc.get_freeze_count() > 0
+    second = await make_scheduler(gc_freeze=True)
+    await first.shutdown()
+    assert gc.get_freeze_count() > 0  # the second still runs
+    await second.shutdown()
+    assert gc.get_freeze_count() == 0
+
+
+async def test_an_application_freeze_is_left_as_it_was(pool, make_scheduler):
+    gc.freeze()  # the application's own, before the scheduler starts
+    scheduler = await make_scheduler(gc_freeze=True)
+    await scheduler.shutdown()
+    assert gc.get_freeze_count() > 0
+
+
+async def test_off_by_default(pool, make_scheduler):
+    await make_scheduler()
+    assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+async def test_gc_freeze_must_be_a_bool(pool, value):
+    with pytest.raises(TypeError, match="gc_freeze must be a bool"):
+        Scheduler(pool, gc_freeze=value)
+
+
+async def worker_freeze_count(pool, dsn: str, *flags: str) -> int:
+    """Run ``pg-scheduler worker app_tasks`` with ``flags``; what a job there reports."""
+    env = {
+        **os.environ,
+        "PG_SCHEDULER_DSN": dsn,
+        "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
+    }
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "pg_scheduler.cli",
+        "--log-level",
+        "warning",
+        "worker",
+        "app_tasks",
+        *flags,
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        producer = Scheduler(pool)
+        job_id = await producer.schedule(
+            app_tasks.gc_freeze_count, execution_time=datetime.now(UTC)
+        )
+        await wait_for_status(pool, job_id, "completed", timeout=30)
+        result = await pool.fetchval("SELECT result FROM scheduled_jobs WHERE job_id = $1", job_id)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(worker.communicate(), 30)
+    assert worker.returncode == 0, err.decode()[-2000:]
+    return json.loads(result)
+
+
+async def test_the_worker_command_freezes_unless_told_not_to(pool, dsn):
+    assert await worker_freeze_count(pool, dsn) > 1000
+    assert await worker_freeze_count(pool, dsn, "--no-gc-freeze") == 0
