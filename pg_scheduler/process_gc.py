@@ -27,7 +27,7 @@ _holders = 0
 _frozen_by_application = False
 
 
-def freeze() -> None:
+def freeze_objects() -> None:
     """Freeze what is alive now; counted, so several schedulers pair up."""
     global _holders, _frozen_by_application
     if _holders == 0:
@@ -36,8 +36,8 @@ def freeze() -> None:
     gc.freeze()
 
 
-def thaw() -> None:
-    """Undo one :func:`freeze`; the last one unfreezes (see the module docstring)."""
+def thaw_objects() -> None:
+    """Undo one :func:`freeze_objects`; the last one unfreezes (see the module docstring)."""
     global _holders
     if _holders == 0:
         return

@@ -9,7 +9,6 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from . import process_gc
 from .compat import SchedulerCompat
 from .config import PollingConfig, RetryPolicy, VacuumConfig
 from .engine import BLOCKED_LOOP, CANCELLED_REMOTELY, Worker
@@ -20,6 +19,7 @@ from .events import EventHub
 from .log import get_logger
 from .notify import Listener
 from .periodic.runtime import PeriodicManager
+from .process_gc import freeze_objects, thaw_objects
 from .queues import QueueOps, check_queues
 from .reconnect import retry_on_disconnect
 from .results import ResultsAPI
@@ -290,7 +290,7 @@ class Scheduler(JobsAPI, SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
             self.is_running = True
             self.is_shutting_down = False
             if self.gc_freeze:  # before the first job runs
-                process_gc.freeze()
+                freeze_objects()
                 self._froze = True
             local_start.offer(self)
             self._claim_task = asyncio.create_task(self.worker.run(), name="pg_scheduler.claim")
@@ -355,7 +355,7 @@ class Scheduler(JobsAPI, SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
             self.is_shutting_down = False
             if self._froze:
                 self._froze = False
-                process_gc.thaw()
+                thaw_objects()
             log.info("scheduler stopped", worker_id=self.worker_id)
 
     def request_immediate_shutdown(self) -> None:
