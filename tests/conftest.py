@@ -120,6 +120,34 @@ async def make_scheduler(
         await scheduler.shutdown(grace_period=1.0)
 
 
+def child_env(dsn: str) -> dict[str, str]:
+    """The environment of a test's child process: ``dsn`` as PG_SCHEDULER_DSN,
+    and this directory importable (its task modules: app_tasks, mp_tasks, ...)."""
+    return {
+        **os.environ,
+        "PG_SCHEDULER_DSN": dsn,
+        "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
+    }
+
+
+async def start_cli_worker(dsn: str, app: str, *extra: str) -> asyncio.subprocess.Process:
+    """``pg-scheduler --log-level warning worker APP [EXTRA...]`` on ``dsn``;
+    stdout discarded, stderr piped (read it with ``communicate()``)."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "pg_scheduler.cli",
+        "--log-level",
+        "warning",
+        "worker",
+        app,
+        *extra,
+        env=child_env(dsn),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
 async def wait_until(
     predicate: Callable[[], Awaitable[bool] | bool],
     timeout: float = 10.0,

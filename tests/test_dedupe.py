@@ -8,12 +8,11 @@ import json
 import os
 import sys
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import asyncpg
 import dedupe_tasks
 import pytest
-from conftest import wait_for_status
+from conftest import child_env, wait_for_status
 
 from pg_scheduler import ConflictResolution, JobSpec, RetryPolicy, task
 from pg_scheduler.migrate import migrate
@@ -23,7 +22,6 @@ RAISE, IGNORE, REPLACE = (
     ConflictResolution.IGNORE,
     ConflictResolution.REPLACE,
 )
-TESTS_DIR = Path(__file__).resolve().parent
 
 
 def later(hours: float = 1) -> datetime:
@@ -88,11 +86,7 @@ asyncio.run(main())
 
 @pytest.mark.parametrize("mode", ["IGNORE", "RAISE", "REPLACE"])
 async def test_two_processes_racing_1000_schedules_on_10_keys_leave_10_jobs(pool, dsn, mode):
-    env = {
-        **os.environ,
-        "PG_SCHEDULER_DSN": dsn,
-        "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
-    }
+    env = child_env(dsn)
     procs = [
         await asyncio.create_subprocess_exec(
             sys.executable,

@@ -7,19 +7,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import os
 import signal
-import sys
 from datetime import UTC, datetime
-from pathlib import Path
 
 import app_tasks
 import pytest
-from conftest import wait_for_status
+from conftest import start_cli_worker, wait_for_status
 
 from pg_scheduler import Scheduler
-
-TESTS_DIR = Path(__file__).parent
 
 
 @pytest.fixture(autouse=True)
@@ -59,24 +54,7 @@ async def test_gc_freeze_must_be_a_bool(pool, value):
 
 async def worker_freeze_count(pool, dsn: str, *flags: str) -> int:
     """Run ``pg-scheduler worker app_tasks`` with ``flags``; what a job there reports."""
-    env = {
-        **os.environ,
-        "PG_SCHEDULER_DSN": dsn,
-        "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
-    }
-    worker = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "pg_scheduler.cli",
-        "--log-level",
-        "warning",
-        "worker",
-        "app_tasks",
-        *flags,
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    worker = await start_cli_worker(dsn, "app_tasks", *flags)
     try:
         producer = Scheduler(pool)
         job_id = await producer.schedule(

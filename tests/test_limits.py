@@ -3,27 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 from datetime import UTC, datetime
-from pathlib import Path
 
 import limit_tasks
 import pytest
-from conftest import wait_until
+from conftest import start_cli_worker, wait_until
 
 from pg_scheduler import JobSpec, RateLimit, Scheduler, task
 from pg_scheduler.limits import parse_rate_limit
-
-TESTS_DIR = Path(__file__).resolve().parent
-
-
-def _env(dsn: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        "PG_SCHEDULER_DSN": dsn,
-        "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
-    }
 
 
 async def _runs_table(pool) -> None:
@@ -55,21 +42,7 @@ def _most_starts_in(starts: list[float], window: float) -> int:
 
 
 async def _workers(dsn: str, count: int) -> list[asyncio.subprocess.Process]:
-    return [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "pg_scheduler.cli",
-            "--log-level",
-            "warning",
-            "worker",
-            "limit_tasks:SETTINGS",
-            env=_env(dsn),
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        for _ in range(count)
-    ]
+    return [await start_cli_worker(dsn, "limit_tasks:SETTINGS") for _ in range(count)]
 
 
 async def _stop(workers: list[asyncio.subprocess.Process]) -> None:

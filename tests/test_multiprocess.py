@@ -6,12 +6,10 @@ import asyncio
 import os
 import signal
 import sys
-from pathlib import Path
 
 import pytest
-from conftest import wait_until
+from conftest import child_env, start_cli_worker, wait_until
 
-TESTS_DIR = Path(__file__).resolve().parent
 JOBS = 2000
 
 PRODUCER = """
@@ -34,14 +32,6 @@ async def main():
 
 asyncio.run(main())
 """
-
-
-def env(dsn: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        "PG_SCHEDULER_DSN": dsn,
-        "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
-    }
 
 
 async def explain_duplicates(pool, workers, logs: list[str], registered) -> str:
@@ -109,24 +99,15 @@ async def test_two_workers_and_a_producer_run_each_job_exactly_once(pool, dsn):
         "CREATE TABLE IF NOT EXISTS job_runs (n int, pid int, job_id text, attempt int,"
         " at timestamptz DEFAULT clock_timestamp())"
     )
-    workers = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "pg_scheduler.cli",
-            "--log-level",
-            "warning",
-            "worker",
-            "mp_tasks:SETTINGS",
-            env=env(dsn),
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        for _ in range(2)
-    ]
+    workers = [await start_cli_worker(dsn, "mp_tasks:SETTINGS") for _ in range(2)]
     try:
         producer = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", PRODUCER, str(JOBS), env=env(dsn), stderr=asyncio.subprocess.PIPE
+            sys.executable,
+            "-c",
+            PRODUCER,
+            str(JOBS),
+            env=child_env(dsn),
+            stderr=asyncio.subprocess.PIPE,
         )
         _, err = await producer.communicate()
         assert producer.returncode == 0, err.decode()[-2000:]

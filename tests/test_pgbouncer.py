@@ -8,7 +8,6 @@ import pwd
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -19,11 +18,10 @@ import app_tasks
 import asyncpg
 import bouncer_tasks
 import pytest
-from conftest import FAST, wait_for_status, wait_until
+from conftest import FAST, start_cli_worker, wait_for_status, wait_until
 
 from pg_scheduler import JobSpec, PollingConfig, Scheduler
 
-TESTS_DIR = Path(__file__).resolve().parent
 PGBOUNCER = shutil.which("pgbouncer") or (
     "/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None
 )
@@ -118,14 +116,6 @@ async def bouncer_pool(bouncer_dsn: str) -> AsyncIterator[asyncpg.Pool]:
     await p.close()
 
 
-def _env(bouncer_dsn: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        "PG_SCHEDULER_DSN": bouncer_dsn,
-        "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
-    }
-
-
 async def test_a_caching_pool_is_refused_in_pgbouncer_mode(bouncer_dsn):
     p = await asyncpg.create_pool(bouncer_dsn, min_size=0, max_size=2)
     try:
@@ -142,19 +132,7 @@ async def test_two_cli_workers_through_pgbouncer_run_each_job_exactly_once(
     await pool.execute("CREATE TABLE IF NOT EXISTS bouncer_runs (n int, pid int)")
     await pool.execute("TRUNCATE bouncer_runs")
     workers = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "pg_scheduler.cli",
-            "--log-level",
-            "warning",
-            "--pgbouncer",
-            "worker",
-            "bouncer_tasks:SETTINGS",
-            env=_env(bouncer_dsn),
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        await start_cli_worker(bouncer_dsn, "bouncer_tasks:SETTINGS", "--pgbouncer")
         for _ in range(2)
     ]
     try:

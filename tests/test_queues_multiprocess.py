@@ -6,8 +6,7 @@ import asyncio
 import sys
 
 import pytest
-from conftest import wait_until
-from test_multiprocess import env
+from conftest import child_env, start_cli_worker, wait_until
 
 from pg_scheduler.store import QueueStore
 
@@ -35,19 +34,7 @@ asyncio.run(main())
 
 
 async def start_worker(dsn: str, *extra: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "pg_scheduler.cli",
-        "--log-level",
-        "warning",
-        "worker",
-        "queue_tasks:SETTINGS",
-        *extra,
-        env=env(dsn),
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    return await start_cli_worker(dsn, "queue_tasks:SETTINGS", *extra)
 
 
 async def produce(dsn: str, total: int, seconds: float) -> None:
@@ -57,7 +44,7 @@ async def produce(dsn: str, total: int, seconds: float) -> None:
         PRODUCER,
         str(total),
         str(seconds),
-        env=env(dsn),
+        env=child_env(dsn),
         stderr=asyncio.subprocess.PIPE,
     )
     _, err = await producer.communicate()
@@ -169,7 +156,7 @@ async def test_pause_stops_new_starts_on_every_worker_within_a_second(pool, dsn)
             "queues",
             "resume",
             "emails",
-            env=env(dsn),
+            env=child_env(dsn),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
