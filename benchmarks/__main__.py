@@ -41,7 +41,7 @@ CONTENDERS: dict[str, str | None] = {
     "pg_scheduler_del": None,  # the same, completed rows deleted at once
     "pg_scheduler_notify": None,  # the same, no in-process start (latency only)
     "pg_scheduler_thread": None,  # plain def jobs in the thread pool (drain only)
-    "pg_scheduler_gc": None,  # the same with gc_freeze=True, as the worker command (latency)
+    "pg_scheduler_nogc": None,  # the same with gc_freeze=False (latency only)
     "pgqueuer": "pgqueuer==1.6.0",
     "chancy": "chancy==0.26.0",
     "pg_scheduler_023": "pg-scheduler==0.2.3",
@@ -106,7 +106,7 @@ SCALING_CONTENDERS = ("raw_limit", "pg_scheduler")
 ONLY_IN = {
     "pg_scheduler_notify": {"latency"},
     "pg_scheduler_thread": {"drain"},
-    "pg_scheduler_gc": {"latency", "latency_cross", "critical"},
+    "pg_scheduler_nogc": {"latency", "latency_cross", "critical"},
     # The limit is a throughput floor for the database work, not a latency design.
     "raw_limit": {"drain", "drain_big", "backlog", "big_backlog", "enqueue", "startup"},
     "raw_limit_del": {"drain", "drain_big"},
@@ -494,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in names:
                 if scenario in OURS_ONLY and name not in (
                     "pg_scheduler",
-                    "pg_scheduler_gc",
+                    "pg_scheduler_nogc",
                     "raw_limit",
                 ):
                     continue

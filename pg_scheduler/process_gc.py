@@ -1,4 +1,4 @@
-"""``Scheduler(gc_freeze=True)``: keep Python's full garbage collections short
+"""``Scheduler(gc_freeze=True)``, the default: keep Python's full garbage collections short
 while a scheduler runs.
 
 A full (generation 2) collection walks every tracked object of the process
@@ -10,13 +10,15 @@ moves the objects alive at ``start()`` (modules, classes, the application's
 long-lived state) out of those walks, so a full collection then costs about
 a millisecond.
 
-Process-wide, hence opt-in for the library (the ``pg-scheduler worker``
-command turns it on, since it owns its process): objects frozen here that
-later become unreachable in a reference cycle are not reclaimed while any
-scheduler with ``gc_freeze=True`` runs. The last one to shut down unfreezes
-them, and the next full collection reclaims what is garbage by then, unless
-the application had frozen objects itself before (a pre-fork server does):
-then its freeze is left as it was.
+On by default. It is process-wide, and what it costs is bounded: objects
+alive at ``start()`` that later become unreachable in a reference cycle (and
+what they still hold) are not reclaimed while a scheduler with
+``gc_freeze=True`` runs; everything else is collected as usual. The
+last such scheduler to shut down unfreezes them, and the next full
+collection reclaims what is garbage by then, unless the application had
+frozen objects itself before (a pre-fork server does): then its freeze is
+left as it was. ``Scheduler(gc_freeze=False)`` (``pg-scheduler worker
+--no-gc-freeze``) leaves the collector alone.
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ class Scheduler(JobsAPI, SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
         loop_stall_warning: float | None = 0.5,
         loop_stall_limit: float | None = None,
         queues: list[str] | dict[str, int] | None = None,
-        gc_freeze: bool = False,
+        gc_freeze: bool = True,
     ) -> None:
         check_arguments(
             db_pool=db_pool,
@@ -135,7 +135,7 @@ class Scheduler(JobsAPI, SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
         self.loop_stall_warning = loop_stall_warning
         self._loop_stall_limit = loop_stall_limit
         # Freeze the objects alive at start() out of Python's full collections
-        # while running (see process_gc); process-wide, so opt-in.
+        # while running (see process_gc); gc_freeze=False leaves gc alone.
         self.gc_freeze = gc_freeze
         self._froze = False
 

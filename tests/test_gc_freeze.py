@@ -1,6 +1,7 @@
-"""``Scheduler(gc_freeze=True)`` freezes the objects alive at start() out of
-Python's full garbage collections while it runs (process_gc); the
-``pg-scheduler worker`` command turns it on unless ``--no-gc-freeze``."""
+"""``Scheduler(gc_freeze=True)``, the default, freezes the objects alive at
+start() out of Python's full garbage collections while it runs (process_gc);
+``gc_freeze=False`` and ``pg-scheduler worker --no-gc-freeze`` leave the
+collector alone."""
 
 from __future__ import annotations
 
@@ -41,8 +42,17 @@ async def test_an_application_freeze_is_left_as_it_was(pool, make_scheduler):
     assert gc.get_freeze_count() > 0
 
 
-async def test_off_by_default(pool, make_scheduler):
-    await make_scheduler()
+async def test_on_by_default(pool, make_scheduler):
+    scheduler = await make_scheduler()
+    assert gc.get_freeze_count() > 0
+    await scheduler.shutdown()
+    assert gc.get_freeze_count() == 0
+
+
+async def test_false_leaves_the_collector_alone(pool, make_scheduler):
+    scheduler = await make_scheduler(gc_freeze=False)
+    assert gc.get_freeze_count() == 0
+    await scheduler.shutdown()
     assert gc.get_freeze_count() == 0
 
 

@@ -113,10 +113,10 @@ class Contender:
         if os.environ.get("PGS_BENCH_NO_LOCAL_START"):
             # Variant: jobs reach the worker through NOTIFY + claim, as from another process.
             options["start_due_jobs_locally"] = False
-        if os.environ.get("PGS_BENCH_GC_FREEZE"):
-            # Variant: gc_freeze=True, as the worker command runs (no full
-            # collection walks the objects alive at start).
-            options["gc_freeze"] = True
+        if os.environ.get("PGS_BENCH_NO_GC_FREEZE"):
+            # Variant: gc_freeze=False (full collections walk every object
+            # alive at start).
+            options["gc_freeze"] = False
         self.scheduler = Scheduler(
             self.pool, max_concurrent_jobs=concurrency, batch_claim_limit=concurrency, **options
         )

@@ -48,9 +48,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--no-gc-freeze",
         dest="gc_freeze",
         action="store_false",
-        help="leave Python's garbage collector as it is (default: the worker owns its "
-        "process and freezes what is alive at start out of full collections: Scheduler "
-        "gc_freeze=True; the app's dict may also set it)",
+        help="leave Python's garbage collector as it is: Scheduler gc_freeze=False "
+        "(default: what is alive at start is frozen out of full collections; the app's "
+        "dict may also set it)",
     )
     worker.set_defaults(handler=_cmd_worker)
 
@@ -130,8 +130,6 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         options["listen_dsn"] = args.listen_dsn
     if not args.gc_freeze:
         options["gc_freeze"] = False
-    else:
-        options.setdefault("gc_freeze", True)
     return run_async(lambda: _worker(args, options))
 
 
