@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -292,6 +293,8 @@ class Scheduler(JobsAPI, SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
             if self.gc_freeze:  # before the first job runs
                 freeze_objects()
                 self._froze = True
+            # Jobs run in a copy of this context, not their caller's (starts.py).
+            self.worker.job_context = contextvars.copy_context()
             local_start.offer(self)
             self._claim_task = asyncio.create_task(self.worker.run(), name="pg_scheduler.claim")
             await asyncio.sleep(0)  # the first claim goes out before the services' rounds

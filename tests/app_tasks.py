@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import gc
 import os
 from collections import defaultdict
@@ -11,6 +12,8 @@ from typing import Any
 from pg_scheduler import task
 
 calls: defaultdict[str, list[Any]] = defaultdict(list)
+# What a job sees of its caller's context (test_local_start).
+request_user: contextvars.ContextVar[str] = contextvars.ContextVar("request_user", default="-")
 events: dict[str, asyncio.Event] = {}
 
 
@@ -79,3 +82,9 @@ async def wait_for(key: str) -> str:
 async def gc_freeze_count() -> int:
     """How many objects the worker's process has frozen out of garbage collection."""
     return gc.get_freeze_count()
+
+
+@task
+async def seen_request_user() -> str:
+    """The ``request_user`` context variable as the job sees it."""
+    return request_user.get()

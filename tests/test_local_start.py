@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -42,6 +43,29 @@ async def test_a_due_job_is_written_claimed_by_the_local_worker(pool, make_sched
     app_tasks.event(k + ":release").set()
     await wait_for_status(pool, job_id, "completed")
     assert app_tasks.calls[k] == ["start"]
+
+
+async def test_a_job_runs_in_the_context_of_start_not_of_its_caller(pool, make_scheduler):
+    """A local start runs in the worker's context, as a claimed job does: a
+    request's context variables (its user, tenant, log bindings) stay in the
+    request."""
+    token = app_tasks.request_user.set("set before start()")
+    try:
+        worker = await make_scheduler()
+    finally:
+        app_tasks.request_user.reset(token)
+
+    async def request_handler(when: datetime) -> str:
+        app_tasks.request_user.set("alice")
+        return await worker.schedule(app_tasks.seen_request_user, execution_time=when)
+
+    local = await asyncio.create_task(request_handler(datetime.now(UTC)))
+    assert (await row(pool, local))["status"] in ("running", "completed")  # started here
+    claimed = await asyncio.create_task(request_handler(datetime.now(UTC) + timedelta(seconds=0.3)))
+    for job_id in (local, claimed):
+        await wait_for_status(pool, job_id, "completed")
+        result = await pool.fetchval("SELECT result FROM scheduled_jobs WHERE job_id = $1", job_id)
+        assert json.loads(result) == "set before start()"
 
 
 async def test_inside_a_transaction_the_job_waits_for_the_commit(pool, make_scheduler):

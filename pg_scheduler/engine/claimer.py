@@ -12,6 +12,7 @@ can never overwrite what happened to it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
@@ -107,6 +108,9 @@ class Worker(HandBack, HeartbeatView, JobTasks):
         self.tasks_background: set[asyncio.Task[Any]] = set()
         #: False once shutdown began: nothing new is claimed or started.
         self.claiming = True
+        #: The context every job's task copies (Scheduler.start() sets it to
+        #: its own); None: the context of whoever starts the job.
+        self.job_context: contextvars.Context | None = None
         self._force = asyncio.Event()
         self._retry_timer: asyncio.TimerHandle | None = None
         # The claim loop's own connection (claims and next-due probes). Claims

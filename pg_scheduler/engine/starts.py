@@ -5,6 +5,7 @@ of the row once its outcome is written. A mixin of :class:`~.claimer.Worker`."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from functools import partial
@@ -30,6 +31,7 @@ class JobTasks:
         started_ahead: list[str]
         paused_queues: dict[str, int]
         claiming: bool
+        job_context: contextvars.Context | None
         _execute: Callable[..., Coroutine[Any, Any, bool]]
 
         def queue_paused(self, queue: str, paused: bool) -> None: ...
@@ -70,7 +72,11 @@ class JobTasks:
         else:
             slots.taken[job_id] = False
             coro = self._run_claimed(row)
-        task = asyncio.create_task(coro)
+        # Every job runs in a copy of the context start() ran in, whether a
+        # claim or schedule() in a request handler started it: the caller's
+        # context variables (its user, tenant, log bindings) stay with it.
+        context = None if self.job_context is None else self.job_context.copy()
+        task = asyncio.create_task(coro, context=context)
         self.tasks.add(task)
         task.add_done_callback(partial(self._job_task_done, job_id))
 
