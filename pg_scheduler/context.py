@@ -58,8 +58,8 @@ class JobContext:
 
     @property
     def queue(self) -> str:
-        """Always "default" until queues land."""
-        return "default"
+        """The job's queue ("default" unless the task or the call named one)."""
+        return self._row.get("queue") or "default"
 
     @property
     def scheduled_at(self) -> datetime | None:

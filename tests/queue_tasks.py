@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import asyncpg
 
-from pg_scheduler import task
+from pg_scheduler import current_job, task
 
 starts: defaultdict[str, list[str]] = defaultdict(list)
 running: defaultdict[str, int] = defaultdict(int)
@@ -76,3 +76,9 @@ SETTINGS = {
     "heartbeat_interval": 0.5,
     "run_periodic_jobs": False,
 }
+
+
+@task(name="q.own_queue", queue="reports")
+async def own_queue() -> str:
+    """The queue the job sees through current_job()."""
+    return current_job().queue

@@ -419,3 +419,18 @@ async def test_events_carry_the_jobs_queue_and_filter_on_it(pool, make_scheduler
         event = await asyncio.wait_for(emails.__anext__(), 10)
     # The plain job's event was filtered out: the first one seen is the e-mail's.
     assert (event.job_id, event.queue, event.kind) == (job_id, "emails", "completed")
+
+
+async def test_current_job_names_the_jobs_queue(pool, make_scheduler):
+    worker = await make_scheduler()
+    ids = [
+        await worker.schedule(queue_tasks.own_queue, execution_time=now()),
+        await worker.schedule(queue_tasks.own_queue, execution_time=now(), queue="urgent"),
+        await worker.schedule(queue_tasks.own_queue, execution_time=now(), queue="default"),
+    ]
+    seen = []
+    for job_id in ids:
+        await wait_for_status(pool, job_id, "completed")
+        result = await pool.fetchval("SELECT result FROM scheduled_jobs WHERE job_id = $1", job_id)
+        seen.append(json.loads(result))
+    assert seen == ["reports", "urgent", "default"]
