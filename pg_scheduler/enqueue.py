@@ -28,6 +28,7 @@ from .enums import ConflictResolution
 from .job_fields import JobFields, row_of
 from .job_ids import new_job_id
 from .job_spec import JobSpec
+from .pool_release import release_later
 from .reconnect import retry_on_disconnect
 from .store import NewJob, Store
 from .tasks import TaskRegistry, ensure_async, queue_of, task_name_of
@@ -284,8 +285,17 @@ class Enqueuer:
                 # abort the caller's work.
                 async with connection.transaction():
                     return await insert(connection, rows)
-            # One INSERT statement is atomic on its own: no BEGIN/COMMIT round trips.
-            return await insert(self.pool, rows)
+            # One INSERT statement is atomic on its own: no BEGIN/COMMIT round
+            # trips. Committed when it answers, so the caller does not wait
+            # for the connection's reset either (pool_release).
+            conn = await self.pool.acquire()
+            try:
+                written = await insert(conn, rows)
+            except BaseException:
+                await self.pool.release(conn)
+                raise
+            release_later(self.pool, conn)
+            return written
 
         return await self._attempts(once, rows, user_ids, retried, connection is None)
 

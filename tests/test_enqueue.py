@@ -455,3 +455,45 @@ async def test_job_timeout_and_retry_schedule_visible(pool, make_scheduler):
     )
     await wait_for_status(pool, own, "failed")
     assert (await scheduler.get_job(own)).error == "timed out after 0.1 s"
+
+
+async def test_schedule_does_not_wait_for_the_connections_reset(dsn):
+    """The row is committed when the INSERT answers; asyncpg's reset of the
+    connection (one more round trip) happens after schedule() returned, and
+    closing the pool still waits for it."""
+    import asyncpg
+
+    from pg_scheduler import Scheduler
+
+    reset_started = asyncio.Event()
+    go_on = asyncio.Event()
+    armed = False
+
+    async def slow_reset(conn: asyncpg.Connection) -> None:
+        if armed:
+            reset_started.set()
+            await go_on.wait()
+        await conn.reset()
+
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2, reset=slow_reset)
+    try:
+        producer = Scheduler(pool)
+        # The first call also reads the schema's state; only the insert's reset is held.
+        await producer.schedule(app_tasks.record, execution_time=later(), args=("r",))
+        armed = True
+        single = await asyncio.wait_for(
+            producer.schedule(app_tasks.record, execution_time=later(), args=("r",)), 10
+        )
+        await asyncio.wait_for(reset_started.wait(), 10)  # still resetting
+        assert not go_on.is_set()
+        other = await asyncpg.connect(dsn)  # committed: another session sees it
+        try:
+            stored = await other.fetchval(
+                "SELECT status FROM scheduled_jobs WHERE job_id = $1", single
+            )
+        finally:
+            await other.close()
+        assert stored == "pending"
+    finally:
+        go_on.set()
+        await asyncio.wait_for(pool.close(), 10)

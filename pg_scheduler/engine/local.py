@@ -14,7 +14,6 @@ insert used goes back to the pool in the background, after that.
 
 from __future__ import annotations
 
-import asyncio
 import weakref
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -23,6 +22,7 @@ from typing import Any, Protocol
 import asyncpg
 
 from ..log import get_logger
+from ..pool_release import release_later
 from ..reconnect import is_connection_error
 from ..store import NewJob, Store
 from ..tasks import TaskRegistry
@@ -130,23 +130,6 @@ async def write_started(
     # job's start. Nothing is awaited after the job's task is created, so it
     # first runs after schedule() has returned: a job that blocks the loop
     # cannot hold up its caller.
-    _release_later(pool, conn)
+    release_later(pool, conn)
     finish(worker, row.job_id, claimed)
     return True
-
-
-# Releases in flight (a task nobody references may be collected mid-run).
-_releasing: set[asyncio.Task[None]] = set()
-
-
-def _release_later(pool: asyncpg.Pool, conn: asyncpg.Connection) -> None:
-    task = asyncio.get_running_loop().create_task(_release(pool, conn))
-    _releasing.add(task)
-    task.add_done_callback(_releasing.discard)
-
-
-async def _release(pool: asyncpg.Pool, conn: asyncpg.Connection) -> None:
-    try:
-        await pool.release(conn)
-    except Exception as exc:  # the pool replaces a connection it could not reset
-        log.debug("connection release after a local start failed", error=repr(exc))
