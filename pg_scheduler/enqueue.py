@@ -159,7 +159,7 @@ class Enqueuer:
             if connection is not None:
                 async with connection.transaction():
                     return await self.store.copy_rows(connection, stream())
-            return await self.store.copy_rows(self.pool, stream())
+            return await self._autocommitted(lambda conn: self.store.copy_rows(conn, stream()))
 
         await self._attempts(once, built, False, False, connection is None)
         return [row[0] for row in built]  # job_id
@@ -285,19 +285,23 @@ class Enqueuer:
                 # abort the caller's work.
                 async with connection.transaction():
                     return await insert(connection, rows)
-            # One INSERT statement is atomic on its own: no BEGIN/COMMIT round
-            # trips. Committed when it answers, so the caller does not wait
-            # for the connection's reset either (pool_release).
-            conn = await self.pool.acquire()
-            try:
-                written = await insert(conn, rows)
-            except BaseException:
-                await self.pool.release(conn)
-                raise
-            release_later(self.pool, conn)
-            return written
+            # One INSERT statement is atomic on its own: no BEGIN/COMMIT round trips.
+            return await self._autocommitted(lambda conn: insert(conn, rows))
 
         return await self._attempts(once, rows, user_ids, retried, connection is None)
+
+    async def _autocommitted(self, write: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """Run one self-committing statement on a pooled connection. It has
+        committed when it answers, so the caller does not wait for asyncpg's
+        reset of the connection: that runs in the background (pool_release)."""
+        conn = await self.pool.acquire()
+        try:
+            result = await write(conn)
+        except BaseException:
+            await self.pool.release(conn)
+            raise
+        release_later(self.pool, conn)
+        return result
 
     def _insert_for(self, conflict: ConflictResolution) -> Callable[..., Any]:
         return {

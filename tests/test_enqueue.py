@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import app_tasks
 import pytest
-from conftest import wait_for_status
+from conftest import wait_for_status, wait_until
 
 from pg_scheduler import ConflictResolution, JobPriority, JobSpec, RetryPolicy
 from pg_scheduler.job_ids import new_job_ids
@@ -475,11 +475,14 @@ async def test_schedule_does_not_wait_for_the_connections_reset(dsn):
             await go_on.wait()
         await conn.reset()
 
-    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2, reset=slow_reset)
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=3, reset=slow_reset)
     try:
         producer = Scheduler(pool)
-        # The first call also reads the schema's state; only the insert's reset is held.
+        # The first call also reads the schema's state; only later resets are held.
         await producer.schedule(app_tasks.record, execution_time=later(), args=("r",))
+        await wait_until(
+            lambda: pool.get_idle_size() == pool.get_size(), message="its connection back"
+        )
         armed = True
         single = await asyncio.wait_for(
             producer.schedule(app_tasks.record, execution_time=later(), args=("r",)), 10
@@ -494,6 +497,12 @@ async def test_schedule_does_not_wait_for_the_connections_reset(dsn):
         finally:
             await other.close()
         assert stored == "pending"
+        # A bulk (a COPY, on another connection of the pool) does not wait either.
+        specs = [
+            JobSpec(func=app_tasks.record, execution_time=later(), args=(i,)) for i in range(600)
+        ]
+        ids = await asyncio.wait_for(producer.schedule_bulk(specs), 10)
+        assert len(ids) == 600
     finally:
         go_on.set()
         await asyncio.wait_for(pool.close(), 10)
