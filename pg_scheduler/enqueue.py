@@ -28,7 +28,7 @@ from .enums import ConflictResolution
 from .job_fields import JobFields, row_of
 from .job_ids import new_job_id
 from .job_spec import JobSpec
-from .pool_release import release_later
+from .pool_release import autocommitted
 from .reconnect import retry_on_disconnect
 from .store import NewJob, Store
 from .tasks import TaskRegistry, ensure_async, queue_of, task_name_of
@@ -159,7 +159,7 @@ class Enqueuer:
             if connection is not None:
                 async with connection.transaction():
                     return await self.store.copy_rows(connection, stream())
-            return await self._autocommitted(lambda conn: self.store.copy_rows(conn, stream()))
+            return await autocommitted(self.pool, lambda c: self.store.copy_rows(c, stream()))
 
         await self._attempts(once, built, False, False, connection is None)
         return [row[0] for row in built]  # job_id
@@ -285,23 +285,11 @@ class Enqueuer:
                 # abort the caller's work.
                 async with connection.transaction():
                     return await insert(connection, rows)
-            # One INSERT statement is atomic on its own: no BEGIN/COMMIT round trips.
-            return await self._autocommitted(lambda conn: insert(conn, rows))
+            # One INSERT statement is atomic on its own: no BEGIN/COMMIT round
+            # trips, and no wait for the connection's reset (pool_release).
+            return await autocommitted(self.pool, lambda conn: insert(conn, rows))
 
         return await self._attempts(once, rows, user_ids, retried, connection is None)
-
-    async def _autocommitted(self, write: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
-        """Run one self-committing statement on a pooled connection. It has
-        committed when it answers, so the caller does not wait for asyncpg's
-        reset of the connection: that runs in the background (pool_release)."""
-        conn = await self.pool.acquire()
-        try:
-            result = await write(conn)
-        except BaseException:
-            await self.pool.release(conn)
-            raise
-        release_later(self.pool, conn)
-        return result
 
     def _insert_for(self, conflict: ConflictResolution) -> Callable[..., Any]:
         return {

@@ -9,6 +9,8 @@ release runs as a task instead; ``Pool.close()`` still waits for it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import asyncpg
 
@@ -16,8 +18,26 @@ from .log import get_logger
 
 log = get_logger(__name__)
 
+T = TypeVar("T")
+
 # Releases in flight (a task nobody references may be collected mid-run).
 _releasing: set[asyncio.Task[None]] = set()
+
+
+async def autocommitted(
+    pool: asyncpg.Pool, write: Callable[[asyncpg.Connection], Awaitable[T]]
+) -> T:
+    """Run ``write`` (one self-committing statement) on a connection of
+    ``pool``: it has committed when it answers, so the connection goes back in
+    the background (:func:`release_later`); on an error, before this raises."""
+    conn = await pool.acquire()
+    try:
+        result = await write(conn)
+    except BaseException:
+        await pool.release(conn)
+        raise
+    release_later(pool, conn)
+    return result
 
 
 def release_later(pool: asyncpg.Pool, conn: asyncpg.Connection) -> None:

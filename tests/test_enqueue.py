@@ -9,10 +9,11 @@ import uuid
 from datetime import UTC, datetime, timedelta, timezone
 
 import app_tasks
+import asyncpg
 import pytest
 from conftest import wait_for_status, wait_until
 
-from pg_scheduler import ConflictResolution, JobPriority, JobSpec, RetryPolicy
+from pg_scheduler import ConflictResolution, JobPriority, JobSpec, RetryPolicy, Scheduler
 from pg_scheduler.job_ids import new_job_ids
 
 
@@ -461,10 +462,6 @@ async def test_schedule_does_not_wait_for_the_connections_reset(dsn):
     """The row is committed when the INSERT answers; asyncpg's reset of the
     connection (one more round trip) happens after schedule() returned, and
     closing the pool still waits for it."""
-    import asyncpg
-
-    from pg_scheduler import Scheduler
-
     reset_started = asyncio.Event()
     go_on = asyncio.Event()
     armed = False
