@@ -40,7 +40,7 @@ from .store import (
 )
 from .store.housekeeping import VacuumStore
 from .tasks import TaskRegistry, default_registry
-from .validation import check_int, check_seconds
+from .validation import check_bool, check_int, check_seconds
 
 log = get_logger(__name__)
 
@@ -126,8 +126,7 @@ class Scheduler(JobsAPI, SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
         check_int("process_pool_size", process_pool_size, 1, allow_none=True)
         check_seconds("loop_stall_warning", loop_stall_warning)
         check_seconds("loop_stall_limit", loop_stall_limit)
-        if not isinstance(gc_freeze, bool):
-            raise TypeError(f"gc_freeze must be a bool, got {type(gc_freeze).__name__}")
+        check_bool("gc_freeze", gc_freeze)
         # None: every queue; a list; or queue -> local concurrency.
         self.served_queues, self.queue_limits = check_queues(queues, max_concurrent_jobs)
         # One thread per slot by default: a thread job never waits for a thread.

@@ -12,7 +12,7 @@ import asyncpg
 
 from .config import PollingConfig, RetryPolicy, VacuumConfig
 from .store import check_schema
-from .validation import INT4_MAX, check_int, check_seconds
+from .validation import INT4_MAX, check_bool, check_int, check_seconds
 
 
 def _statement_cache_size(pool: asyncpg.Pool) -> int | None:
@@ -48,8 +48,7 @@ def check_arguments(
     if not isinstance(db_pool, asyncpg.Pool):
         raise TypeError(f"db_pool must be an asyncpg.Pool, got {type(db_pool).__name__}")
     check_schema(schema)
-    if not isinstance(pgbouncer, bool):
-        raise TypeError(f"pgbouncer must be a bool, got {type(pgbouncer).__name__}")
+    check_bool("pgbouncer", pgbouncer)
     if listen_dsn is not None and (not isinstance(listen_dsn, str) or not listen_dsn):
         raise ValueError("listen_dsn must be a non-empty DSN string or None")
     if pgbouncer and _statement_cache_size(db_pool) != 0:

@@ -18,6 +18,12 @@ INT4_MAX = 2**31 - 1
 MAX_NAME_BYTES = 1024
 
 
+def check_bool(name: str, value: Any) -> None:
+    """TypeError unless True or False."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
 def check_int(
     name: str, value: Any, minimum: int, allow_none: bool = False, maximum: int | None = None
 ) -> None:

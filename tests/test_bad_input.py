@@ -246,6 +246,14 @@ async def test_scheduler_default_grace_is_bounded_to_the_column(pool):
         Scheduler(pool, misfire_grace_time=INT4_OVER)
 
 
+@pytest.mark.parametrize("name", ["pgbouncer", "gc_freeze"])
+@pytest.mark.parametrize("value", ["yes", 1, None])
+async def test_scheduler_switches_must_be_bools(pool, name, value):
+    with pytest.raises(TypeError, match=rf"{name} must be a bool, got {type(value).__name__}"):
+        Scheduler(pool, **{name: value})
+    assert await pool.fetchval("SELECT count(*) FROM scheduled_jobs") == 0
+
+
 async def test_schedule_job_checks_its_job_name(pool, make_scheduler):
     scheduler = await make_scheduler(start=False)
     for name, match in (("re\x00cord", r"job_name .*NUL"), ("r" * 2000, r"job_name is 2000")):

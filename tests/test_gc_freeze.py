@@ -56,12 +56,6 @@ async def test_false_leaves_the_collector_alone(pool, make_scheduler):
     assert gc.get_freeze_count() == 0
 
 
-@pytest.mark.parametrize("value", ["yes", 1, None])
-async def test_gc_freeze_must_be_a_bool(pool, value):
-    with pytest.raises(TypeError, match="gc_freeze must be a bool"):
-        Scheduler(pool, gc_freeze=value)
-
-
 async def worker_freeze_count(pool, dsn: str, *flags: str) -> int:
     """Run ``pg-scheduler worker app_tasks`` with ``flags``; what a job there reports."""
     worker = await start_cli_worker(dsn, "app_tasks", *flags)
