@@ -52,6 +52,9 @@ FINAL_KINDS = frozenset({"completed", "failed", "cancelled", "expired"})
 # keeps its flag fresh (see store.event_sql).
 FLAGGED_KINDS = frozenset({"scheduled", "started", "completed"})
 FLAG_SECONDS = 60.0
+# After a new flag is written: a statement that began before it sends no
+# event, so waiters re-read within POLL_DOWN instead (results.wait_for).
+FLAG_SETTLE_SECONDS = 1.0
 DEFAULT_QUEUE = "default"  # as validation.DEFAULT_QUEUE; events imports no checks
 
 
@@ -186,6 +189,9 @@ class EventHub:
         self._flagger: asyncio.Task[None] | None = None
         # Flagged kinds this hub asked for -> loop time until which that holds.
         self._asked: dict[str, float] = {}
+        # Loop time until which a flag this hub newly wrote may still miss
+        # statements already running (see flags_settling).
+        self._settling_until = 0.0
         self._callbacks: set[asyncio.Task[None]] = set()
 
     @property
@@ -231,6 +237,13 @@ class EventHub:
         await self.store.want_kinds(stale, FLAG_SECONDS)
         for kind in stale:
             self._asked[kind] = now + FLAG_SECONDS / 2
+        self._settling_until = asyncio.get_running_loop().time() + FLAG_SETTLE_SECONDS
+
+    def flags_settling(self) -> bool:
+        """True just after this hub newly asked for flagged kinds: a completion
+        statement that began before that write sends no event, so a waiter
+        must not count on one to end its wait."""
+        return asyncio.get_running_loop().time() < self._settling_until
 
     async def want_quietly(self, kinds: Iterable[str]) -> None:
         """:meth:`want`, a failure logged (a role without INSERT, UPDATE on

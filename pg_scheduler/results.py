@@ -90,7 +90,10 @@ async def wait_for(scheduler: Scheduler, job_id: str, timeout: float | None = No
                 raise JobNotFound(job_id)
             if job.status in FINAL_STATUSES:
                 return job
-            wait = POLL_LIVE if notified and hub.live else POLL_DOWN
+            # Events end the wait early; just after a new completion flag, one
+            # may not come (the statement began before it): poll sooner.
+            events = notified and hub.live and not hub.flags_settling()
+            wait = POLL_LIVE if events else POLL_DOWN
             if deadline is not None:
                 remaining = deadline - loop.time()
                 if remaining <= 0:

@@ -278,3 +278,30 @@ async def test_a_slow_subscriber_drops_and_counts(pool, make_scheduler):
         assert slow._queue.qsize() == 10 and slow.dropped == 190
         first = await slow.__anext__()
         assert first.kind == "completed"
+
+
+async def test_a_completion_without_an_event_just_after_the_waiters_flag_is_found_soon(
+    pool, make_scheduler
+):
+    """A completion statement already under way when the first waiter asks
+    for completion events read the flags before and sends none; a hand-written
+    UPDATE sends none either, and stands in for it here. For a second after
+    writing its flag the waiter re-reads the job every 0.5 s, not at the 5 s
+    poll of a live listener."""
+    await pool.execute("DELETE FROM scheduler_event_flags")
+    client = await make_scheduler(start=False)  # its own hub: no flag asked yet
+    job_id = await client.schedule(results_tasks.echo, execution_time=now() + timedelta(hours=1))
+    waiting = asyncio.create_task(client.wait_for(job_id, timeout=4))
+
+    async def flag_written() -> bool:
+        return bool(await pool.fetchval("SELECT count(*) FROM scheduler_event_flags"))
+
+    await wait_until(flag_written, message="the waiter's completion flag")
+    await pool.execute(
+        "UPDATE scheduled_jobs SET status = 'completed', finished_at = now() WHERE job_id = $1",
+        job_id,
+    )
+    completed = time.monotonic()
+    job = await waiting
+    assert job.status == "completed"
+    assert time.monotonic() - completed < 2
