@@ -13,8 +13,8 @@ between jobs):
 
 On a virtual machine an idle process's CPU sleeps; waking the server's
 backend (and the client) costs time the back-to-back samples do not pay, and
-every process hop of a wake-up path (producer, its backend, the LISTEN
-backend, the worker, its claim backend) pays it again. The difference between
+every sleeping process on a wake-up path (the producer's backend, the
+LISTEN backend, the worker, its claim backend) pays it again. The difference between
 the two columns is that cost: the machine's, not the library's.
 """
 
@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 import asyncpg
 import structlog
 from checkouts import server_dsn  # benchmarks/, next to this script
+from driver import pct  # the latency scenarios' percentile
 
 from pg_scheduler import Scheduler, task
 
@@ -62,8 +63,7 @@ async def _spread(
         ms = await sample(i)
         if i >= 10:
             times.append(ms)
-    times.sort()
-    return statistics.median(times), times[min(len(times) - 1, int(len(times) * 0.99))]
+    return statistics.median(times), pct(times, 0.99)
 
 
 async def main(dsn: str, samples: int, gap: float) -> None:
@@ -80,10 +80,8 @@ async def main(dsn: str, samples: int, gap: float) -> None:
     await asyncio.sleep(3.0)  # past the start-up passes, as the latency scenarios wait
     loop = asyncio.get_running_loop()
     call_ms: list[float] = []
-    counter = iter(range(10**9))
 
-    async def schedule_to_start(_: int) -> float:
-        i = next(counter)
+    async def schedule_to_start(i: int) -> float:
         _started[i] = loop.create_future()
         t = time.perf_counter()
         await scheduler.schedule(probe_job, execution_time=datetime.now(UTC), args=(i,))
