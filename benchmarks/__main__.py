@@ -37,6 +37,8 @@ CONTENDERS: dict[str, str | None] = {
     # The ceiling: claim + one acknowledgement per batch, no library (see its module).
     "raw_limit": None,
     "raw_limit_del": None,
+    # The same two statements on this library's scheduled_jobs: what the table costs.
+    "raw_limit_table": None,
     "pg_scheduler": None,
     "pg_scheduler_del": None,  # the same, completed rows deleted at once
     "pg_scheduler_notify": None,  # the same, no in-process start (latency only)
@@ -110,6 +112,7 @@ ONLY_IN = {
     # The limit is a throughput floor for the database work, not a latency design.
     "raw_limit": {"drain", "drain_big", "backlog", "big_backlog", "enqueue", "startup"},
     "raw_limit_del": {"drain", "drain_big"},
+    "raw_limit_table": {"drain", "drain_big"},
 }
 DRIVER_SCENARIO = {
     "drain_big": "drain",
@@ -355,6 +358,9 @@ def summarize(results: dict[str, dict[str, list[dict[str, Any]]]]) -> list[dict[
             ("enqueue", "bulk_per_s", "bulk_enqueue_per_s"),
             ("enqueue", "single_p50_ms", "single_enqueue_p50_ms"),
             ("drain", "rss_peak_mb", "drain_rss_peak_mb"),
+            # CPU per job of the 50k drain: the worker process's, the server's.
+            ("drain_big", "python_cpu_us_per_job", "drain_big_worker_cpu_us"),
+            ("drain_big", "server_cpu_us_per_job", "drain_big_server_cpu_us"),
             ("startup", "first_job_p50_ms", "startup_first_job_p50_ms"),
             ("startup", "cold_first_job_ms", "startup_cold_first_job_ms"),
         ):
@@ -395,6 +401,8 @@ def print_table(rows: list[dict[str, Any]], scaling: list[dict[str, Any]]) -> No
         ("big_backlog_jobs_per_s", "1M-backlog jobs/s"),
         ("bulk_enqueue_per_s", "bulk enq/s"),
         ("single_enqueue_p50_ms", "schedule p50 ms"),
+        ("drain_big_worker_cpu_us", "worker µs/job"),
+        ("drain_big_server_cpu_us", "server µs/job"),
         ("drain_rss_peak_mb", "drain RSS MB"),
         ("startup_first_job_p50_ms", "start->1st job ms"),
         ("startup_cold_first_job_ms", "cold start ms"),
@@ -528,6 +536,9 @@ def main(argv: list[str] | None = None) -> int:
     for mine, limit, label in (
         ("pg_scheduler", "raw_limit", "drain_vs_raw_limit"),
         ("pg_scheduler_del", "raw_limit_del", "drain_del_vs_raw_limit_del"),
+        # Where the gap is: the table's share of the limit, and the library's of the table's.
+        ("raw_limit_table", "raw_limit", "table_limit_vs_raw_limit"),
+        ("pg_scheduler", "raw_limit_table", "drain_vs_table_limit"),
     ):
         a = next((r for r in rows if r["contender"] == mine), None)
         b = next((r for r in rows if r["contender"] == limit), None)

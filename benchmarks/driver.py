@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import queue_scenarios  # benchmarks/, next to this script
+from server_cpu import cpu_seconds, server_pids
 
 HERE = Path(__file__).resolve().parent
 FUTURE_BASE = 10_000_000  # ids of future-dated jobs start here
@@ -202,6 +203,18 @@ async def wait_all_done(timeout: float) -> bool:
 # -- scenarios -------------------------------------------------------------------
 
 
+async def _server_pids(dsn: str) -> list[int]:
+    """The PostgreSQL server's processes, when it runs on this machine (else [])."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        own = conn.get_server_pid()  # exits next: leave it out
+        return [p for p in server_pids(own) if p != own]
+    finally:
+        await conn.close()
+
+
 async def drain(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     """Enqueue N due jobs with no worker running, then time one worker draining them."""
     n = cfg["n"]
@@ -210,14 +223,18 @@ async def drain(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     await c.enqueue_due(range(n))
     enqueue_s = time.perf_counter() - t
     await settle(cfg["dsn"])
+    pids = await _server_pids(cfg["dsn"])
     profiler = start_profiler(cfg)
     with RssSampler() as rss:
         t0 = time.perf_counter()
         cpu0 = time.process_time()
+        server0 = cpu_seconds(pids)
         await c.start_worker(cfg["concurrency"])
         finished = await wait_all_done(cfg["timeout"])
         elapsed = time.perf_counter() - t0
         cpu = time.process_time() - cpu0
+        # Backends the worker opened meanwhile count from zero; they are still open.
+        server = cpu_seconds(pids + [p for p in await _server_pids(cfg["dsn"]) if p not in pids])
     stop_profiler(profiler, cfg)
     await c.stop_worker()
     await asyncio.sleep(cfg.get("settle", 0.3))
@@ -229,6 +246,11 @@ async def drain(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
         "bulk_enqueue_per_s": round(n / enqueue_s, 1),
         # Worker-process CPU per job: less sensitive to a busy machine than jobs/s.
         "python_cpu_us_per_job": round(cpu / max(1, RECORD.done) * 1e6, 1),
+        # Every process of the server (backends, WAL writer, checkpointer...);
+        # None when the server is not on this machine.
+        "server_cpu_us_per_job": (
+            round((server - server0) / max(1, RECORD.done) * 1e6, 1) if pids else None
+        ),
         "rss_start_mb": round(rss.start, 1),
         "rss_peak_mb": round(rss.peak, 1),
         "check": RECORD.verify(n),

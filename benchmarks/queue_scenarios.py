@@ -14,39 +14,12 @@ PostgreSQL server's processes used meanwhile, from /proc (percent of one core).
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from typing import Any
 
+from server_cpu import cpu_seconds, server_pids  # benchmarks/, next to this script
+
 FOREIGN_BASE = 20_000_000  # ids of the foreign backlog (never run)
-
-
-def _server_pids(backend_pid: int) -> list[int]:
-    """The postmaster of ``backend_pid`` and all its children (this server only)."""
-    with open(f"/proc/{backend_pid}/stat") as f:
-        postmaster = int(f.read().rsplit(")", 1)[1].split()[1])
-    pids = [postmaster]
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == postmaster:
-                        pids.append(int(entry))
-            except OSError:
-                continue
-    return pids
-
-
-def _cpu_seconds(pids: list[int]) -> float:
-    ticks = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12])  # utime, stime
-        except OSError:
-            continue  # a backend that exited: its CPU is gone with it
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 async def foreign(c: Any, cfg: dict[str, Any], record: Any, wait_all_done: Any) -> dict[str, Any]:
@@ -86,21 +59,22 @@ async def idle_cpu(c: Any, cfg: dict[str, Any], record: Any) -> dict[str, Any]:
     await cfg["settle"](cfg["dsn"])
     await c.start_worker(cfg["concurrency"], queues=["default"])
     await asyncio.sleep(2.0)  # start-up work (migrate check, rescue) is not idling
-    pids = _server_pids(await c.backend_pid())
-    cpu0, t0 = _cpu_seconds(pids), time.perf_counter()
+    pids = server_pids(await c.backend_pid())
+    cpu0, t0 = cpu_seconds(pids), time.perf_counter()
     inserted = 0
     while time.perf_counter() - t0 < seconds:
         await c.enqueue_foreign_one(FOREIGN_BASE + backlog + inserted)
         inserted += 1
         await asyncio.sleep(max(0.0, t0 + inserted / rate - time.perf_counter()))
     elapsed = time.perf_counter() - t0
-    cpu = _cpu_seconds(pids + [p for p in _server_pids(await c.backend_pid()) if p not in pids])
+    cpu = cpu_seconds(pids + [p for p in server_pids(await c.backend_pid()) if p not in pids])
     await c.stop_worker()
     return {
         "foreign": backlog,
         "inserted": inserted,
         "seconds": round(elapsed, 2),
-        "server_cpu_pct_of_core": round((cpu - cpu0) / elapsed * 100, 2),
+        # None: the server is not on this machine.
+        "server_cpu_pct_of_core": round((cpu - cpu0) / elapsed * 100, 2) if pids else None,
         "foreign_ran": record.future_ran,
         "check": {"ok": record.done == 0},
     }

@@ -53,6 +53,10 @@ WITH i AS (INSERT INTO raw_queue (n, run_at) VALUES ($1, $2)) SELECT pg_notify('
 
 class Contender:
     version = f"raw limit (claim + one-statement {ACK} per batch, no library)"
+    # The two statements the worker loop runs (a variant swaps the table).
+    take_sql = _TAKE
+    done_sql = _DONE
+    wake_channel = "raw_queue"
 
     def __init__(self, dsn: str, record: Any) -> None:
         global RECORD
@@ -133,11 +137,11 @@ class Contender:
             def heard(*_: object) -> None:
                 self._wake.set()
 
-            await ear.add_listener("raw_queue", heard)
+            await ear.add_listener(self.wake_channel, heard)
             in_flight: asyncio.Future[Any] | None = None
             while not self._stop.is_set():
                 self._wake.clear()
-                rows = await take.fetch(_TAKE, self._batch)
+                rows = await take.fetch(self.take_sql, self._batch)
                 if in_flight is not None:
                     await in_flight
                     in_flight = None
@@ -151,7 +155,9 @@ class Contender:
                 ran = RECORD.ran
                 for row in rows:
                     ran(row[1])
-                in_flight = asyncio.ensure_future(ack.execute(_DONE, [row[0] for row in rows]))
+                in_flight = asyncio.ensure_future(
+                    ack.execute(self.done_sql, [row[0] for row in rows])
+                )
             if in_flight is not None:
                 await in_flight
-            await ear.remove_listener("raw_queue", heard)
+            await ear.remove_listener(self.wake_channel, heard)
