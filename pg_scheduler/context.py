@@ -79,28 +79,51 @@ class JobContext:
         Rate-limited: the first report is written at once, later ones at most
         PROGRESS_WRITES_PER_SECOND times a second, always ending with the latest.
         """
-        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
-            raise TypeError(f"fraction must be a number, got {type(fraction).__name__}")
-        if not 0.0 <= fraction <= 1.0:
-            raise ValueError(f"fraction must be between 0 and 1, got {fraction!r}")
-        if message is not None:
-            if not isinstance(message, str):
-                raise TypeError(f"message must be a str or None, got {type(message).__name__}")
-            message = clip_text(message, PROGRESS_MESSAGE_MAX_CHARS)
-        self._latest = (float(fraction), message)
+        self._latest = _checked_progress(fraction, message)
         if self._flush is not None:
             return  # the scheduled write takes the latest value
         wait = self._last_write + 1 / PROGRESS_WRITES_PER_SECOND - time.monotonic()
         if wait <= 0:
             await self._write()
             return
-        task = asyncio.get_running_loop().create_task(self._write_later(wait))
+        self._write_in(wait)
+
+    def set_progress(self, fraction: float, message: str | None = None) -> None:
+        """:meth:`report_progress` without waiting for the write, callable from
+        the job's thread (a plain ``def`` task on the thread executor) as well
+        as from async code. The value is checked here (TypeError/ValueError);
+        the write is done on the worker's event loop, rate-limited like
+        report_progress, and the latest value is always written."""
+        latest = _checked_progress(fraction, message)
+        loop = self._running.task.get_loop()
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is loop:
+            self._offer(latest)
+            return
+        try:
+            loop.call_soon_threadsafe(self._offer, latest)
+        except RuntimeError:  # the loop is closed: the worker has stopped
+            log.warning("progress not written: the worker has stopped", job_id=self.job_id)
+
+    def _offer(self, latest: tuple[float, str | None]) -> None:
+        """On the loop: take ``latest`` and make sure a write will take it."""
+        self._latest = latest
+        if self._flush is None:
+            wait = self._last_write + 1 / PROGRESS_WRITES_PER_SECOND - time.monotonic()
+            self._write_in(max(0.0, wait))
+
+    def _write_in(self, delay: float) -> None:
+        task = asyncio.get_running_loop().create_task(self._write_later(delay))
         self._flush = task
         _flushes.add(task)
         task.add_done_callback(_flushes.discard)
 
     async def _write_later(self, delay: float) -> None:
-        await asyncio.sleep(delay)
+        if delay > 0:
+            await asyncio.sleep(delay)
         self._flush = None
         await self._write()
 
@@ -115,6 +138,18 @@ class JobContext:
             await self._events.write_progress(self.job_id, self.attempt, *latest)
         except Exception as exc:
             log.warning("progress not written", job_id=self.job_id, error=repr(exc))
+
+
+def _checked_progress(fraction: float, message: str | None) -> tuple[float, str | None]:
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+        raise TypeError(f"fraction must be a number, got {type(fraction).__name__}")
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must be between 0 and 1, got {fraction!r}")
+    if message is not None:
+        if not isinstance(message, str):
+            raise TypeError(f"message must be a str or None, got {type(message).__name__}")
+        message = clip_text(message, PROGRESS_MESSAGE_MAX_CHARS)
+    return float(fraction), message
 
 
 def enter_job(store: Store, running: Any, row: Any) -> Token[JobContext | None]:

@@ -79,7 +79,7 @@ class Job(BaseModel):
     planned_retry_delays: list[float]
     #: Every attempt, oldest first (``attempts`` is their count, as in 0.2.x).
     attempt_history: list[Attempt] = []
-    #: The latest progress the job reported (current_job().report_progress()).
+    #: The latest progress the job reported (current_job().report_progress() or set_progress()).
     progress: float | None = None
     progress_message: str | None = None
     progress_at: datetime | None = None

@@ -55,3 +55,9 @@ async def progress_storm(reports: int, seconds: float) -> int:
 @task(name="results.wait_cancel")
 async def wait_cancel(key: str) -> None:
     await asyncio.Event().wait()  # until cancel_job()
+
+
+@task(name="results.progress_no_wait")
+async def progress_no_wait() -> str:
+    current_job().set_progress(0.25, "a quarter")  # from async code, without awaiting
+    return "returned"

@@ -85,3 +85,33 @@ def sleep_three() -> str:
     sleeping.set()
     time.sleep(3)
     return "slept"
+
+
+progress_gate = threading.Event()
+progress_halfway = threading.Event()
+progress_end_gate = threading.Event()
+
+
+@task(name="sync.progress_steps", executor="thread")
+def progress_steps(steps: int) -> list[str]:
+    """Reports progress from its thread: half, a wait at the gate, then the rest
+    in a burst, then a wait at the end gate (still running, so its progress
+    events are sent); returns the errors bad values raised at the call."""
+    job = current_job()
+    job.set_progress(0.5, "halfway")
+    progress_halfway.set()
+    progress_gate.wait(30)
+    for n in range(1, steps + 1):
+        job.set_progress(0.5 + 0.5 * n / steps, f"step {n}")
+    refused = []
+    for bad in (1.5, -0.1, float("nan"), True, "0.5", None):
+        try:
+            job.set_progress(bad)  # type: ignore[arg-type]
+        except (TypeError, ValueError) as exc:
+            refused.append(type(exc).__name__)
+    try:
+        job.set_progress(0.9, 42)  # type: ignore[arg-type]
+    except TypeError as exc:
+        refused.append(type(exc).__name__)
+    progress_end_gate.wait(30)
+    return refused

@@ -114,6 +114,39 @@ async def test_thread_job_cancelled_is_recorded_at_once_and_keeps_its_slot(pool,
     assert await job_status(pool, job_id) == "cancelled"
 
 
+async def test_thread_job_reports_progress_from_its_thread(pool, make_scheduler):
+    # set_progress() from a plain def on the thread executor: written while the
+    # thread still runs, rate-limited like report_progress, the last value
+    # always written; bad values raise in the thread, at the call.
+    for gate in (sync_tasks.progress_gate, sync_tasks.progress_halfway):
+        gate.clear()
+    sync_tasks.progress_end_gate.clear()
+    scheduler = await make_scheduler()
+    async with scheduler.events("progress", task="sync.progress_steps") as progress:
+        job_id = await scheduler.schedule(
+            sync_tasks.progress_steps, execution_time=now(), args=(5_000,)
+        )
+        await wait_until(sync_tasks.progress_halfway.is_set, message="thread to report")
+        first = await asyncio.wait_for(progress.__anext__(), 5)
+        assert (first.job_id, first.progress) == (job_id, 0.5)
+        job = await scheduler.get_job(job_id)
+        assert job.status == "running"  # the thread is still at its gate
+        assert (job.progress, job.progress_message) == (0.5, "halfway")
+        released = time.monotonic()
+        sync_tasks.progress_gate.set()
+        seen = [first]
+        while seen[-1].progress != 1.0:  # the burst's last value comes, as an event
+            seen.append(await asyncio.wait_for(progress.__anext__(), 5))
+        burst_seconds = time.monotonic() - released
+        job = await scheduler.get_job(job_id)
+        assert (job.status, job.progress_message) == ("running", "step 5000")
+        # 5,000 reports in the burst, written at most four times a second.
+        assert 1 <= len(seen) - 1 <= 4 * burst_seconds + 1, (len(seen), burst_seconds)
+        sync_tasks.progress_end_gate.set()
+        done = await scheduler.wait_for(job_id, timeout=10)
+    assert done.result == ["ValueError"] * 3 + ["TypeError"] * 4
+
+
 async def test_process_job_returns_its_result(pool, make_scheduler):
     scheduler = await make_scheduler()
     job_id = await scheduler.schedule(sync_tasks.sync_add, execution_time=now(), args=(2, 3))

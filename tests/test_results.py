@@ -232,6 +232,14 @@ async def test_progress_is_rate_limited_and_the_last_value_written(pool, make_sc
     assert 2 <= writes <= 4 * seconds + 2, (writes, seconds)
 
 
+async def test_set_progress_from_async_code_is_written_without_an_await(pool, make_scheduler):
+    scheduler = await make_scheduler()
+    job_id = await scheduler.schedule(results_tasks.progress_no_wait, execution_time=now())
+    assert (await scheduler.wait_for(job_id, timeout=10)).result == "returned"
+    await wait_until(lambda: _progress_is(scheduler, job_id, 0.25), timeout=5, message="progress")
+    assert (await scheduler.get_job(job_id)).progress_message == "a quarter"
+
+
 async def _progress_is(scheduler, job_id, value):
     return (await scheduler.get_job(job_id)).progress == value
 
