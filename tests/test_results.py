@@ -240,6 +240,28 @@ async def test_set_progress_from_async_code_is_written_without_an_await(pool, ma
     assert (await scheduler.get_job(job_id)).progress_message == "a quarter"
 
 
+def test_set_progress_after_the_workers_loop_closed_warns_and_returns():
+    # A thread that outlives its worker's event loop: the report is dropped
+    # with a warning, never an exception into the thread.
+    from types import SimpleNamespace
+
+    from structlog.testing import capture_logs
+
+    from pg_scheduler.context import JobContext
+
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(asyncio.sleep(0))
+    loop.run_until_complete(task)
+    loop.close()
+    running = SimpleNamespace(task=task, job=SimpleNamespace(job_id="gone", attempt=1))
+    context = JobContext(None, running, {})  # type: ignore[arg-type]
+    with capture_logs() as logs:
+        context.set_progress(0.5, "late")
+    assert [entry["event"] for entry in logs] == ["progress not written: the worker has stopped"]
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        context.set_progress(2.0)
+
+
 async def _progress_is(scheduler, job_id, value):
     return (await scheduler.get_job(job_id)).progress == value
 
