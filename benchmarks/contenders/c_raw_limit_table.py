@@ -17,13 +17,10 @@ acknowledgement those its completion sets.
 
 from __future__ import annotations
 
-from datetime import datetime
-
-import asyncpg
-from c_pg_scheduler import job
+from c_pg_scheduler import Contender as _Library
 from c_raw_limit import Contender as _RawLimit
 
-from pg_scheduler import JobSpec, Scheduler
+from pg_scheduler import Scheduler
 
 _TAKE = """
 UPDATE scheduled_jobs j
@@ -47,30 +44,13 @@ class Contender(_RawLimit):
     wake_channel = "pg_scheduler_jobs"
     producer: Scheduler | None = None
 
-    async def setup(self) -> None:
-        self.pool = await asyncpg.create_pool(self.dsn, min_size=2, max_size=6)
-        self.producer = Scheduler(self.pool)
-        await self.producer.initialize_db()
-
-    async def _copy(self, ids: range, when: datetime) -> None:
-        specs = [JobSpec(func=job, execution_time=when, args=(i,)) for i in ids]
-        assert self.producer is not None
-        await self.producer.schedule_bulk(specs, batch_size=5000)
+    # The table's side is the library contender's: its schema, its bulk
+    # enqueue of the same task, its counts.
+    setup = _Library.setup
+    _copy = _Library._bulk
+    analyze = _Library.analyze
+    count_jobs = _Library.count_jobs
+    remaining = _Library.remaining
 
     async def enqueue_one(self, i: int, future: bool = False) -> None:
         raise NotImplementedError("raw_limit_table runs the drain scenarios only")
-
-    async def analyze(self) -> None:
-        assert self.pool is not None
-        await self.pool.execute("ANALYZE scheduled_jobs")
-
-    async def count_jobs(self) -> int:
-        assert self.pool is not None
-        return await self.pool.fetchval("SELECT count(*) FROM scheduled_jobs")
-
-    async def remaining(self) -> int:
-        assert self.pool is not None
-        return await self.pool.fetchval(
-            "SELECT count(*) FROM scheduled_jobs WHERE status IN ('pending', 'running')"
-            " AND execution_time <= now()"
-        )
