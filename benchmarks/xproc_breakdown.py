@@ -39,7 +39,7 @@ structlog.configure(
 
 import asyncpg  # noqa: E402
 from checkouts import server_dsn  # noqa: E402  (benchmarks/, next to this script)
-from driver import pct  # noqa: E402  (the latency scenarios' percentile)
+from driver import spread_ms  # noqa: E402  (the latency scenarios' p50 and p99)
 
 from pg_scheduler import Scheduler, task  # noqa: E402
 from pg_scheduler.notify import Listener  # noqa: E402
@@ -135,8 +135,8 @@ def _spawn(args: list[str], out: Path) -> subprocess.Popen[bytes]:
 
 
 def _line(name: str, values: list[float]) -> str:
-    values = sorted(values)
-    return f"  {name:44} p50 {values[len(values) // 2]:6.2f}  p99 {pct(values, 0.99):6.2f} ms"
+    spread = spread_ms(values)
+    return f"  {name:44} p50 {spread['p50_ms']:6.2f}  p99 {spread['p99_ms']:6.2f} ms"
 
 
 async def floor(dsn: str, mode: str, samples: int, gap: float, out: Path) -> list[str]:
