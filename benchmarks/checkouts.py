@@ -2,12 +2,13 @@
 script run inside each checkout (so it imports that tree's library), the
 checkouts alternated round by round, medians.
 
-Used by ``ab_drain.py`` and ``enqueue_profile.py`` (imported as a sibling:
-they run as scripts from ``benchmarks/``).
+Used by ``ab_drain.py`` and ``enqueue_profile.py``, and the latency probes
+(imported as a sibling: they run as scripts from ``benchmarks/``).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -21,6 +22,16 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+
+
+def probe_arguments(doc: str) -> argparse.Namespace:
+    """The command line of the latency probes (``idle_wakeup.py``,
+    ``xproc_breakdown.py``): ``--dsn``, ``--samples``, ``--gap-ms``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--dsn", help="PostgreSQL server (default: an embedded one)")
+    parser.add_argument("--samples", type=int, default=200)
+    parser.add_argument("--gap-ms", type=float, default=20.0)
+    return parser.parse_args()
 
 
 def server_dsn(dsn: str | None, prefix: str) -> str:

@@ -20,7 +20,6 @@ the two columns is that cost: the machine's, not the library's.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import statistics
@@ -30,7 +29,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 import structlog
-from checkouts import server_dsn  # benchmarks/, next to this script
+from checkouts import probe_arguments, server_dsn  # benchmarks/, next to this script
 from driver import pct  # the latency scenarios' percentile
 
 from pg_scheduler import Scheduler, task
@@ -116,9 +115,5 @@ async def main(dsn: str, samples: int, gap: float) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dsn", help="PostgreSQL server (default: an embedded one)")
-    parser.add_argument("--samples", type=int, default=200)
-    parser.add_argument("--gap-ms", type=float, default=20.0)
-    args = parser.parse_args()
+    args = probe_arguments(__doc__)
     asyncio.run(main(server_dsn(args.dsn, "idle-wakeup-"), args.samples, args.gap_ms / 1000))

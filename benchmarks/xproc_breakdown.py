@@ -18,7 +18,6 @@ process the worker; one sample every ``--gap-ms`` (as the latency scenarios).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -38,7 +37,7 @@ structlog.configure(
 )
 
 import asyncpg  # noqa: E402
-from checkouts import server_dsn  # noqa: E402  (benchmarks/, next to this script)
+from checkouts import probe_arguments, server_dsn  # noqa: E402  (benchmarks/, next to this script)
 from driver import spread_ms  # noqa: E402  (the latency scenarios' p50 and p99)
 
 from pg_scheduler import Scheduler, task  # noqa: E402
@@ -217,9 +216,5 @@ if __name__ == "__main__":
             marks = asyncio.run(_library_worker(dsn, int(total), ready))
         Path(out).write_text(json.dumps(marks))
         sys.exit(0)
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dsn", help="PostgreSQL server (default: an embedded one)")
-    parser.add_argument("--samples", type=int, default=200)
-    parser.add_argument("--gap-ms", type=float, default=20.0)
-    args = parser.parse_args()
+    args = probe_arguments(__doc__)
     asyncio.run(main(server_dsn(args.dsn, "xproc-"), args.samples, args.gap_ms / 1000))
