@@ -82,7 +82,7 @@ class JobContext:
         self._latest = _checked_progress(fraction, message)
         if self._flush is not None:
             return  # the scheduled write takes the latest value
-        wait = self._last_write + 1 / PROGRESS_WRITES_PER_SECOND - time.monotonic()
+        wait = self._until_next_write()
         if wait <= 0:
             await self._write()
             return
@@ -112,8 +112,11 @@ class JobContext:
         """On the loop: take ``latest`` and make sure a write will take it."""
         self._latest = latest
         if self._flush is None:
-            wait = self._last_write + 1 / PROGRESS_WRITES_PER_SECOND - time.monotonic()
-            self._write_in(max(0.0, wait))
+            self._write_in(max(0.0, self._until_next_write()))
+
+    def _until_next_write(self) -> float:
+        """Seconds until the rate limit allows the next write (<= 0: now)."""
+        return self._last_write + 1 / PROGRESS_WRITES_PER_SECOND - time.monotonic()
 
     def _write_in(self, delay: float) -> None:
         task = asyncio.get_running_loop().create_task(self._write_later(delay))
