@@ -51,7 +51,8 @@ def database_dsn(dsn: str, database: str) -> str:
     return base.rsplit("/", 1)[0] + "/" + database + ("?" + query if query else "")
 
 
-async def _admin(dsn: str, sql: str) -> None:
+async def admin(dsn: str, sql: str) -> None:
+    """Run one statement on its own connection (CREATE/DROP DATABASE, DROP INDEX)."""
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute(sql)
@@ -63,7 +64,7 @@ def run_child(dsn: str, tree: str, child: str, args: Sequence[str]) -> tuple[dic
     """Run ``child`` (Python source) in ``tree`` on a fresh database of ``dsn``:
     its ``RESULT {...}`` line (or ``{"error": ...}``), and its whole stdout."""
     db = f"ab_{uuid.uuid4().hex[:8]}"
-    asyncio.run(_admin(dsn, f'CREATE DATABASE "{db}"'))
+    asyncio.run(admin(dsn, f'CREATE DATABASE "{db}"'))
     try:
         proc = subprocess.run(
             [sys.executable, "-c", child, database_dsn(dsn, db), *args],
@@ -73,7 +74,7 @@ def run_child(dsn: str, tree: str, child: str, args: Sequence[str]) -> tuple[dic
             env={**os.environ, "PYTHONPATH": tree},
         )
     finally:
-        asyncio.run(_admin(dsn, f'DROP DATABASE "{db}" WITH (FORCE)'))
+        asyncio.run(admin(dsn, f'DROP DATABASE "{db}" WITH (FORCE)'))
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     result = json.loads(line[0][7:]) if line else {"error": proc.stderr[-800:]}
     return result, proc.stdout

@@ -22,9 +22,8 @@ import statistics
 import uuid
 from typing import Any
 
-import asyncpg
 import driver  # benchmarks/, next to this script
-from checkouts import database_dsn, server_dsn
+from checkouts import admin, database_dsn, server_dsn
 
 # The indexes a drain writes besides the primary key and the claim index.
 VARIANTS: dict[str, tuple[str, ...]] = {
@@ -49,23 +48,15 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 }
 
 
-async def _admin(dsn: str, sql: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
 async def _one(dsn: str, module: Any, drop: tuple[str, ...], n: int) -> dict[str, Any]:
     db = f"ix_{uuid.uuid4().hex[:8]}"
-    await _admin(dsn, f'CREATE DATABASE "{db}"')
+    await admin(dsn, f'CREATE DATABASE "{db}"')
     url = database_dsn(dsn, db)
     contender = module.Contender(url, driver.RECORD)
     try:
         await contender.setup()
         for index in drop:
-            await _admin(url, f"DROP INDEX {index}")
+            await admin(url, f"DROP INDEX {index}")
         if hasattr(contender, "prepare_worker"):
             await contender.prepare_worker(50)
         return await driver.drain(
@@ -73,7 +64,7 @@ async def _one(dsn: str, module: Any, drop: tuple[str, ...], n: int) -> dict[str
         )
     finally:
         await contender.close()
-        await _admin(dsn, f'DROP DATABASE "{db}" WITH (FORCE)')
+        await admin(dsn, f'DROP DATABASE "{db}" WITH (FORCE)')
 
 
 def main() -> None:
