@@ -17,6 +17,7 @@ from .codec import clip_text
 from .log import get_logger
 from .store import Store
 from .store.events import EventStore
+from .validation import text_problem
 
 log = get_logger(__name__)
 
@@ -151,6 +152,9 @@ def _checked_progress(fraction: float, message: str | None) -> tuple[float, str 
     if message is not None:
         if not isinstance(message, str):
             raise TypeError(f"message must be a str or None, got {type(message).__name__}")
+        problem = text_problem(message)
+        if problem is not None:
+            raise ValueError(f"message {problem}")
         message = clip_text(message, PROGRESS_MESSAGE_MAX_CHARS)
     return float(fraction), message
 

@@ -61,3 +61,21 @@ async def wait_cancel(key: str) -> None:
 async def progress_no_wait() -> str:
     current_job().set_progress(0.25, "a quarter")  # from async code, without awaiting
     return "returned"
+
+
+@task(name="results.progress_bad_text")
+async def progress_bad_text() -> list[str]:
+    # Each refused message raises at the call; the good report after them is written.
+    job = current_job()
+    refused = []
+    for message in ("nul \x00 inside", "lone \ud800 surrogate"):
+        try:
+            await job.report_progress(0.5, message)
+        except ValueError as exc:
+            refused.append(str(exc))
+        try:
+            job.set_progress(0.5, message)
+        except ValueError as exc:
+            refused.append(str(exc))
+    await job.report_progress(0.75, "fine")
+    return refused

@@ -240,6 +240,16 @@ async def test_set_progress_from_async_code_is_written_without_an_await(pool, ma
     assert (await scheduler.get_job(job_id)).progress_message == "a quarter"
 
 
+async def test_progress_message_postgres_cannot_store_is_refused_at_the_call(pool, make_scheduler):
+    scheduler = await make_scheduler()
+    job_id = await scheduler.schedule(results_tasks.progress_bad_text, execution_time=now())
+    refused = (await scheduler.wait_for(job_id, timeout=10)).result
+    assert len(refused) == 4, refused
+    assert all("NUL" in m for m in refused[:2]) and all("surrogate" in m for m in refused[2:])
+    await wait_until(lambda: _progress_is(scheduler, job_id, 0.75), timeout=5, message="progress")
+    assert (await scheduler.get_job(job_id)).progress_message == "fine"
+
+
 def test_set_progress_after_the_workers_loop_closed_warns_and_returns():
     # A thread that outlives its worker's event loop: the report is dropped
     # with a warning, never an exception into the thread.
