@@ -400,6 +400,13 @@ async def test_closed_connection_and_non_connections_are_refused(pool, client, d
         client.schedule_bulk([JobSpec(fulfil_order, later())], connection=conn)
     with pytest.raises(TypeError, match="psycopg 3 or psycopg2 connection"):
         client.schedule(fulfil_order, execution_time=later(), connection=object())
+    if driver == "psycopg":
+        aconn = await psycopg.AsyncConnection.connect(dsn)
+        try:
+            with pytest.raises(TypeError, match="async connection"):
+                client.schedule(fulfil_order, execution_time=later(), connection=aconn)
+        finally:
+            await aconn.close()
     assert await pool.fetchval("SELECT count(*) FROM scheduled_jobs") == 0
 
 

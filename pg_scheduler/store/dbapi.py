@@ -15,6 +15,7 @@ own, committed here.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -65,6 +66,11 @@ def transaction_status(conn: Any) -> int:
     """The connection's libpq transaction status (IDLE, ACTIVE, INTRANS, INERROR,
     UNKNOWN): psycopg2's ``get_transaction_status()``, psycopg 3's
     ``info.transaction_status``. TypeError for anything else."""
+    if inspect.iscoroutinefunction(getattr(conn, "commit", None)):
+        raise TypeError(
+            f"connection is an async connection ({type(conn).__name__}): in async code "
+            "use Scheduler.schedule(connection=...); SyncClient takes a synchronous one"
+        )
     get = getattr(conn, "get_transaction_status", None)  # psycopg2
     if callable(get):
         return int(get())
