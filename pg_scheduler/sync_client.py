@@ -7,11 +7,17 @@ same validation, encoding and rows as :class:`~pg_scheduler.Scheduler`:
   driven by a private event loop in one daemon thread of the client (created
   on first use, and again in a forked child), so it works from any thread,
   even one whose own loop is running;
-- inside the **caller's transaction** (``connection=``): a psycopg 3 or
-  psycopg2 connection of the caller (the ``[sync]`` extra installs psycopg
-  3), written with :mod:`pg_scheduler.store.dbapi`; the job exists, and
-  workers are woken, only if the caller commits. asyncpg connections cannot
-  be used from sync code.
+- on the **caller's connection** (``connection=``): a psycopg 3 or psycopg2
+  connection of the caller (the ``[sync]`` extra installs psycopg 3), written
+  with :mod:`pg_scheduler.store.dbapi`. Inside the caller's transaction (read
+  from the connection's transaction status, whatever its ``autocommit``) it
+  is a savepoint: the job exists, and workers are woken, only if the caller
+  commits, and the client never commits. On an autocommit connection outside
+  a transaction it is a transaction of its own, committed before the call
+  returns. asyncpg connections cannot be used from sync code.
+
+``schedule`` takes exactly the keywords of ``Scheduler.schedule``, with the
+same defaults, checked by the same code (``Enqueuer.fields_for_call``).
 """
 
 from __future__ import annotations
@@ -19,13 +25,13 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime
 from typing import Any, TypeVar, cast
 
 import asyncpg
 
-from .config import RetryPolicy
+from .config import UNSET, RetryPolicy
 from .conflicts import (
     check_conflict_resolution,
     check_none_existing,
@@ -100,44 +106,29 @@ class SyncClient:
         func: Callable[..., Any],
         *,
         execution_time: datetime,
-        args: tuple[Any, ...] = (),
+        args: tuple = (),
         kwargs: dict[str, Any] | None = None,
         priority: JobPriority = JobPriority.NORMAL,
         max_retries: int = 0,
         job_id: str | None = None,
         conflict_resolution: ConflictResolution = ConflictResolution.RAISE,
-        misfire_grace_time: int | None = None,
+        misfire_grace_time: int | Any | None = UNSET,
         timeout: float | None = None,
         retry_policy: RetryPolicy | None = None,
+        connection: Any = None,
         dedupe_key: str | None = None,
         dedupe_scope: str | None = None,
-        connection: Any = None,
+        queue: str | None = None,
     ) -> str:
-        """As :meth:`Scheduler.schedule`; ``connection``: a psycopg 3 / psycopg2
-        connection whose transaction the row joins. Returns the job id."""
-        if connection is None:
-            return self._call(
-                lambda s: s.schedule(
-                    func,
-                    execution_time=execution_time,
-                    args=args,
-                    kwargs=kwargs,
-                    priority=priority,
-                    max_retries=max_retries,
-                    job_id=job_id,
-                    conflict_resolution=conflict_resolution,
-                    misfire_grace_time=misfire_grace_time,
-                    timeout=timeout,
-                    retry_policy=retry_policy,
-                    dedupe_key=dedupe_key,
-                    dedupe_scope=dedupe_scope,
-                )
-            )
-        check_conflict_resolution(conflict_resolution)
-        fields = self._rows.fields_for_call(
-            func,
-            args,
-            kwargs,
+        """As :meth:`Scheduler.schedule`: the same keywords, defaults and checks
+        (``misfire_grace_time`` not given: the client's default). Returns the job id.
+
+        ``connection``: a psycopg 3 / psycopg2 connection. Inside its
+        transaction the row is a savepoint of it and exists only if the
+        caller commits; on an autocommit connection outside a transaction it
+        is committed before this returns. See :meth:`DbapiStatements.atomically`."""
+        # The per-job keywords, once: both paths check them with the same code.
+        fields: dict[str, Any] = dict(
             execution_time=execution_time,
             priority=priority,
             max_retries=max_retries,
@@ -147,8 +138,20 @@ class SyncClient:
             retry_policy=retry_policy,
             dedupe_key=dedupe_key,
             dedupe_scope=dedupe_scope,
+            queue=queue,
         )
-        row = self._rows.new_row(fields)
+        if connection is None:
+            return self._call(
+                lambda s: s.schedule(
+                    func,
+                    args=args,
+                    kwargs=kwargs,
+                    conflict_resolution=conflict_resolution,
+                    **fields,
+                )
+            )
+        check_conflict_resolution(conflict_resolution)
+        row = self._rows.new_row(self._rows.fields_for_call(func, args, kwargs, **fields))
         _refuse_keys([row])
         self._write(connection, [row], conflict_resolution, 1)
         return row.job_id
@@ -162,7 +165,8 @@ class SyncClient:
         connection: Any = None,
         positional: bool = False,
     ) -> list[str] | list[str | None]:
-        """As :meth:`Scheduler.schedule_bulk`: all or nothing, ids in input order."""
+        """As :meth:`Scheduler.schedule_bulk`: all or nothing, ids in input order;
+        ``connection`` as for :meth:`schedule`."""
         if connection is None:
             return self._call(
                 lambda s: s.schedule_bulk(
@@ -172,10 +176,10 @@ class SyncClient:
                     positional=positional,
                 )
             )
-        check_conflict_resolution(conflict_resolution)
-        check_int("batch_size", batch_size, 1)
         if not isinstance(positional, bool):
             raise TypeError(f"positional must be True or False, got {positional!r}")
+        check_conflict_resolution(conflict_resolution)
+        check_int("batch_size", batch_size, 1)
         rows = self._rows.bulk_rows(jobs)
         if not rows:
             return []
@@ -183,9 +187,8 @@ class SyncClient:
         user_ids = [spec.job_id for spec in jobs if spec.job_id is not None]
         if user_ids:
             check_repeated_ids(user_ids, conflict_resolution)
-            if conflict_resolution is ConflictResolution.RAISE:
-                check_none_existing(self._statements.existing_ids(connection, user_ids))
-        written = self._write(connection, rows, conflict_resolution, batch_size)
+        raise_on = user_ids if conflict_resolution is ConflictResolution.RAISE else []
+        written = self._write(connection, rows, conflict_resolution, batch_size, raise_on)
         ids = ids_in_order(rows, written, conflict_resolution)
         return ids if positional else [i for i in ids if i is not None]
 
@@ -218,11 +221,22 @@ class SyncClient:
     # -- internals -------------------------------------------------------------------
 
     def _write(
-        self, conn: Any, rows: list[Any], conflict: ConflictResolution, batch_size: int
+        self,
+        connection: Any,
+        rows: list[NewJob],
+        conflict: ConflictResolution,
+        batch_size: int,
+        raise_on: Sequence[str] = (),
     ) -> set[str]:
+        """Write ``rows`` through the caller's connection, all or nothing (see
+        :meth:`DbapiStatements.atomically`); ``raise_on``: ids refused first if
+        they exist already (bulk RAISE), in the same transaction."""
+        conn = _dbapi_connection(connection)
         statements, suffix = self._statements, _SUFFIX[conflict]
 
         def work() -> set[str]:
+            if raise_on:
+                check_none_existing(statements.existing_ids(conn, raise_on))
             written: set[str] = set()
             for start in range(0, len(rows), batch_size):
                 written |= statements.insert(conn, rows[start : start + batch_size], suffix)
@@ -261,6 +275,13 @@ class SyncClient:
         self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=self.pool_size)
         # Never started: it only enqueues, reads and cancels (no worker, no claims).
         return Scheduler(self._pool, **self._settings, loop_stall_warning=None)
+
+
+def _dbapi_connection(connection: Any) -> Any:
+    """The driver's connection: SQLAlchemy's pooled proxy
+    (``session.connection().connection``) gives its ``dbapi_connection``."""
+    inner = getattr(connection, "dbapi_connection", None)
+    return connection if inner is None else inner
 
 
 def _refuse_keys(rows: list[NewJob]) -> None:

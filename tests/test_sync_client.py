@@ -1,4 +1,4 @@
-"""Issue 14, item 5: SyncClient enqueues from synchronous code, on its own
+"""SyncClient enqueues from synchronous code, on its own
 connection or inside the caller's psycopg 3 / psycopg2 transaction."""
 
 from __future__ import annotations

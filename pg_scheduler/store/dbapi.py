@@ -1,16 +1,21 @@
 """The enqueue statements on a caller's synchronous (DB-API) connection: psycopg 3
-or psycopg2, inside the caller's own transaction (the sync client's ``connection=``).
+or psycopg2 (the sync client's ``connection=``).
 
 They are the statements of :mod:`~pg_scheduler.store.job_sql` (the same rows,
 the same conflict handling, the same wake-up trigger, so workers hear a
 NOTIFY at commit), rewritten once from asyncpg's ``$n`` placeholders to the
-``%(pn)s`` style both drivers take. Each write is a savepoint inside the
-caller's transaction (a transaction of its own on an autocommit connection),
-so a duplicate id raises without aborting the caller's work.
+``%(pn)s`` style both drivers take.
+
+Whose transaction a write joins is read from the connection's transaction
+status, never from its ``autocommit`` flag alone (:meth:`DbapiStatements.atomically`):
+inside the caller's transaction a write is a savepoint and nothing here
+commits; outside one, on an autocommit connection, it is a transaction of its
+own, committed here.
 """
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,6 +27,25 @@ from .names import DEFAULT_SCHEMA, Qualifier
 _PLACEHOLDER = re.compile(r"\$(\d+)")
 _SAVEPOINT = "pg_scheduler_enqueue"
 UNIQUE_VIOLATION = "23505"
+
+# libpq's PGTransactionStatusType, which psycopg 3 (``conn.info.transaction_status``)
+# and psycopg2 (``conn.get_transaction_status()``) both report as these numbers.
+IDLE, ACTIVE, INTRANS, INERROR, UNKNOWN = range(5)
+
+_REFUSED = {
+    INERROR: (
+        "the connection's transaction has failed (a statement in it raised): roll it back, "
+        "or back to a savepoint, before scheduling through it; nothing was written"
+    ),
+    ACTIVE: (
+        "the connection is busy (a statement is in progress on it, e.g. in pipeline mode): "
+        "schedule through it when its statements have finished; nothing was written"
+    ),
+    UNKNOWN: (
+        "the connection is closed or broken (its transaction status is unknown); "
+        "nothing was written"
+    ),
+}
 
 
 def pyformat(sql: str) -> str:
@@ -36,6 +60,44 @@ def _params(values: Sequence[Any]) -> dict[str, Any]:
 def sqlstate(exc: BaseException) -> str | None:
     """The SQLSTATE of a psycopg 3 (``sqlstate``) or psycopg2 (``pgcode``) error."""
     return getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+
+
+def transaction_status(conn: Any) -> int:
+    """The connection's libpq transaction status (IDLE, ACTIVE, INTRANS, INERROR,
+    UNKNOWN): psycopg2's ``get_transaction_status()``, psycopg 3's
+    ``info.transaction_status``. TypeError for anything else."""
+    if inspect.iscoroutinefunction(getattr(conn, "commit", None)):
+        raise TypeError(
+            f"connection is an async connection ({type(conn).__name__}): in async code "
+            "use Scheduler.schedule(connection=...); SyncClient takes a synchronous one"
+        )
+    get = getattr(conn, "get_transaction_status", None)  # psycopg2
+    if callable(get):
+        return int(get())
+    status = getattr(getattr(conn, "info", None), "transaction_status", None)  # psycopg 3
+    if status is None or not callable(getattr(conn, "cursor", None)):
+        raise TypeError(
+            "connection must be a psycopg 3 or psycopg2 connection (with SQLAlchemy: "
+            f"session.connection().connection.dbapi_connection), got {type(conn).__name__}"
+        )
+    return int(status)
+
+
+def in_callers_transaction(conn: Any) -> bool:
+    """Whether a write through ``conn`` joins the caller's transaction (True) or
+    needs one of its own (False: an autocommit connection outside a transaction).
+
+    INTRANS: the caller's transaction (an explicit BEGIN, psycopg 3's
+    ``conn.transaction()``, a savepoint), whatever ``autocommit`` says. IDLE
+    without autocommit: the driver opens the caller's transaction at the next
+    statement (DB-API), and the caller ends it. A failed, busy or closed
+    connection raises ValueError before anything is sent."""
+    status = transaction_status(conn)
+    if status == INTRANS:
+        return True
+    if status == IDLE:
+        return not getattr(conn, "autocommit", False)
+    raise ValueError(_REFUSED.get(status, _REFUSED[UNKNOWN]))
 
 
 class DbapiStatements:
@@ -67,27 +129,31 @@ class DbapiStatements:
             return [r[0] for r in cur.fetchall()]
 
     def atomically(self, conn: Any, work: Callable[[], Any]) -> Any:
-        """Run ``work`` all-or-nothing without ending the caller's transaction:
-        a savepoint inside it, or BEGIN/COMMIT on an autocommit connection."""
-        autocommit = bool(getattr(conn, "autocommit", False))
-        begin, commit, rollback = (
-            ("BEGIN", "COMMIT", "ROLLBACK")
-            if autocommit
-            else (
-                f"SAVEPOINT {_SAVEPOINT}",
-                f"RELEASE SAVEPOINT {_SAVEPOINT}",
-                f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}",
-            )
-        )
+        """Run ``work`` all-or-nothing, never ending a transaction this did not open.
+
+        Inside the caller's transaction (:func:`in_callers_transaction`): a
+        savepoint, released on success and rolled back to on error, so an
+        error leaves the caller's transaction usable and its work intact;
+        the caller commits or rolls back. On an autocommit connection outside
+        a transaction: BEGIN, then COMMIT (ROLLBACK on error), back to IDLE.
+        A failed, busy or closed connection: ValueError, nothing sent."""
+        undo: tuple[str, ...]
+        if in_callers_transaction(conn):
+            begin, commit = f"SAVEPOINT {_SAVEPOINT}", f"RELEASE SAVEPOINT {_SAVEPOINT}"
+            undo = (f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}", f"RELEASE SAVEPOINT {_SAVEPOINT}")
+        else:
+            begin, commit, undo = "BEGIN", "COMMIT", ("ROLLBACK",)
         with conn.cursor() as cur:
             cur.execute(begin)
         try:
             result = work()
-        except BaseException:
-            with conn.cursor() as cur:
-                cur.execute(rollback)
-                if not autocommit:
-                    cur.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
+        except BaseException as exc:
+            try:
+                with conn.cursor() as cur:
+                    for statement in undo:
+                        cur.execute(statement)
+            except Exception as undo_error:  # a broken connection: the first error says why
+                exc.add_note(f"undoing the enqueue failed too: {undo_error!r}")
             raise
         with conn.cursor() as cur:
             cur.execute(commit)
