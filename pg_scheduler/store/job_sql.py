@@ -360,3 +360,34 @@ WITH target AS (
 SELECT c.job_id FROM changed c, sent
 """
 
+
+def _hand_back_unstarted(where: str) -> str:
+    """Rows of worker ``$2`` that never started here go back to pending: the
+    attempt is not counted and none is recorded in job_attempts (nothing ran).
+    A row not claimed ahead let its "pending" dedupe key go when it was written
+    running, and does not take it back (see _release_where)."""
+    return f"""
+WITH released AS (
+    UPDATE scheduled_jobs
+       SET status = 'pending', worker_id = NULL, lease_until = NULL,
+           attempts = GREATEST(attempts - 1, 0),
+           started_before = started_before OR NOT claimed_ahead
+     WHERE {where} AND worker_id = $2 AND status = 'running'
+    RETURNING job_id, task_name, attempts, queue
+), {_RELEASED_EVENTS}
+SELECT r.job_id, pg_notify('pg_scheduler_jobs', '*') FROM released r, sent
+"""
+
+
+# Shutdown: every row held here that this process does not own ($1: the rows
+# it still owns: jobs that ignored their cancellation, outcomes not written).
+# Rows of in-process starts whose caller was cancelled, claims whose answer
+# was lost, rows that arrived after the buffer was handed back.
+_RELEASE_UNOWNED = _hand_back_unstarted("NOT (job_id = ANY($1::text[]))")
+# An in-process start whose caller was cancelled while its insert was in
+# flight: the row, if it landed, as that insert wrote it (started_at and
+# created_at are both the insert's now(); a later claim of it has a later
+# started_at and is not touched).
+_RELEASE_LOCAL_START = _hand_back_unstarted(
+    "job_id = $1 AND attempts = 1 AND started_at = created_at"
+)
