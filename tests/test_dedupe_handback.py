@@ -214,3 +214,64 @@ async def test_handed_back_at_shutdown_it_keeps_its_key_until_another_worker_sta
         assert tasks.runs["k"] == 1
     finally:
         await asyncio.to_thread(client.close)
+
+
+async def test_rescued_from_a_killed_worker_before_it_started_it_keeps_its_key(
+    pool, dsn, tmp_path, make_scheduler
+):
+    """kill -9 of a worker holding a keyed row claimed ahead: the rescue puts it
+    back to pending still holding its key (it never started)."""
+    import signal
+
+    from fault_worker import FAULT, RUNS_DDL, WorkerProcess
+
+    await pool.execute(RUNS_DDL)
+    await pool.execute("TRUNCATE fault_runs")
+    producer = await make_scheduler(start=False)
+    victim = await WorkerProcess.start(
+        dsn, tmp_path, "victim", **{**FAULT, "max_concurrent_jobs": 1, "batch_claim_limit": 1}
+    )
+    try:
+        await victim.ready()
+        blocker = await producer.schedule_job(
+            "fault.tracked", now(), {"kwargs": {"key": "blocker", "first_seconds": 120}}
+        )
+        await wait_until(
+            lambda: pool.fetchval(
+                "SELECT status = 'running' FROM scheduled_jobs WHERE job_id = $1", blocker
+            ),
+            message="the blocker running",
+        )
+
+        def by_name(conflict: ConflictResolution) -> object:
+            return producer.schedule_job(
+                "fault.quick",
+                now(),
+                {"kwargs": {"key": "keyed"}},
+                conflict_resolution=conflict,
+                dedupe_key=KEY,
+                dedupe_scope="pending",
+            )
+
+        holder = await by_name(ConflictResolution.RAISE)
+
+        async def ahead() -> bool:
+            r = await row(pool, holder)
+            return r["status"] == "running" and r["claimed_ahead"]
+
+        await wait_until(ahead, timeout=15, message="the keyed job claimed ahead")
+        victim.send(signal.SIGKILL)
+        await victim.wait()
+
+        async def rescued() -> bool:
+            await producer.recover_orphaned_jobs()
+            return (await row(pool, holder))["status"] == "pending"
+
+        await wait_until(rescued, timeout=20, interval=0.2, message="the rescue")
+        with pytest.raises(ValueError, match=holder):
+            await by_name(ConflictResolution.RAISE)
+        assert await by_name(ConflictResolution.IGNORE) == holder
+        assert [r["job_id"] for r in await keyed_rows(pool)] == [holder]
+        assert await pool.fetchval("SELECT count(*) FROM fault_runs WHERE job_key = 'keyed'") == 0
+    finally:
+        await victim.close()
