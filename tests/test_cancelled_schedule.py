@@ -123,3 +123,36 @@ async def test_shutdown_leaves_rows_another_live_worker_runs(pool, make_schedule
     tasks.gate("long").set()
     await wait_for_status(pool, job, "completed")
     assert tasks.runs["long"] == 1
+
+
+async def test_the_shutdown_hand_back_spares_the_jobs_this_worker_runs(pool, make_scheduler):
+    """The statement shutdown ends with, run on a live worker: a row held under
+    its id that it does not run (a claim whose answer was lost) goes back; the
+    job it is running stays."""
+    worker = await make_scheduler(lease_duration=LEASE)
+    job = await worker.schedule(tasks.hold, execution_time=datetime.now(UTC), args=("mine",))
+    await asyncio.wait_for(tasks.began("mine").wait(), 10)
+    await pool.execute(
+        "INSERT INTO scheduled_jobs (job_id, job_name, task_name, execution_time, status,"
+        " task_data, worker_id, attempts, started_at, lease_until)"
+        " VALUES ('lost-answer', 'count_run', 'handback.count_run', now(), 'running',"
+        " '{\"args\": [7], \"kwargs\": {}}', $1, 1, now(), now() + interval '1 minute')",
+        worker.worker_id,
+    )
+    assert await worker.worker.hand_back_unowned() == ["lost-answer"]
+    mine = await pool.fetchrow(
+        "SELECT status, worker_id, attempts FROM scheduled_jobs WHERE job_id = $1", job
+    )
+    assert (mine["status"], mine["worker_id"], mine["attempts"]) == (
+        "running",
+        worker.worker_id,
+        1,
+    )
+    # The handed-back row runs (here), with its attempt not counted twice.
+    await wait_for_status(pool, "lost-answer", "completed")
+    assert (
+        await pool.fetchval("SELECT attempts FROM scheduled_jobs WHERE job_id = 'lost-answer'") == 1
+    )
+    assert tasks.runs[7] == 1
+    tasks.gate("mine").set()
+    await wait_for_status(pool, job, "completed")

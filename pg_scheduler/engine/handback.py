@@ -152,7 +152,7 @@ class HandBack:
         if self._retry_timer is not None:
             self._retry_timer.cancel()
 
-    async def hand_back_unowned(self, timeout: float = 10.0) -> list[str]:
+    async def hand_back_unowned(self, timeout: float = 5.0) -> list[str]:
         """The last step of a shutdown, after :meth:`drain` (and after in-process
         starts in flight have answered): one statement hands back every row
         held ``running`` here except those this process still owns (jobs that

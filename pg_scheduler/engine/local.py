@@ -150,10 +150,11 @@ async def write_started(
 
 def _hand_back_later(store: Store, worker: Worker, job_id: str) -> None:
     """Hand back ``job_id``'s row if the insert landed (one statement, in the
-    background: the caller is being cancelled). The pool gave the insert's
-    connection back first, and asyncpg returns a connection whose statement
-    was cancelled only once the server has answered it, so the row has
-    landed or never will."""
+    background: the caller is being cancelled). The pool took the insert's
+    connection back first, and asyncpg gives back a connection whose
+    statement was cancelled only once the server has answered it, so the row
+    has landed or never will. (A caller cancelled again during that wait
+    leaves a row that lands later to the heartbeat, or to shutdown.)"""
 
     async def hand_back() -> None:
         try:
