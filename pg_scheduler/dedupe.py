@@ -1,7 +1,7 @@
 """Dedupe keys: checking them and working out a job's key.
 
 A job may carry a ``dedupe_key``; at most one job per key and scope holds
-it (migration 0008's partial unique indexes). The key comes from the call
+it (the partial unique indexes of migrations 0008 and 0013). The key comes from the call
 (``schedule(dedupe_key=...)``, ``JobSpec``, ``schedule_job``) or from the
 task (``@task(dedupe_key=...)``: a string, or a function of the job's
 arguments that returns one). The call's value wins.
@@ -15,7 +15,9 @@ from typing import Any
 from .validation import check_name
 
 #: "active": held while the job is pending or running. "pending": held only
-#: until the job first starts, so one may wait while another runs.
+#: until the job first starts (a row claimed ahead into a worker's buffer has
+#: not: it holds its key there, and after a hand-back), so one may wait while
+#: another runs.
 DEDUPE_SCOPES = ("active", "pending")
 DEFAULT_DEDUPE_SCOPE = "active"
 

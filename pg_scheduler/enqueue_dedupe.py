@@ -1,6 +1,6 @@
 """Writing rows that carry a dedupe key, per conflict policy.
 
-The partial unique indexes of migration 0008 decide who holds a key; this
+The partial unique indexes of migrations 0008 and 0013 decide who holds a key; this
 module only chooses what to do when a key is taken. Rows are written inside
 the caller's transaction (``Enqueuer`` opens it), so a bulk call stays all or
 nothing. Within one batch, one row per (key, scope) goes to the database:

@@ -324,8 +324,9 @@ class Scheduler(JobsAPI, SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
 
     async def shutdown(self, grace_period: float | None = None) -> None:
         """Stop claiming, let running jobs finish for ``grace_period`` seconds
-        (default ``shutdown_grace_period``), cancel and hand back the rest, and
-        return once everything this worker owned is released."""
+        (default ``shutdown_grace_period``), cancel and hand back the rest, hand
+        back every row held here that this process does not run, and return
+        once everything this worker owned is released."""
         async with self._lifecycle:
             await self.events_hub.close()  # subscriptions, waiters, own listener
             if not self.is_running:
@@ -338,6 +339,11 @@ class Scheduler(JobsAPI, SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
                 await self._claim_task
             await self.periodic.stop()
             await self.worker.drain(grace)
+            # Then every row still held here that nothing here runs goes back
+            # (an in-process start whose caller was cancelled mid-insert, a claim
+            # whose answer was lost), once the in-process inserts in flight answered.
+            await local_start.settled(self.worker, timeout=10.0)
+            await self.worker.hand_back_unowned()
             self.worker.executor.sync.close()
             await self.heartbeat.stop()
             if self.watchdog is not None:

@@ -89,6 +89,18 @@ TRANSITIONS: tuple[Transition, ...] = (
         "job_sql._RELEASE_GHOSTS",
         "services/heartbeat.py (claims whose answer was lost; only the claim it saw)",
     ),
+    Transition(
+        (RUNNING,),
+        (PENDING,),
+        "job_sql._RELEASE_UNOWNED",
+        "engine/handback.py (shutdown: every row held here that this process does not own)",
+    ),
+    Transition(
+        (RUNNING,),
+        (PENDING,),
+        "job_sql._RELEASE_LOCAL_START",
+        "engine/local.py (an in-process start whose caller was cancelled mid-insert)",
+    ),
     # -- rescue ---------------------------------------------------------------
     Transition(
         (RUNNING,),

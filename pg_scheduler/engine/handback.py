@@ -1,5 +1,6 @@
 """Giving claimed rows back: the stale claimed-ahead buffer, queues paused while
-rows of theirs were claimed ahead, cancellations, and the shutdown drain. A
+rows of theirs were claimed ahead, cancellations, the shutdown drain, and at
+the end of a shutdown every row held here that this process does not run. A
 mixin of :class:`~.claimer.Worker`."""
 
 from __future__ import annotations
@@ -8,9 +9,11 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..reconnect import retry_on_disconnect
 from .executor import SHUTDOWN, log
 
 if TYPE_CHECKING:
+    from ..store import Store
     from .completer import Completer
     from .executor import RunningJob
     from .slots import Slots
@@ -21,6 +24,8 @@ class HandBack:
 
     if TYPE_CHECKING:
         slots: Slots
+        store: Store
+        worker_id: str
         owned: set[str]
         tasks: set[asyncio.Task[Any]]
         tasks_background: set[asyncio.Task[Any]]
@@ -146,3 +151,40 @@ class HandBack:
         await self.completer.connection.release()
         if self._retry_timer is not None:
             self._retry_timer.cancel()
+
+    async def hand_back_unowned(self, timeout: float = 5.0) -> list[str]:
+        """The last step of a shutdown, after :meth:`drain` (and after in-process
+        starts in flight have answered): one statement hands back every row
+        held ``running`` here except those this process still owns (jobs that
+        ignored their cancellation, outcomes not written), as never started:
+        the attempt is not counted. What it finds: rows of in-process starts
+        whose caller was cancelled mid-insert, claims whose answer was lost,
+        rows that reached the buffer after it was handed back. Returns their ids."""
+        if self.tasks_background:  # hand-backs already under way finish first
+            await asyncio.wait(set(self.tasks_background), timeout=timeout)
+        buffer = self.slots.buffer
+        buffered = [row["job_id"] for _, row in buffer]
+        if buffered:
+            buffer.clear()
+            self.owned.difference_update(buffered)
+            self.slots.let_go(len(buffered), buffered)
+        keep = list(self.owned)
+        try:
+            released: list[str] = await retry_on_disconnect(
+                lambda: self.store.release_unowned(self.worker_id, keep),
+                what="hand back",
+                give_up_after=timeout,
+            )
+        except Exception as exc:
+            log.warning(
+                "could not hand back rows held here but not started; they will be rescued",
+                error=repr(exc),
+            )
+            return []
+        if released:
+            log.info(
+                "handed back rows held here but never started",
+                worker_id=self.worker_id,
+                jobs=len(released),
+            )
+        return released

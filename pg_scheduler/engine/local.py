@@ -10,10 +10,17 @@ worker, reserving its slot, the write, and starting the row that came back.
 The job always runs in its own task, created as the last step of
 ``schedule()``: it never runs inside the caller's await. The connection the
 insert used goes back to the pool in the background, after that.
+
+A caller cancelled while the insert is in flight (a request that timed out, a
+task group torn down) does not know whether the row landed: it is handed back
+at once, in the background, as never started (attempt not counted), and runs
+through a claim like any pending job. Shutdown waits for inserts in flight
+(:func:`settled`) before it hands back what this worker holds and does not run.
 """
 
 from __future__ import annotations
 
+import asyncio
 import weakref
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -23,7 +30,7 @@ import asyncpg
 
 from ..log import get_logger
 from ..pool_release import autocommitted
-from ..reconnect import is_connection_error
+from ..reconnect import is_connection_error, retry_on_disconnect
 from ..store import NewJob, Store
 from ..tasks import TaskRegistry
 from .claimer import Worker
@@ -46,6 +53,8 @@ class LocalHost(Protocol):
 
 # Started Schedulers of this process: schedule() hands them due jobs directly.
 _started: weakref.WeakSet[LocalHost] = weakref.WeakSet()
+# Workers shutting down with inserts in flight: set when the last one answers.
+_settling: weakref.WeakKeyDictionary[Worker, asyncio.Event] = weakref.WeakKeyDictionary()
 
 
 def offer(host: LocalHost) -> None:
@@ -91,6 +100,10 @@ def reserve(worker: Worker, row: NewJob) -> bool:
 def finish(worker: Worker, job_id: str, row: Mapping[str, Any] | None) -> bool:
     """Start the inserted row if it came back running here; else free the slot."""
     worker.claims_in_flight -= 1
+    if not worker.claiming and worker.claims_in_flight <= 0:
+        event = _settling.get(worker)
+        if event is not None:
+            event.set()
     if row is not None and row["status"] == "running":
         worker.executor.check_log_levels()
         worker.accept(row, local=True)
@@ -121,6 +134,10 @@ async def write_started(
         )
     except BaseException as exc:
         finish(worker, row.job_id, claimed)  # written: start it anyway; else free the slot
+        if claimed is None:
+            # Cancelled or cut off mid-insert: the row may have landed, running
+            # here, and nobody would start it.
+            _hand_back_later(store, worker, row.job_id)
         if isinstance(exc, Exception) and is_connection_error(exc):
             return None if claimed is None else True
         raise
@@ -129,3 +146,55 @@ async def write_started(
     # its caller.
     finish(worker, row.job_id, claimed)
     return True
+
+
+def _hand_back_later(store: Store, worker: Worker, job_id: str) -> None:
+    """Hand back ``job_id``'s row if the insert landed (one statement, in the
+    background: the caller is being cancelled). The pool took the insert's
+    connection back first, and asyncpg gives back a connection whose
+    statement was cancelled only once the server has answered it, so the row
+    has landed or never will. (A caller cancelled again during that wait
+    leaves a row that lands later to the heartbeat, or to shutdown.)"""
+
+    async def hand_back() -> None:
+        try:
+            released = await retry_on_disconnect(
+                lambda: store.release_local_start(worker.worker_id, job_id),
+                what="hand back",
+                give_up_after=30,
+            )
+        except Exception as exc:
+            log.warning(
+                "could not hand back an interrupted in-process start; the heartbeat will",
+                job_id=job_id,
+                error=repr(exc),
+            )
+            return
+        if released:
+            log.info(
+                "handed back an in-process start whose caller was cancelled",
+                job_id=job_id,
+                worker_id=worker.worker_id,
+            )
+
+    task = asyncio.get_running_loop().create_task(hand_back())
+    worker.tasks_background.add(task)
+    task.add_done_callback(worker.tasks_background.discard)
+
+
+async def settled(worker: Worker, timeout: float) -> None:
+    """Shutdown (claiming stopped): wait up to ``timeout`` for the in-process
+    starts in flight on ``worker`` to answer (started, buffered or handed back)."""
+    if worker.claims_in_flight <= 0:
+        return
+    event = _settling.setdefault(worker, asyncio.Event())
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except TimeoutError:
+        log.warning(
+            "in-process starts still unanswered at shutdown; the rescuer will return them",
+            worker_id=worker.worker_id,
+            in_flight=worker.claims_in_flight,
+        )
+    finally:
+        _settling.pop(worker, None)

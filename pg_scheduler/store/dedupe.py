@@ -1,5 +1,5 @@
-"""Statements on dedupe keys (migration 0008): who holds a key, and replacing
-the pending job that holds one.
+"""Statements on dedupe keys (migrations 0008 and 0013): who holds a key, and
+replacing the pending job that holds one.
 
 Each scope has its own partial unique index; a statement names its scope's
 predicate as constants so the planner can use that index (a predicate that
@@ -15,9 +15,12 @@ from .jobs import NewJob
 from .names import Executor, Qualifier
 
 #: What holding a key means in each scope: the predicate of its unique index.
+#: "pending": no attempt has started (``started_before``, migration 0013), and
+#: the job is pending or waits claimed ahead in a worker's buffer.
 HELD_IN_SCOPE = {
     "active": "j.dedupe_scope = 'active' AND j.status IN ('pending', 'running')",
-    "pending": "j.dedupe_scope = 'pending' AND j.status = 'pending' AND j.started_at IS NULL",
+    "pending": "j.dedupe_scope = 'pending' AND NOT j.started_before"
+    " AND (j.status = 'pending' OR (j.status = 'running' AND j.claimed_ahead))",
 }
 #: The unique indexes, by name: a UniqueViolationError names its index.
 DEDUPE_INDEXES = frozenset(
@@ -30,7 +33,8 @@ SELECT j.dedupe_key, j.job_id, j.status FROM scheduled_jobs j
 """
 
 # The pending holder takes the new job's fields and starts afresh (as REPLACE
-# by job id does); it keeps its job id. A running holder is never touched.
+# by job id does); it keeps its job id. A running holder (scope "pending": one
+# claimed ahead, waiting in a worker's buffer) is never touched.
 _REPLACE_PENDING = """
 UPDATE scheduled_jobs j
    SET job_name = d.job_name, task_name = d.task_name, execution_time = d.execution_time,
@@ -40,7 +44,8 @@ UPDATE scheduled_jobs j
        retry_count = 0,
        attempts = 0, rescue_count = 0, unstarted_rescues = 0, error_message = NULL,
        error_traceback = NULL, result = NULL, worker_id = NULL, last_heartbeat = NULL,
-       lease_until = NULL, started_at = NULL, finished_at = NULL, created_at = now()
+       lease_until = NULL, started_at = NULL, finished_at = NULL, created_at = now(),
+       claimed_ahead = false, started_before = false
   FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[], $5::int[], $6::int[],
               $7::int[], $8::float8[], $9::text[], $10::text[], $11::text[])
     AS d(job_name, task_name, execution_time, task_data, priority, max_retries,

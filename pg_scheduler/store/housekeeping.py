@@ -240,12 +240,14 @@ class StatsStore:
 # -- operations (the CLI) --------------------------------------------------------------
 
 # An operator's retry: run once more, now. attempts keeps counting, so the job
-# gets exactly one new attempt (more if max_retries still allows).
+# gets exactly one new attempt (more if max_retries still allows). A job that
+# was ever claimed does not take a "pending" dedupe key back (0013).
 _RETRY_JOBS = f"""
 WITH retried AS (
     UPDATE scheduled_jobs
        SET status = 'pending', execution_time = now(), finished_at = NULL, worker_id = NULL,
-           lease_until = NULL, result = NULL, error_message = NULL, error_traceback = NULL
+           lease_until = NULL, result = NULL, error_message = NULL, error_traceback = NULL,
+           started_before = started_before OR started_at IS NOT NULL
      WHERE job_id = ANY($1::text[]) AND status = ANY($2::text[])
     RETURNING job_id, task_name, attempts, queue
 ), {

@@ -48,7 +48,8 @@ _REPLACE_SET = """
         attempts = 0, rescue_count = 0, unstarted_rescues = 0, error_message = NULL,
         error_traceback = NULL,
         result = NULL, worker_id = NULL, last_heartbeat = NULL, lease_until = NULL,
-        started_at = NULL, finished_at = NULL, created_at = now()
+        started_at = NULL, finished_at = NULL, created_at = now(),
+        claimed_ahead = false, started_before = false
     WHERE scheduled_jobs.status <> 'running'
 """
 
@@ -212,7 +213,7 @@ WITH retried AS (
     UPDATE scheduled_jobs
        SET status = 'pending', retry_count = retry_count + 1, worker_id = NULL,
            lease_until = NULL, execution_time = now() + make_interval(secs => $4),
-           error_message = NULL, error_traceback = NULL
+           error_message = NULL, error_traceback = NULL, started_before = true
      WHERE {_LEASE_GUARD}
     RETURNING job_id, task_name, attempts, started_at, execution_time, queue
 ), kept AS (
@@ -251,12 +252,15 @@ _RELEASED_EVENTS = events_cte(
 
 def _release_where(where: str) -> str:
     """Hand running jobs back without consuming the attempt (graceful shutdown,
-    or claims this worker holds in the database but never started)."""
+    or claims this worker holds in the database but never started). A row not
+    claimed ahead had started as far as the database knows: it has let its
+    "pending" dedupe key go (migration 0013) and does not take it back."""
     return """
 WITH released AS (
     UPDATE scheduled_jobs
        SET status = 'pending', worker_id = NULL, lease_until = NULL,
-           attempts = GREATEST(attempts - 1, 0)
+           attempts = GREATEST(attempts - 1, 0),
+           started_before = started_before OR NOT claimed_ahead
      WHERE {where} AND worker_id = $2 AND status = 'running'
     RETURNING job_id, task_name, attempts, started_at, claimed_ahead, queue
 ), kept AS (
@@ -323,13 +327,19 @@ SELECT {_JOB_COLUMNS}, progress, progress_message, progress_at,
   FROM scheduled_jobs j WHERE j.job_id = $1
 """
 # The event is the one the transition means (a pending row forced from running
-# is handed back; from a final state, scheduled again).
+# is handed back; from a final state, scheduled again). started_before (0013):
+# a row that had started, or a finished row that was ever claimed, does not
+# take a "pending" dedupe key back; a pending row or one claimed ahead keeps
+# what it has.
 _SET_STATUS = f"""
 WITH target AS (
     SELECT job_id, status, worker_id FROM scheduled_jobs WHERE job_id = $1 FOR UPDATE
 ), changed AS (
     UPDATE scheduled_jobs j
        SET status = $2,
+           started_before = j.started_before
+               OR (t.status = 'running' AND NOT j.claimed_ahead)
+               OR (t.status NOT IN ('pending', 'running') AND j.started_at IS NOT NULL),
            finished_at = CASE WHEN $2 IN ('completed', 'failed', 'cancelled', 'expired')
                               THEN now() END,
            lease_until = CASE WHEN $2 = 'running' THEN j.lease_until END,
@@ -349,3 +359,35 @@ WITH target AS (
 }
 SELECT c.job_id FROM changed c, sent
 """
+
+
+def _hand_back_unstarted(where: str) -> str:
+    """Rows of worker ``$2`` that never started here go back to pending: the
+    attempt is not counted and none is recorded in job_attempts (nothing ran).
+    A row not claimed ahead let its "pending" dedupe key go when it was written
+    running, and does not take it back (see _release_where)."""
+    return f"""
+WITH released AS (
+    UPDATE scheduled_jobs
+       SET status = 'pending', worker_id = NULL, lease_until = NULL,
+           attempts = GREATEST(attempts - 1, 0),
+           started_before = started_before OR NOT claimed_ahead
+     WHERE {where} AND worker_id = $2 AND status = 'running'
+    RETURNING job_id, task_name, attempts, queue
+), {_RELEASED_EVENTS}
+SELECT r.job_id, pg_notify('pg_scheduler_jobs', '*') FROM released r, sent
+"""
+
+
+# Shutdown: every row held here that this process does not own ($1: the rows
+# it still owns: jobs that ignored their cancellation, outcomes not written).
+# Rows of in-process starts whose caller was cancelled, claims whose answer
+# was lost, rows that arrived after the buffer was handed back.
+_RELEASE_UNOWNED = _hand_back_unstarted("NOT (job_id = ANY($1::text[]))")
+# An in-process start whose caller was cancelled while its insert was in
+# flight: the row, if it landed, as that insert wrote it (started_at and
+# created_at are both the insert's now(); a later claim of it has a later
+# started_at and is not touched).
+_RELEASE_LOCAL_START = _hand_back_unstarted(
+    "job_id = $1 AND attempts = 1 AND started_at = created_at"
+)

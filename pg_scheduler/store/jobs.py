@@ -27,6 +27,8 @@ from .job_sql import (
     _NEXT_DUE,
     _RELEASE,
     _RELEASE_GHOSTS,
+    _RELEASE_LOCAL_START,
+    _RELEASE_UNOWNED,
     _REPLACE_SET,
     _RETRY,
     _SET_STATUS,
@@ -103,6 +105,8 @@ class Store(WorkerStatements):
         self._fail = q(_FAIL)
         self._release = q(_RELEASE)
         self._release_ghosts = q(_RELEASE_GHOSTS)
+        self._release_unowned = q(_RELEASE_UNOWNED)
+        self._release_local_start = q(_RELEASE_LOCAL_START)
         self._heartbeat = q(_HEARTBEAT)
         self._rescue = q(_RESCUE)
         self._forget_dead_workers = q(_FORGET_DEAD_WORKERS)
@@ -270,6 +274,18 @@ class Store(WorkerStatements):
             self._release_ghosts, list(claims), worker_id, list(claims.values())
         )
         return [r["job_id"] for r in rows]
+
+    async def release_unowned(self, worker_id: str, owned: Sequence[str]) -> list[str]:
+        """Hand back every row held running by ``worker_id`` except ``owned``,
+        as never started (attempt not counted, none recorded); the ids."""
+        rows = await self.pool.fetch(self._release_unowned, list(owned), worker_id)
+        return [r["job_id"] for r in rows]
+
+    async def release_local_start(self, worker_id: str, job_id: str) -> bool:
+        """Hand back the row an in-process start wrote for ``job_id``, if it
+        landed and is still as that insert wrote it (never started)."""
+        rows = await self.pool.fetch(self._release_local_start, job_id, worker_id)
+        return bool(rows)
 
     # -- events the statements do not send (the claim's) -------------------------
 

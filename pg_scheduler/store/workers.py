@@ -51,6 +51,8 @@ WITH orphans AS (
            rescue_count = j.rescue_count + CASE WHEN o.unstarted THEN 0 ELSE 1 END,
            unstarted_rescues = j.unstarted_rescues + CASE WHEN o.unstarted THEN 1 ELSE 0 END,
            claimed_ahead = false,
+           -- A row claimed ahead keeps a "pending" dedupe key it holds (0013).
+           started_before = j.started_before OR NOT o.unstarted,
            finished_at = CASE WHEN o.give_up THEN now() END,
            error_message = CASE WHEN NOT o.give_up THEN NULL
                WHEN o.give_up AND o.unstarted
