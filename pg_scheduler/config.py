@@ -7,10 +7,13 @@ working, while bad values are rejected at construction with a clear message.
 
 from __future__ import annotations
 
+import math
 import random
+import sys
+from collections.abc import Mapping
 from typing import Any
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
 from .enums import VacuumTrigger
@@ -38,13 +41,28 @@ UNSET: Any = _Unset()
 _STRICT = ConfigDict(arbitrary_types_allowed=True, validate_assignment=True)
 
 
+#: The longest ``base_delay`` and ``max_delay`` of a RetryPolicy: 365 days, in
+#: seconds. With jitter a retry waits at most twice this; far inside what a
+#: PostgreSQL timestamp holds, so a retry time can always be written.
+MAX_RETRY_DELAY = 365 * 24 * 3600.0
+
+_RETRY_BOUNDS = {
+    "base_delay": (0.0, MAX_RETRY_DELAY),
+    "factor": (1.0, math.inf),
+    "max_delay": (0.0, MAX_RETRY_DELAY),
+    "jitter": (0.0, 1.0),
+}
+
+
 @dataclass(config=_STRICT)
 class RetryPolicy:
     """Exponential backoff between attempts of a failed job.
 
     The n-th retry waits ``min(max_delay, base_delay * factor ** (n - 1))``
     seconds, then a random ``±jitter`` fraction of that is added so that jobs
-    failing together do not retry together.
+    failing together do not retry together. Every value is finite;
+    ``base_delay`` and ``max_delay`` are at most :data:`MAX_RETRY_DELAY`
+    (365 days), so no retry waits longer than twice that.
     """
 
     # Finite: a job's policy is stored as JSON, which has no NaN or infinity.
@@ -52,6 +70,29 @@ class RetryPolicy:
     factor: float = Field(default=2.0, ge=1.0, allow_inf_nan=False)
     max_delay: float = Field(default=300.0, ge=0, allow_inf_nan=False)
     jitter: float = Field(default=0.1, ge=0, le=1, allow_inf_nan=False)
+
+    @field_validator("base_delay", "max_delay")
+    @classmethod
+    def _bounded_delay(cls, value: float, info: ValidationInfo) -> float:
+        if value > MAX_RETRY_DELAY:
+            raise ValueError(
+                f"{info.field_name} must be at most {MAX_RETRY_DELAY:.0f} seconds (365 days),"
+                f" got {value!r}"
+            )
+        return value
+
+    @classmethod
+    def from_stored(cls, stored: Mapping[str, Any]) -> RetryPolicy:
+        """The policy a job row carries, as a worker applies it: a value outside
+        today's bounds (written before they existed) is brought within them
+        instead of failing the job's outcome; one that is not a number is left
+        at its default."""
+        values: dict[str, float] = {}
+        for name, (low, high) in _RETRY_BOUNDS.items():
+            value = stored.get(name)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value == value:
+                values[name] = float(min(max(value, low), high, sys.float_info.max))
+        return cls(**values)
 
     def delay_for(self, retry_number: int, rng: random.Random | None = None) -> float:
         """Seconds to wait before retry number ``retry_number`` (1-based)."""
@@ -64,8 +105,11 @@ class RetryPolicy:
     def nominal_delay(self, retry_number: int) -> float:
         """The delay before jitter; what ``get_job`` shows as the planned schedule."""
         exponent = max(0, retry_number - 1)
-        # Cap the exponent too: 2.0 ** 2000 overflows a float.
-        raw = self.base_delay * self.factor ** min(exponent, 64)
+        try:
+            # Cap the exponent too: 2.0 ** 2000 overflows a float.
+            raw = self.base_delay * self.factor ** min(exponent, 64)
+        except OverflowError:  # a huge factor: past any max_delay
+            raw = math.inf
         return min(self.max_delay, raw)
 
 

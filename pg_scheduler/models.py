@@ -91,7 +91,7 @@ class Job(BaseModel):
     def from_record(cls, row: Any, default_retry: RetryPolicy) -> Job:
         args, kwargs = decode_task_data(row["task_data"])
         stored_policy = decode_json(row["retry_policy"])
-        policy = RetryPolicy(**stored_policy) if stored_policy else None
+        policy = RetryPolicy.from_stored(stored_policy) if stored_policy else None
         effective = policy or default_retry
         remaining = range(row["retry_count"] + 1, row["max_retries"] + 1)
         status = JobStatus(row["status"])

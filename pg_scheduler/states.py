@@ -67,6 +67,12 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition((RUNNING,), (COMPLETED,), "job_sql._COMPLETE", "engine completer (group commit)"),
     Transition(
         (RUNNING,),
+        (COMPLETED,),
+        "job_sql._COMPLETE_UNLOCKED",
+        "engine completer (a batch not written: its rows apart, never waiting for a row lock)",
+    ),
+    Transition(
+        (RUNNING,),
         (FAILED,),
         "job_sql._FAIL",
         "engine executor (retries exhausted); services/stall.py (blocked the loop)",

@@ -139,9 +139,14 @@ class HandBack:
             )
             forced.cancel()
         if self.tasks:
+            running = {r.task for r in self.running.values()}
             for job_id in list(self.running):
                 self.cancel_local(job_id, SHUTDOWN)
             _, stubborn = await asyncio.wait(set(self.tasks), timeout=10.0)
+            # Tasks still writing an outcome the database does not take (a row
+            # locked elsewhere): given up, their rows are rescued.
+            for task in stubborn - running:
+                task.cancel()
             if stubborn:
                 log.error(
                     "jobs ignored cancellation; their leases will expire and they will be rescued",

@@ -4,7 +4,6 @@ with what the database says (lost leases, ghosts). A mixin of
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -12,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 from .executor import LEASE_LOST
 
 if TYPE_CHECKING:
-    from .completer import Completer
     from .executor import RunningJob
 
 
@@ -29,7 +27,6 @@ class HeartbeatView:
     """The worker's side of a heartbeat (see the module docstring)."""
 
     if TYPE_CHECKING:
-        completer: Completer
         claims_sent: int
         claims_in_flight: int
         started_ahead: list[str]
@@ -37,11 +34,6 @@ class HeartbeatView:
         running: dict[str, RunningJob]
 
         def cancel_local(self, job_id: str, reason: str) -> bool: ...
-
-    def statement_turn(self) -> asyncio.Lock:
-        """Held around the heartbeat's statement: it never runs beside this
-        worker's completion statement (see ``Completer.statement_lock``)."""
-        return self.completer.statement_lock
 
     def holdings(self) -> Holdings:
         """Before a heartbeat: the claim counters, and the claimed-ahead rows that

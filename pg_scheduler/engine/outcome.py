@@ -99,7 +99,7 @@ class Outcomes:
         if job.attempt > job.max_retries:
             return None
         stored = decode_json(job.retry_policy)
-        policy = RetryPolicy(**stored) if stored else self.retry_policy
+        policy = RetryPolicy.from_stored(stored) if stored else self.retry_policy
         return policy.delay_for(job.retry_count + 1)
 
     async def failed(
@@ -110,37 +110,45 @@ class Outcomes:
         duration: float,
         final: bool = False,
     ) -> str:
-        """Write a failed attempt; what it became: retried, failed or lost."""
+        """Write a failed attempt; what it became: retried, failed or lost.
+
+        Always recorded while the job is this attempt's: a retry that cannot
+        be computed or stored becomes a final failure saying why (see
+        :func:`write_failure`), never a re-run."""
         message = clip_text(message, ERROR_MAX_CHARS)
-        delay = None if final else self.retry_delay(job)
-        if delay is not None:
-            retry_at = await write_failure(
-                self.store, job.job_id, self.worker_id, job.attempt, message, trace, delay
-            )
-            if retry_at is not None:
-                self._wake_after(delay)
-                log.warning(
-                    "job failed, will retry",
-                    event_type="retried",
-                    error=message,
-                    retry_in=round(delay, 3),
-                    duration=duration,
-                    **self.fields(job),
+        delay: float | None = None
+        if not final:
+            try:
+                delay = self.retry_delay(job)
+            except Exception as exc:  # a stored policy no worker can apply
+                message = clip_text(
+                    f"{message} [no retry: its retry_policy gives no delay ({exc!r})]",
+                    ERROR_MAX_CHARS,
                 )
-                return "retried"
-        else:
-            written = await write_failure(
-                self.store, job.job_id, self.worker_id, job.attempt, message, trace
+        written = await write_failure(
+            self.store, job.job_id, self.worker_id, job.attempt, message, trace, delay
+        )
+        if written.outcome == "retried":
+            assert delay is not None
+            self._wake_after(delay)
+            log.warning(
+                "job failed, will retry",
+                event_type="retried",
+                error=message,
+                retry_in=round(delay, 3),
+                duration=duration,
+                **self.fields(job),
             )
-            if written:
-                log.error(
-                    "job failed",
-                    event_type="failed",
-                    error=message,
-                    duration=duration,
-                    **self.fields(job),
-                )
-                return "failed"
+            return "retried"
+        if written.outcome == "failed":
+            log.error(
+                "job failed",
+                event_type="failed",
+                error=written.error,
+                duration=duration,
+                **self.fields(job),
+            )
+            return "failed"
         log.warning(
             "job failed but its lease was lost; outcome not written",
             event_type="lease_lost",

@@ -1,5 +1,12 @@
 """One statement per interval renews this worker's row and all its leases.
 
+It never waits for a row lock: a running row another session has locked (a
+completion of this worker in flight, an operator's open transaction) is
+skipped, reported as still held, and renewed by the first heartbeat after the
+lock is gone. So a lock held elsewhere never stops the heartbeat (which would
+let every lease of the worker expire), and the heartbeat cannot deadlock with
+a completion.
+
 The answer doubles as a reconciliation: jobs this worker runs that the
 database no longer has running here (cancelled, or rescued after a stall)
 are cancelled locally; rows the database has running here that this worker
@@ -37,28 +44,48 @@ class HeartbeatService(Service):
         # A claim answer lost in flight leaves rows running here that nobody runs;
         # wait this long before calling a row a ghost (a claim may be mid-flight).
         self.ghost_grace = max(2 * interval, 5.0)
+        #: Rows the last heartbeat found locked by another session.
+        self._skipped: set[str] = set()
 
     async def run_once(self) -> int:
         started = time.monotonic()
         worker = self.worker
         holdings = worker.holdings()
         try:
-            # Never beside this worker's own completion statement: the two
-            # could deadlock.
-            async with worker.statement_turn():
-                rows = await self.store.heartbeat(
-                    worker.worker_id,
-                    self.lease_seconds(),
-                    self.hostname,
-                    self.pid,
-                    worker.slots.max_running,
-                    worker.registry.names(),
-                    holdings.started_ahead,
-                )
+            # It never waits for a row lock (rows another session holds are
+            # reported, not renewed), so it runs beside this worker's
+            # completions without ever deadlocking with them.
+            rows = await self.store.heartbeat(
+                worker.worker_id,
+                self.lease_seconds(),
+                self.hostname,
+                self.pid,
+                worker.slots.max_running,
+                worker.registry.names(),
+                holdings.started_ahead,
+            )
         except BaseException:
             worker.unreported(holdings)
             raise
         held = {r["job_id"]: r for r in rows}
+        skipped = [r["job_id"] for r in rows if not r["renewed"]]
+        # A row locked for a moment (this worker's own completion in flight)
+        # is normal; one locked across two heartbeats is worth a line.
+        stuck = [job_id for job_id in skipped if job_id in self._skipped]
+        self._skipped = set(skipped)
+        if stuck:
+            log.warning(
+                "lease not renewed: another session holds the row lock",
+                jobs=len(stuck),
+                job_ids=stuck[:10],
+                worker_id=worker.worker_id,
+            )
+        if skipped:
+            # Their starts are reported with the next heartbeat that renews them.
+            if holdings.started_ahead:
+                again = set(skipped)
+                holdings.started_ahead = [j for j in holdings.started_ahead if j in again]
+                worker.unreported(holdings)
         ghosts = worker.reconcile(held, holdings, started, self.ghost_grace, self._lease_lost)
         if ghosts:
             # Guarded by the claim the heartbeat saw: its answer is a moment old,

@@ -205,6 +205,55 @@ DELETE FROM scheduled_jobs j
 RETURNING j.job_id
 """
 
+# The same completion when a batch could not be written (a statement_timeout,
+# lock_timeout or cancel, typically while another session holds a row lock):
+# it never waits for a row lock. ``mine``: the rows of the batch this attempt
+# still holds that no one has locked, locked here in job_id order; each row of
+# the answer says whether it was written (``written``) or is held by another
+# session (``NOT written``: still running here in this statement's snapshot,
+# write it later). A row in neither is no longer this attempt's.
+_MINE = """mine AS (
+    SELECT j.job_id FROM scheduled_jobs j
+     WHERE j.job_id = ANY($1::text[])
+       AND j.attempts = ($2::jsonb -> j.job_id ->> 0)::int
+       AND (j.worker_id = $3 AND j.status = 'running') IS TRUE
+     ORDER BY j.job_id
+       FOR NO KEY UPDATE SKIP LOCKED
+)"""
+_HELD_ELSEWHERE = """
+SELECT j.job_id, false FROM scheduled_jobs j
+ WHERE j.job_id = ANY($1::text[])
+   AND j.attempts = ($2::jsonb -> j.job_id ->> 0)::int
+   AND (j.worker_id = $3 AND j.status = 'running') IS TRUE
+   AND NOT EXISTS (SELECT 1 FROM mine m WHERE m.job_id = j.job_id)
+"""
+_COMPLETE_UNLOCKED = f"""
+WITH {_MINE}, done AS (
+    UPDATE scheduled_jobs j
+       SET status = 'completed', finished_at = now(), lease_until = NULL,
+           result = NULLIF($2::jsonb -> j.job_id -> 1, 'null'::jsonb)
+     WHERE j.job_id = ANY((SELECT array_agg(m.job_id) FROM mine m)::text[])
+       AND j.attempts = ($2::jsonb -> j.job_id ->> 0)::int
+       AND (j.worker_id = $3 AND j.status = 'running') IS TRUE
+    RETURNING j.job_id, j.task_name, j.attempts, j.queue
+), {
+    events_cte(
+        "SELECT 'completed', job_id, task_name, attempts, $3::text, NULL::float8, queue FROM done"
+    )
+}
+SELECT d.job_id, true AS written FROM done d, sent
+UNION ALL{_HELD_ELSEWHERE}"""
+_COMPLETE_AND_DELETE_UNLOCKED = f"""
+WITH {_MINE}, done AS (
+    DELETE FROM scheduled_jobs j
+     WHERE j.job_id = ANY((SELECT array_agg(m.job_id) FROM mine m)::text[])
+       AND j.attempts = ($2::jsonb -> j.job_id ->> 0)::int
+       AND (j.worker_id = $3 AND j.status = 'running') IS TRUE
+    RETURNING j.job_id
+)
+SELECT d.job_id, true AS written FROM done d
+UNION ALL{_HELD_ELSEWHERE}"""
+
 # An attempt that did not complete goes to job_attempts (migration 0006); the
 # job row keeps only the error of its current state, so a pending job has none.
 _ATTEMPT_OUTCOME = "CASE WHEN {0}::text LIKE 'timed out after %' THEN 'timed_out' ELSE 'failed' END"

@@ -18,6 +18,8 @@ from .job_sql import (
     _CLAIM,
     _COMPLETE,
     _COMPLETE_AND_DELETE,
+    _COMPLETE_AND_DELETE_UNLOCKED,
+    _COMPLETE_UNLOCKED,
     _EXISTING_IDS,
     _FAIL,
     _GET_JOB,
@@ -77,6 +79,15 @@ class Completion:
     result: str | None
 
 
+def _completion_args(done: Sequence[Completion]) -> tuple[list[str], str]:
+    """The ids, and {"<id>": [attempt, result], ...} (a result is JSON text already)."""
+    by_id = ",".join(
+        f"{encode_json(c.job_id)}:[{c.attempt},{'null' if c.result is None else c.result}]"
+        for c in done
+    )
+    return [c.job_id for c in done], "{" + by_id + "}"
+
+
 # COPY leaves status to its default, pending.
 _COPY_COLUMNS = list(NewJob._fields)
 
@@ -101,6 +112,8 @@ class Store(WorkerStatements):
         self._next_due = q(_NEXT_DUE)
         self._complete = q(_COMPLETE)
         self._complete_and_delete = q(_COMPLETE_AND_DELETE)
+        self._complete_unlocked = q(_COMPLETE_UNLOCKED)
+        self._complete_and_delete_unlocked = q(_COMPLETE_AND_DELETE_UNLOCKED)
         self._retry = q(_RETRY)
         self._fail = q(_FAIL)
         self._release = q(_RELEASE)
@@ -233,15 +246,24 @@ class Store(WorkerStatements):
         db: Executor | None = None,
     ) -> set[str]:
         """Mark finished jobs completed (or delete them); only rows this attempt still holds."""
-        ids = [c.job_id for c in done]
-        # {"<id>": [attempt, result], ...}; a result is JSON text already.
-        by_id = ",".join(
-            f"{encode_json(c.job_id)}:[{c.attempt},{'null' if c.result is None else c.result}]"
-            for c in done
-        )
         statement = self._complete_and_delete if delete else self._complete
-        rows = await (db or self.pool).fetch(statement, ids, "{" + by_id + "}", worker_id)
+        rows = await (db or self.pool).fetch(statement, *_completion_args(done), worker_id)
         return {r["job_id"] for r in rows}
+
+    async def complete_unlocked(
+        self,
+        worker_id: str,
+        done: Sequence[Completion],
+        delete: bool,
+        db: Executor | None = None,
+    ) -> tuple[set[str], set[str]]:
+        """As :meth:`complete`, but never waiting for a row lock: (the ids
+        written, the ids this attempt still holds whose rows another session
+        has locked). An id in neither is no longer held by this attempt."""
+        statement = self._complete_and_delete_unlocked if delete else self._complete_unlocked
+        rows = await (db or self.pool).fetch(statement, *_completion_args(done), worker_id)
+        written = {r["job_id"] for r in rows if r["written"]}
+        return written, {r["job_id"] for r in rows if not r["written"]}
 
     async def retry(
         self,

@@ -14,20 +14,45 @@ from .event_sql import events_cte
 from .names import Qualifier
 from .queues import GROUPS
 
+# The running rows of worker $1 that no other session has locked, locked here
+# in job_id order. The heartbeat and the watchdog's renewal never wait for a
+# row lock: a row another session holds (a completion of this worker in
+# flight, an operator's transaction) is skipped, so neither can deadlock with
+# a completion or stall behind a lock; it is still reported (``renewed``
+# false) and renewed by the first heartbeat after the lock is gone.
+_RENEWABLE = """renewable AS (
+    SELECT job_id FROM scheduled_jobs
+     WHERE worker_id = $1 AND status = 'running'
+     ORDER BY job_id
+       FOR NO KEY UPDATE SKIP LOCKED
+)"""
+_RENEWED = """
+    UPDATE scheduled_jobs j
+       SET last_heartbeat = now(), lease_until = now() + make_interval(secs => $2){extra}
+     WHERE j.job_id = ANY((SELECT array_agg(r.job_id) FROM renewable r)::text[])
+       AND j.worker_id = $1 AND j.status = 'running'
+    RETURNING j.job_id, j.attempts, j.started_at,
+              EXTRACT(EPOCH FROM now() - j.started_at)::float8 AS running_for
+"""
+_NOT_RENEWED = """
+SELECT j.job_id, j.attempts, j.started_at,
+       EXTRACT(EPOCH FROM now() - j.started_at)::float8 AS running_for, false
+  FROM scheduled_jobs j
+ WHERE j.worker_id = $1 AND j.status = 'running'
+   AND NOT EXISTS (SELECT 1 FROM renewable r WHERE r.job_id = j.job_id)
+"""
+
 # $7: jobs claimed ahead that started since the last heartbeat.
-_HEARTBEAT = """
+_STARTED_AHEAD = """,
+           claimed_ahead = j.claimed_ahead AND NOT (j.job_id = ANY($7::text[]))"""
+_HEARTBEAT = f"""
 WITH me AS (
     INSERT INTO scheduler_workers (worker_id, hostname, pid, max_concurrent, tasks)
     VALUES ($1, $3, $4, $5, $6::text[])
     ON CONFLICT (worker_id) DO UPDATE SET last_seen = now(), tasks = EXCLUDED.tasks
-)
-UPDATE scheduled_jobs
-   SET last_heartbeat = now(), lease_until = now() + make_interval(secs => $2),
-       claimed_ahead = claimed_ahead AND NOT (job_id = ANY($7::text[]))
- WHERE worker_id = $1 AND status = 'running'
-RETURNING job_id, attempts, started_at,
-          EXTRACT(EPOCH FROM now() - started_at)::float8 AS running_for
-"""
+), {_RENEWABLE}, renewed AS ({_RENEWED.format(extra=_STARTED_AHEAD)})
+SELECT job_id, attempts, started_at, running_for, true AS renewed FROM renewed
+UNION ALL{_NOT_RENEWED}"""
 
 # A job its dead worker had started counts against max_rescues ($2); one it
 # held claimed ahead, never started, counts only against the cap $3 on such
@@ -132,14 +157,13 @@ RETURNING job_id
 # The watchdog's renewal while the event loop is blocked (services/stall.py),
 # on its own connection: this worker's row and every lease it holds. Unlike
 # _HEARTBEAT it reports nothing and registers nothing: the loop does that.
-_STALL_RENEW = """
+_STALL_RENEW = f"""
 WITH me AS (
     UPDATE scheduler_workers SET last_seen = now() WHERE worker_id = $1
-)
-UPDATE scheduled_jobs
-   SET last_heartbeat = now(), lease_until = now() + make_interval(secs => $2)
- WHERE worker_id = $1 AND status = 'running'
-RETURNING job_id
+), {_RENEWABLE}, renewed AS ({_RENEWED.format(extra="")})
+SELECT job_id FROM renewed
+UNION ALL
+SELECT job_id FROM ({_NOT_RENEWED}) AS held_elsewhere
 """
 _UNREGISTER = "DELETE FROM scheduler_workers WHERE worker_id = $1"
 _LIVE_WORKERS = """
