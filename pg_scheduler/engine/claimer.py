@@ -122,6 +122,9 @@ class Worker(HandBack, HeartbeatView, JobTasks):
         self.connection = HeldConnection(store.pool, asynchronous_commit=asynchronous_commit)
         # Global limits: limited tasks and queues are claimed apart (engine/limited.py).
         self.limits = LimitedClaims(store.limits)
+        # The next claim is the plain one even while limits exist (a limited
+        # claim just came back short).
+        self._plain_next = False
         self.claim_events = ClaimEvents(store, worker_id)
 
     # -- claim loop --------------------------------------------------------
@@ -187,13 +190,21 @@ class Worker(HandBack, HeartbeatView, JobTasks):
                 self.claims_in_flight += 1
                 self.claims_sent += 1
                 claim = self.claims_sent
+                # While limits exist, the plain claim leaves the free slots
+                # and the buffer to due limited work more urgent than its own
+                # (store/limits.py); not right after a limited claim came back
+                # short (its limits or its due work ran out), so that a
+                # mistaken estimate of their room can only slow unlimited
+                # work, never hold it back.
+                beside = self.limits.active and not self._plain_next
+                self._plain_next = False
                 try:
                     # Rows past the free slots wait here: the claim marks
                     # them claimed ahead (a rescue of one that never started
                     # does not count against max_rescues).
                     rows = await self.connection.run(
                         partial(
-                            self.store.claim,
+                            self.limits.store.claim_beside_limits if beside else self.store.claim,
                             self.worker_id,
                             names,
                             limit,
@@ -213,8 +224,15 @@ class Worker(HandBack, HeartbeatView, JobTasks):
                 if len(rows) >= limit:
                     idle_wait = self.polling.idle_start_interval
                     continue
+                no_slot = False
                 if self.limits.active:
-                    rows += await self._claim_limited(names)
+                    # Cleared before the free slots are read: a slot freed
+                    # from here on ends the wait below.
+                    slots.changed.clear()
+                    if slots.start_now() > 0:
+                        rows += await self._claim_limited(names)
+                    else:
+                        no_slot = True
                 due_in = await self.connection.run(
                     partial(self.store.seconds_until_next_due, names, queues=queues)
                 )
@@ -226,6 +244,11 @@ class Worker(HandBack, HeartbeatView, JobTasks):
             errors.reset()
             if rows:
                 idle_wait = self.polling.idle_start_interval
+            if no_slot and not rows and due_in is not None and due_in <= 0:
+                # Due work waits for a slot (limited work the plain claim
+                # leaves it to): look again as soon as one frees.
+                await self._wait(slots.changed, self.polling.min_interval)
+                continue
             await self._wait(self._wake, self._idle_timeout(due_in, bool(rows), idle_wait))
             if not self.notifications_live():
                 idle_wait = min(
@@ -234,7 +257,8 @@ class Worker(HandBack, HeartbeatView, JobTasks):
 
     async def _claim_limited(self, names: list[str]) -> list[Any]:
         """Jobs of limited tasks and queues, only as many as start at once
-        (never claimed ahead: a buffered row would count against the limit)."""
+        (never claimed ahead: a buffered row would count against the limit,
+        and start later than the rate window counted it)."""
         slots = self.slots
         room = min(slots.start_now(), slots.batch_claim_limit)
         if room <= 0:
@@ -259,6 +283,8 @@ class Worker(HandBack, HeartbeatView, JobTasks):
                 await self._send_claim_events(rows)
         finally:
             self.claims_in_flight -= 1
+        if len(rows) < room:
+            self._plain_next = True
         self.dispatch(rows, claim)
         return rows
 
