@@ -190,13 +190,14 @@ class Worker(HandBack, HeartbeatView, JobTasks):
                 self.claims_in_flight += 1
                 self.claims_sent += 1
                 claim = self.claims_sent
-                # While limits exist, the plain claim leaves the free slots
-                # and the buffer to due limited work more urgent than its own
-                # (store/limits.py); not right after a limited claim came back
-                # short (its limits or its due work ran out), so that a
-                # mistaken estimate of their room can only slow unlimited
-                # work, never hold it back.
-                beside = self.limits.active and not self._plain_next
+                # While limits bind work it may claim, the plain claim leaves
+                # the free slots and the buffer to due limited work more
+                # urgent than its own (store/limits.py); not right after a
+                # limited claim found less than that work seemed to offer
+                # (its limits' room is read without their locks), so that a
+                # wrong estimate can only slow unlimited work, never hold it back.
+                limited = self.limits.applies(names, queues)
+                beside = limited and not self._plain_next
                 self._plain_next = False
                 try:
                     # Rows past the free slots wait here: the claim marks
@@ -225,7 +226,7 @@ class Worker(HandBack, HeartbeatView, JobTasks):
                     idle_wait = self.polling.idle_start_interval
                     continue
                 no_slot = False
-                if self.limits.active:
+                if limited:
                     # Cleared before the free slots are read: a slot freed
                     # from here on ends the wait below.
                     slots.changed.clear()
@@ -283,7 +284,8 @@ class Worker(HandBack, HeartbeatView, JobTasks):
                 await self._send_claim_events(rows)
         finally:
             self.claims_in_flight -= 1
-        if len(rows) < room:
+        if self.limits.tried and len(rows) < room:
+            # Due limited work seemed to have room, and less was there.
             self._plain_next = True
         self.dispatch(rows, claim)
         return rows

@@ -54,6 +54,8 @@ class LimitedClaims:
         self.tasks: frozenset[str] = frozenset()
         self.queues: frozenset[str] = frozenset()
         self._loaded_at = float("-inf")
+        #: Groups the last claim tried (due, with room as read before their locks).
+        self.tried = 0
 
     @property
     def active(self) -> bool:
@@ -70,6 +72,13 @@ class LimitedClaims:
         self.tasks = frozenset(n for s, n in keys if s == "task")
         self.queues = frozenset(n for s, n in keys if s == "queue")
         self._loaded_at = time.monotonic()
+
+    def applies(self, names: Sequence[str], served: Sequence[str] | None) -> bool:
+        """Whether a limit (as last read) binds work that a worker running
+        ``names`` in ``served`` (None: every queue) may claim."""
+        if self.queues and (served is None or not self.queues.isdisjoint(served)):
+            return True
+        return not self.tasks.isdisjoint(names)
 
     def is_limited(self, task: str, queue: str) -> bool:
         return task in self.tasks or queue in self.queues
@@ -124,12 +133,14 @@ class LimitedClaims:
             keys = tuple(zip(row["scopes"], row["names"], strict=True))
             best[keys] = min(best.get(keys, head), head)
         rows: list[asyncpg.Record] = []
+        self.tried = 0
         for keys in sorted(best, key=best.__getitem__):
             if cut is not None and best[keys] > cut:
                 break
             group = self.group(keys, names, served, caps)
             if group is None:
                 continue
+            self.tried += 1
             rows += await self._claim_group(
                 db, group, room - len(rows), worker_id, lease_seconds, cut
             )
