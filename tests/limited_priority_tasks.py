@@ -48,6 +48,14 @@ async def rated(n: int) -> int:
     return n
 
 
+@task(name="lp.held", max_running=1)
+async def held(n: int) -> int:
+    started = time.time()
+    await asyncio.sleep(0.5)
+    await _record("held", n, started)
+    return n
+
+
 #: lp.gate job n runs until OPEN[n] is set (in-process workers only).
 OPEN: dict[int, asyncio.Event] = {}
 
@@ -64,4 +72,13 @@ SETTINGS = {
     "vacuum_enabled": False,
     "heartbeat_interval": 0.5,
     "run_periodic_jobs": False,
+}
+
+# Rescue within seconds (a killed worker's jobs come back quickly).
+FAST_RESCUE = {
+    **SETTINGS,
+    "heartbeat_interval": 0.3,
+    "heartbeat_threshold": 2.0,
+    "lease_duration": 3.0,
+    "rescue_interval": 0.5,
 }

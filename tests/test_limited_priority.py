@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
+import asyncpg
 import limited_priority_tasks as lp
 from conftest import start_cli_worker, wait_until
 
@@ -185,3 +186,82 @@ async def test_urgent_unlimited_work_starts_before_less_urgent_limited_work(
         "SELECT min(started_at) FROM scheduled_jobs WHERE task_name = 'lp.rated'"
     )
     assert last_critical <= first_limited
+
+
+async def test_a_limit_holds_across_a_worker_killed_mid_job(pool, dsn):
+    # lp.held (max_running=1) CRITICAL jobs interleave with an unlimited
+    # backlog on two worker processes; the one running lp.held is killed -9.
+    # Its job keeps the limit's one place until its lease is given up: no
+    # other lp.held job runs meanwhile, then the rescued job and the rest run.
+    await _tables(pool)
+    setter = Scheduler(pool, run_periodic_jobs=False)
+    await setter.initialize_db()
+    workers = [await start_cli_worker(dsn, "limited_priority_tasks:FAST_RESCUE") for _ in range(2)]
+    sampled: list[int] = []
+    stop_sampling = asyncio.Event()
+
+    async def sample() -> None:
+        async with pool.acquire() as conn:
+            while not stop_sampling.is_set():
+                sampled.append(
+                    await conn.fetchval(
+                        "SELECT count(*) FROM scheduled_jobs"
+                        " WHERE task_name = 'lp.held' AND status = 'running'"
+                    )
+                )
+                await asyncio.sleep(0.002)
+
+    try:
+
+        async def ready() -> bool:
+            workers_up = await pool.fetchval("SELECT count(*) FROM scheduler_workers")
+            held = await pool.fetchval(
+                "SELECT count(*) FROM scheduler_limits WHERE name = 'lp.held'"
+            )
+            return workers_up >= 2 and held == 1
+
+        await wait_until(ready, timeout=60, interval=0.1, message="2 workers and lp.held's limit")
+        sampler = asyncio.create_task(sample())
+        now = datetime.now(UTC)
+        specs = [JobSpec(lp.held, now, args=(n,), priority=CRITICAL) for n in range(3)]
+        specs += [JobSpec(lp.plain, now, args=(n,)) for n in range(2000)]
+        await setter.schedule_bulk(specs, batch_size=len(specs))
+
+        async def held_running() -> asyncpg.Record | None:
+            return await pool.fetchrow(
+                """SELECT w.pid, extract(epoch FROM j.started_at)::float8 AS claimed
+                     FROM scheduled_jobs j
+                     JOIN scheduler_workers w ON w.worker_id = j.worker_id
+                    WHERE j.task_name = 'lp.held' AND j.status = 'running'"""
+            )
+
+        await wait_until(held_running, timeout=60, message="an lp.held job running")
+        running = await held_running()
+        victim = next(w for w in workers if w.pid == running["pid"])
+        victim.kill()
+        await victim.wait()
+        killed_at = await pool.fetchval("SELECT extract(epoch FROM clock_timestamp())::float8")
+        await _finished(pool, len(specs))
+        stop_sampling.set()
+        await sampler
+    finally:
+        stop_sampling.set()
+        for w in workers:
+            if w.returncode is None:
+                w.terminate()
+        for w in workers:
+            await asyncio.wait_for(w.wait(), 30)
+
+    assert sampled and max(sampled) <= 1
+    runs = await pool.fetch("SELECT * FROM lp_runs WHERE kind = 'held'")
+    assert sorted(r["n"] for r in runs) == [0, 1, 2]  # the killed run never recorded
+    assert _max_overlap([(r["started"], r["ended"]) for r in runs]) <= 1
+    # The killed worker's lp.held job held the limit's place until the
+    # rescuer gave it back (the heartbeat threshold is 2 s): no run started
+    # after its claim started before then.
+    later = [r["started"] for r in runs if r["started"] > running["claimed"]]
+    assert later and min(later) >= killed_at + 1.0
+    rescued = await pool.fetchval(
+        "SELECT count(*) FROM scheduled_jobs WHERE task_name = 'lp.held' AND attempts > 1"
+    )
+    assert rescued == 1

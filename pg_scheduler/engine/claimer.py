@@ -246,9 +246,12 @@ class Worker(HandBack, HeartbeatView, JobTasks):
             if rows:
                 idle_wait = self.polling.idle_start_interval
             if no_slot and not rows and due_in is not None and due_in <= 0:
-                # Due work waits for a slot (limited work the plain claim
-                # leaves it to): look again as soon as one frees.
-                await self._wait(slots.changed, self.polling.min_interval)
+                # Due work waits for a slot here (limited work the plain claim
+                # leaves the slots to): look again as soon as one frees, or a
+                # job is enqueued (it may be more urgent: claimed ahead).
+                await self._wait_either(
+                    slots.changed, self._wake, self.polling.semaphore_full_interval
+                )
                 continue
             await self._wait(self._wake, self._idle_timeout(due_in, bool(rows), idle_wait))
             if not self.notifications_live():
@@ -317,6 +320,17 @@ class Worker(HandBack, HeartbeatView, JobTasks):
             await asyncio.wait_for(event.wait(), timeout)
         except TimeoutError:
             pass
+
+    @staticmethod
+    async def _wait_either(first: asyncio.Event, second: asyncio.Event, timeout: float) -> None:
+        if first.is_set() or second.is_set() or timeout <= 0:
+            return
+        waiters = [asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
 
     def dispatch(self, rows: list[Any], claim: int | None = None) -> None:
         """Start a task per claimed row; rows the claim expired are only logged.
