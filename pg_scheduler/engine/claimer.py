@@ -231,7 +231,13 @@ class Worker(HandBack, HeartbeatView, JobTasks):
                     # from here on ends the wait below.
                     slots.changed.clear()
                     if slots.start_now() > 0:
-                        rows += await self._claim_limited(names)
+                        taken = await self._claim_limited(names)
+                        if taken:
+                            # Due work is left (the limited claim took what
+                            # it could, and the plain claim may have left
+                            # less urgent rows): claim again at once.
+                            idle_wait = self.polling.idle_start_interval
+                            continue
                     else:
                         no_slot = True
                 due_in = await self.connection.run(
