@@ -2,11 +2,12 @@
 
 A claim that may start jobs of a limited task or queue runs in one
 transaction of two statements: the first locks the limit rows involved (in
-key order, so claims never deadlock), the second (a fresh snapshot under READ
-COMMITTED, so it sees every start committed before the lock was granted)
-counts what runs, picks at most what the limits leave, starts it and stamps
-the starts. Workers claiming the same limited task or queue therefore take
-turns, and no race can start more than the limits allow.
+key order, skipping rows another claim holds: then this claim takes nothing
+from them), the second (a fresh snapshot under READ COMMITTED, so it sees
+every start committed before the lock was granted) counts what runs, picks at
+most what the limits leave, starts it and stamps the starts. Workers claiming
+the same limited task or queue therefore take turns, and no race can start
+more than the limits allow.
 
 Priority orders limited and unlimited work together. While limits exist, the
 plain claim (``_CLAIM_BESIDE_LIMITS``) also finds the most urgent due head of
@@ -58,11 +59,13 @@ SELECT l.scope, l.name, l.max_running, l.rate_count, l.rate_period,
  ORDER BY l.scope, l.name
 """
 
+# SKIP LOCKED: a limit row another worker's limited claim holds is skipped
+# (that claim serves its jobs now), so claims never queue behind each other.
 _LOCK = """
 SELECT l.scope, l.name FROM scheduler_limits l
   JOIN unnest($1::text[], $2::text[]) AS k(scope, name) USING (scope, name)
  ORDER BY l.scope, l.name
-   FOR UPDATE OF l
+   FOR UPDATE OF l SKIP LOCKED
 """
 
 # $1/$2: the limit rows (locked by _LOCK in this transaction); $3: at most this
@@ -249,7 +252,8 @@ class LimitStore:
         scopes = [k[0] for k in keys]
         names = [k[1] for k in keys]
         async with conn.transaction():
-            await conn.execute(self._lock, scopes, names)
+            if len(await conn.fetch(self._lock, scopes, names)) < len(keys):
+                return []  # held by another claim (or just removed): not this time
             return await conn.fetch(
                 self._claim,
                 scopes,
