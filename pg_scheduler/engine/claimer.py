@@ -232,10 +232,12 @@ class Worker(HandBack, HeartbeatView, JobTasks):
                     slots.changed.clear()
                     if slots.start_now() > 0:
                         taken = await self._claim_limited(names)
-                        if taken:
-                            # Due work is left (the limited claim took what
-                            # it could, and the plain claim may have left
-                            # less urgent rows): claim again at once.
+                        if taken or (beside and self._plain_next):
+                            # Due work is left: the limited claim took what
+                            # it could and the plain claim may have left less
+                            # urgent rows, or it found less than the plain
+                            # claim left the slots for (another worker was
+                            # first): claim again at once, uncut then.
                             idle_wait = self.polling.idle_start_interval
                             continue
                     else:
