@@ -1,6 +1,6 @@
 """Limited work beside an unlimited backlog: when limited jobs start, and what the drain keeps.
 
-``python benchmarks/limited_priority.py --trees A_DIR,B_DIR [--scenarios burst,stream]
+``python benchmarks/limited_priority.py --trees A_DIR,B_DIR [--scenarios burst,stream,held]
 [--rounds 1] [--dsn DSN]``: one embedded server (or ``--dsn``); each round runs
 each scenario with each checkout's library in turn (a child process whose
 working directory and PYTHONPATH are the checkout, and whose two worker
@@ -19,6 +19,10 @@ processes import it too), in a fresh database.
   at ``--stream-rate`` (50/s) until the unlimited jobs are gone. Reports the
   limited jobs' start p50/p99/max from their enqueue and the drain rate
   (unlimited jobs per second between the first and the last one's start).
+- ``held``: ``--held-n`` (5,000) CRITICAL jobs of a task with
+  ``max_running=1`` (its limit full all along) and ``--stream-n`` unlimited
+  NORMAL jobs, enqueued before two worker processes start: the drain rate
+  of the unlimited jobs beside a limited backlog held at its limit.
 
 Every job's body stamps its start (``time.time()``, one machine) in its
 worker's memory; a worker writes its stamps to a file when it stops. Only a
@@ -61,6 +65,28 @@ from pg_scheduler import Scheduler, task
 DSN, OUT = sys.argv[1], sys.argv[2]
 
 {TASKS}
+async def held(pool, prod):
+    n, k = OPTS["stream_n"], OPTS["held_n"]
+    await prod.configure_task("bench.capped", max_running=1)
+    when = datetime.now(UTC) - timedelta(seconds=1)
+    specs = [JobSpec(capped, when, args=(i,), priority=CRITICAL) for i in range(k)]
+    specs += [JobSpec(plain, when, args=(i,)) for i in range(n)]
+    await prod.schedule_bulk(specs, batch_size=5000)
+    await pool.execute("VACUUM ANALYZE scheduled_jobs")
+    procs = start_workers(2)
+    wait_ready(procs)
+    while await left(pool, "bench.plain"):
+        await asyncio.sleep(0.2)
+    capped_left = await left(pool, "bench.capped")
+    s = stop_workers(procs)
+    plain_starts = sorted(s["plain"])
+    return {
+        "limited_started": len(s["limited"]),
+        "limited_left": capped_left,
+        "unlimited_n": len(plain_starts),
+        "jobs_per_s": round(len(plain_starts) / (plain_starts[-1] - plain_starts[0])),
+    }
+
 async def main():
     pool = await asyncpg.create_pool(DSN, min_size=2, max_size=10)
     sched = Scheduler(pool, vacuum_enabled=False, run_periodic_jobs=False)
@@ -191,11 +217,33 @@ async def stream(pool, prod):
         "jobs_per_s": round(len(plain_starts) / (plain_starts[-1] - plain_starts[0])),
     }
 
+async def held(pool, prod):
+    n, k = OPTS["stream_n"], OPTS["held_n"]
+    await prod.configure_task("bench.capped", max_running=1)
+    when = datetime.now(UTC) - timedelta(seconds=1)
+    specs = [JobSpec(capped, when, args=(i,), priority=CRITICAL) for i in range(k)]
+    specs += [JobSpec(plain, when, args=(i,)) for i in range(n)]
+    await prod.schedule_bulk(specs, batch_size=5000)
+    await pool.execute("VACUUM ANALYZE scheduled_jobs")
+    procs = start_workers(2)
+    wait_ready(procs)
+    while await left(pool, "bench.plain"):
+        await asyncio.sleep(0.2)
+    capped_left = await left(pool, "bench.capped")
+    s = stop_workers(procs)
+    plain_starts = sorted(s["plain"])
+    return {
+        "limited_started": len(s["limited"]),
+        "limited_left": capped_left,
+        "unlimited_n": len(plain_starts),
+        "jobs_per_s": round(len(plain_starts) / (plain_starts[-1] - plain_starts[0])),
+    }
+
 async def main():
     pool = await asyncpg.create_pool(DSN, min_size=2, max_size=10)
     prod = Scheduler(pool, run_periodic_jobs=False)
     await prod.initialize_db()
-    result = await {"burst": burst, "stream": stream}[SCENARIO](pool, prod)
+    result = await {"burst": burst, "stream": stream, "held": held}[SCENARIO](pool, prod)
     await pool.close()
     print("RESULT " + json.dumps(result))
 
@@ -206,7 +254,7 @@ asyncio.run(main())
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trees", required=True, help="comma-separated checkout directories")
-    ap.add_argument("--scenarios", default="burst,stream")
+    ap.add_argument("--scenarios", default="burst,stream,held")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--dsn")
     ap.add_argument("--burst-n", type=int, default=6000)
@@ -215,6 +263,7 @@ def main() -> int:
     ap.add_argument("--stream-n", type=int, default=50_000)
     ap.add_argument("--stream-rate", type=float, default=50.0, help="limited jobs per second")
     ap.add_argument("--stream-max-running", type=int, default=4)
+    ap.add_argument("--held-n", type=int, default=5000, help="held: limited jobs (max_running=1)")
     args = ap.parse_args()
     opts = {
         "burst_n": args.burst_n,
@@ -223,6 +272,7 @@ def main() -> int:
         "stream_n": args.stream_n,
         "stream_rate": args.stream_rate,
         "stream_max_running": args.stream_max_running,
+        "held_n": args.held_n,
     }
     import json
 
@@ -233,7 +283,9 @@ def main() -> int:
             args.trees.split(","),
             args.rounds,
             lambda tree, s=scenario: run_child(dsn, tree, CHILD, [s, json.dumps(opts), WORKER])[0],
-            ("limited_p50_s", "limited_p99_s", "jobs_per_s"),
+            ("jobs_per_s",)
+            if scenario == "held"
+            else ("limited_p50_s", "limited_p99_s", "jobs_per_s"),
         )
     return 0
 
