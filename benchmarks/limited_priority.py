@@ -54,10 +54,12 @@ async def capped(i: int) -> None:
     await asyncio.sleep(0.002)
 """
 
+# Logs go to stderr: stdout carries "ready" (a pipe nobody reads afterwards).
 WORKER = r"""
 import asyncio, json, logging, signal, sys, time
 import structlog
 structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+                    logger_factory=structlog.PrintLoggerFactory(sys.stderr),
                     cache_logger_on_first_use=True)
 import asyncpg
 from pg_scheduler import Scheduler, task
@@ -121,7 +123,7 @@ def pct(values, q):
     return values[min(len(values) - 1, int(q * len(values)))] if values else None
 
 def start_workers(n):
-    out = tempfile.mkdtemp(prefix="pgs-lp-")
+    out = tempfile.mkdtemp(prefix="pgs-lp-out-")
     procs = []
     for k in range(n):
         path = os.path.join(out, f"w{k}.json")
@@ -141,11 +143,17 @@ def stop_workers(procs):
         p.wait(120)
         with open(path) as f:
             got = json.load(f)
+        os.remove(path)
         starts["plain"] += got["plain"]
         starts["limited"] += got["limited"]
+    os.rmdir(os.path.dirname(procs[0][1]))
     return starts
 
+DEADLINE = time.monotonic() + 900  # a run that stalls fails instead of hanging
+
 async def left(pool, task):
+    if time.monotonic() > DEADLINE:
+        raise TimeoutError("jobs left after 900 s")
     return await pool.fetchval(
         "SELECT count(*) FROM scheduled_jobs WHERE task_name = $1"
         " AND status IN ('pending', 'running')", task)
