@@ -232,12 +232,15 @@ class Worker(HandBack, HeartbeatView, JobTasks):
                     slots.changed.clear()
                     if slots.start_now() > 0:
                         taken = await self._claim_limited(names)
-                        if taken or (beside and self._plain_next):
+                        if taken or (beside and self.limits.seen):
                             # Due work is left: the limited claim took what
                             # it could and the plain claim may have left less
-                            # urgent rows, or it found less than the plain
-                            # claim left the slots for (another worker was
-                            # first): claim again at once, uncut then.
+                            # urgent rows; or it took nothing although the
+                            # plain claim may have left the slots to it (the
+                            # room was gone, another worker was first): claim
+                            # again at once, uncut then.
+                            if not taken:
+                                self._plain_next = True
                             idle_wait = self.polling.idle_start_interval
                             continue
                     else:

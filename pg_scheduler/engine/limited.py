@@ -56,6 +56,8 @@ class LimitedClaims:
         self._loaded_at = float("-inf")
         #: Groups the last claim tried (due, with room as read before their locks).
         self.tried = 0
+        #: Due limited groups the last claim saw, with room or not.
+        self.seen = 0
 
     @property
     def active(self) -> bool:
@@ -125,10 +127,14 @@ class LimitedClaims:
         urgent due unlimited job."""
         best: dict[tuple[tuple[str, str], ...], tuple[int, datetime]] = {}
         cut: tuple[int, datetime] | None = None
+        self.seen = 0
         for row in await self.store.due(db, names, served, caps):
             head = (row["priority"], row["head"])
             if row["scopes"] is None:
                 cut = head
+                continue
+            self.seen += 1
+            if row["full"]:
                 continue
             keys = tuple(zip(row["scopes"], row["names"], strict=True))
             best[keys] = min(best.get(keys, head), head)

@@ -166,13 +166,14 @@ RETURNING {_CLAIMED_COLUMNS}
 """
 
 # What the limited claim may take now ($1 tasks, $2 queues (NULL: all), $3
-# caps, $4 the rate window's margin): each due group a limit binds whose
-# limits all have room, with its head and binding limit rows (scopes, names
-# in key order, as _LOCK takes them); and one row with NULL scopes: the most
-# urgent due unlimited head, if any. Unlocked reads: the claim decides.
+# caps, $4 the rate window's margin): each due group a limit binds, with its
+# head, its binding limit rows (scopes, names in key order, as _LOCK takes
+# them) and whether one of them has no room (``full``); and one row with NULL
+# scopes: the most urgent due unlimited head, if any. Unlocked reads: the
+# claim decides.
 _LIMITED_DUE = f"""
 {reachable_groups("$1", "$2", "$3", "0")}
-SELECT r.priority, r.head, k.scopes, k.names
+SELECT r.priority, r.head, k.scopes, k.names, k.full
   FROM reachable r
  CROSS JOIN LATERAL (
     SELECT array_agg(l.scope ORDER BY l.scope, l.name) AS scopes,
@@ -181,9 +182,9 @@ SELECT r.priority, r.head, k.scopes, k.names
       FROM scheduler_limits l
      WHERE {_BINDS_R}
  ) k
- WHERE r.limited AND r.head <= now() AND NOT k.full
+ WHERE r.limited AND r.head <= now()
 UNION ALL
-(SELECT r.priority, r.head, NULL, NULL FROM reachable r
+(SELECT r.priority, r.head, NULL, NULL, NULL FROM reachable r
   WHERE NOT r.limited AND r.head <= now()
   ORDER BY r.priority, r.head
   LIMIT 1)
@@ -302,8 +303,8 @@ class LimitStore:
         queues: Sequence[str] | None,
         caps: Sequence[int] | None,
     ) -> list[asyncpg.Record]:
-        """The due limited groups with room (priority, head, scopes, names),
-        and the most urgent due unlimited head (scopes NULL): see _LIMITED_DUE."""
+        """The due limited groups (priority, head, scopes, names, full), and
+        the most urgent due unlimited head (scopes NULL): see _LIMITED_DUE."""
         return await db.fetch(
             self._due,
             list(task_names),
