@@ -123,13 +123,14 @@ SELECT * FROM claimed
 # the rate window's margin, as the limited claim counts it.
 _BINDS_R = """((l.scope = 'task' AND l.name = r.task_name)
                           OR (l.scope = 'queue' AND l.name = r.queue))"""
-_FULL = f"""(CASE WHEN l.max_running IS NULL THEN false
+_FULL = f"""(CASE WHEN l.rate_count IS NOT NULL
+                       AND l.rate_count <= cardinality({_IN_WINDOW.format(margin="{margin}")})
+                  THEN true
+                  WHEN l.max_running IS NULL THEN false
                   ELSE l.max_running <= (SELECT count(*) FROM scheduled_jobs x
                                           WHERE x.status = 'running'
                                             AND CASE l.scope WHEN 'task' THEN x.task_name
-                                                             ELSE x.queue END = l.name) END
-             OR (l.rate_count IS NOT NULL
-                 AND l.rate_count <= cardinality({_IN_WINDOW.format(margin="{margin}")})))"""
+                                                             ELSE x.queue END = l.name) END)"""
 
 # The plain claim while limits exist: _CLAIM's statement and parameters ($1 to
 # $7), plus $8, the rate window's margin. ``limited_head``: the most urgent
@@ -139,12 +140,17 @@ _FULL = f"""(CASE WHEN l.max_running IS NULL THEN false
 # comes back short) and no less urgent row is claimed ahead of it.
 _CLAIM_BESIDE_LIMITS = f"""
 {reachable_groups("$1", "$6", "$7", "$2")},
-limited_head AS (
+full_limits AS MATERIALIZED (
+    -- Each limit binding a due group, its room checked once (the cheap rate
+    -- window first; running jobs counted only for a limit that binds due work).
+    SELECT l.scope, l.name FROM scheduler_limits l
+     WHERE CASE WHEN EXISTS (SELECT 1 FROM reachable r
+                              WHERE r.limited AND r.head <= now() AND {_BINDS_R})
+                THEN {_FULL.format(margin="$8")} ELSE false END
+), limited_head AS (
     SELECT r.priority, r.head FROM reachable r
      WHERE r.limited AND r.head <= now()
-       AND NOT EXISTS (SELECT 1 FROM scheduler_limits l
-                        WHERE {_BINDS_R}
-                          AND {_FULL.format(margin="$8")})
+       AND NOT EXISTS (SELECT 1 FROM full_limits l WHERE {_BINDS_R})
      ORDER BY r.priority, r.head
      LIMIT 1
 ), served AS (
