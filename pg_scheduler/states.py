@@ -58,6 +58,12 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(
         (PENDING,),
         (RUNNING, EXPIRED),
+        "limits._CLAIM_BESIDE_LIMITS",
+        "engine claim loop while global limits exist (the plain claim, cut by due limited work)",
+    ),
+    Transition(
+        (PENDING,),
+        (RUNNING, EXPIRED),
         "limits._LIMITED_CLAIM",
         "engine/limited.py: the claim of a limited task or queue",
     ),

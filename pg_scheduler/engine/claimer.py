@@ -122,6 +122,9 @@ class Worker(HandBack, HeartbeatView, JobTasks):
         self.connection = HeldConnection(store.pool, asynchronous_commit=asynchronous_commit)
         # Global limits: limited tasks and queues are claimed apart (engine/limited.py).
         self.limits = LimitedClaims(store.limits)
+        # The next claim is the plain one even while limits exist (a limited
+        # claim just came back short).
+        self._plain_next = False
         self.claim_events = ClaimEvents(store, worker_id)
 
     # -- claim loop --------------------------------------------------------
@@ -187,13 +190,22 @@ class Worker(HandBack, HeartbeatView, JobTasks):
                 self.claims_in_flight += 1
                 self.claims_sent += 1
                 claim = self.claims_sent
+                # While limits bind work it may claim, the plain claim leaves
+                # the free slots and the buffer to due limited work more
+                # urgent than its own (store/limits.py); not right after a
+                # limited claim found less than that work seemed to offer
+                # (its limits' room is read without their locks), so that a
+                # wrong estimate can only slow unlimited work, never hold it back.
+                limited = self.limits.applies(names, queues)
+                beside = limited and not self._plain_next
+                self._plain_next = False
                 try:
                     # Rows past the free slots wait here: the claim marks
                     # them claimed ahead (a rescue of one that never started
                     # does not count against max_rescues).
                     rows = await self.connection.run(
                         partial(
-                            self.store.claim,
+                            self.limits.store.claim_beside_limits if beside else self.store.claim,
                             self.worker_id,
                             names,
                             limit,
@@ -213,8 +225,26 @@ class Worker(HandBack, HeartbeatView, JobTasks):
                 if len(rows) >= limit:
                     idle_wait = self.polling.idle_start_interval
                     continue
-                if self.limits.active:
-                    rows += await self._claim_limited(names)
+                no_slot = False
+                if limited:
+                    # Cleared before the free slots are read: a slot freed
+                    # from here on ends the wait below.
+                    slots.changed.clear()
+                    if slots.start_now() > 0:
+                        taken = await self._claim_limited(names)
+                        if taken or (beside and self.limits.seen):
+                            # Due work is left: the limited claim took what
+                            # it could and the plain claim may have left less
+                            # urgent rows; or it took nothing although the
+                            # plain claim may have left the slots to it (the
+                            # room was gone, another worker was first): claim
+                            # again at once, uncut then.
+                            if not taken:
+                                self._plain_next = True
+                            idle_wait = self.polling.idle_start_interval
+                            continue
+                    else:
+                        no_slot = True
                 due_in = await self.connection.run(
                     partial(self.store.seconds_until_next_due, names, queues=queues)
                 )
@@ -226,6 +256,14 @@ class Worker(HandBack, HeartbeatView, JobTasks):
             errors.reset()
             if rows:
                 idle_wait = self.polling.idle_start_interval
+            if no_slot and not rows and due_in is not None and due_in <= 0:
+                # Due work waits for a slot here (limited work the plain claim
+                # leaves the slots to): look again as soon as one frees, or a
+                # job is enqueued (it may be more urgent: claimed ahead).
+                await self._wait_either(
+                    slots.changed, self._wake, self.polling.semaphore_full_interval
+                )
+                continue
             await self._wait(self._wake, self._idle_timeout(due_in, bool(rows), idle_wait))
             if not self.notifications_live():
                 idle_wait = min(
@@ -234,7 +272,8 @@ class Worker(HandBack, HeartbeatView, JobTasks):
 
     async def _claim_limited(self, names: list[str]) -> list[Any]:
         """Jobs of limited tasks and queues, only as many as start at once
-        (never claimed ahead: a buffered row would count against the limit)."""
+        (never claimed ahead: a buffered row would count against the limit,
+        and start later than the rate window counted it)."""
         slots = self.slots
         room = min(slots.start_now(), slots.batch_claim_limit)
         if room <= 0:
@@ -259,6 +298,9 @@ class Worker(HandBack, HeartbeatView, JobTasks):
                 await self._send_claim_events(rows)
         finally:
             self.claims_in_flight -= 1
+        if self.limits.tried and len(rows) < room:
+            # Due limited work seemed to have room, and less was there.
+            self._plain_next = True
         self.dispatch(rows, claim)
         return rows
 
@@ -289,6 +331,17 @@ class Worker(HandBack, HeartbeatView, JobTasks):
             await asyncio.wait_for(event.wait(), timeout)
         except TimeoutError:
             pass
+
+    @staticmethod
+    async def _wait_either(first: asyncio.Event, second: asyncio.Event, timeout: float) -> None:
+        if first.is_set() or second.is_set() or timeout <= 0:
+            return
+        waiters = [asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
 
     def dispatch(self, rows: list[Any], claim: int | None = None) -> None:
         """Start a task per claimed row; rows the claim expired are only logged.

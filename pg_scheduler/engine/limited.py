@@ -1,10 +1,16 @@
 """The claim for limited tasks and queues (global ``max_running`` and ``rate_limit``).
 
-The plain claim leaves limited tasks and queues alone; this one claims them
-group by group, each group in one short transaction holding the limit rows
-it is bound by (see :mod:`pg_scheduler.store.limits`). Which tasks and queues
-are limited is read from the database at most every ``REFRESH`` seconds, so
-a limit set from another process applies everywhere within about a second.
+The plain claim leaves limited tasks and queues alone, and while limits
+exist it takes only work more urgent than the most urgent due limited work
+whose limits have room (see :mod:`pg_scheduler.store.limits`), so that work
+gets the next free slot. This claim first asks which limited groups have due
+work and room, and the most urgent due unlimited head; then it claims the
+groups in order of their most urgent due job, each in one short transaction
+holding the limit rows it is bound by, taking only jobs at least as urgent
+as that unlimited head. Which tasks and queues are limited is read from the
+database at most every ``REFRESH`` seconds (it picks the plain claim's
+statement), so a limit set from another process applies everywhere within
+about a second.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import cast
 
 import asyncpg
@@ -47,6 +54,10 @@ class LimitedClaims:
         self.tasks: frozenset[str] = frozenset()
         self.queues: frozenset[str] = frozenset()
         self._loaded_at = float("-inf")
+        #: Groups the last claim tried (due, with room as read before their locks).
+        self.tried = 0
+        #: Due limited groups the last claim saw, with room or not.
+        self.seen = 0
 
     @property
     def active(self) -> bool:
@@ -64,40 +75,41 @@ class LimitedClaims:
         self.queues = frozenset(n for s, n in keys if s == "queue")
         self._loaded_at = time.monotonic()
 
+    def applies(self, names: Sequence[str], served: Sequence[str] | None) -> bool:
+        """Whether a limit (as last read) binds work that a worker running
+        ``names`` in ``served`` (None: every queue) may claim."""
+        if self.queues and (served is None or not self.queues.isdisjoint(served)):
+            return True
+        return not self.tasks.isdisjoint(names)
+
     def is_limited(self, task: str, queue: str) -> bool:
         return task in self.tasks or queue in self.queues
 
-    def groups(
-        self,
+    @staticmethod
+    def group(
+        keys: tuple[tuple[str, str], ...],
         names: Sequence[str],
         served: Sequence[str] | None,
         caps: Sequence[int] | None,
-    ) -> list[Group]:
-        """The limited claims a worker running ``names`` in ``served`` (None:
-        every queue; ``caps``: the room of each) makes, one per set of limits."""
+    ) -> Group | None:
+        """The claim of the jobs bound by exactly the limit rows ``keys`` (at
+        most one queue and one task) that a worker running ``names`` in
+        ``served`` (None: every queue; ``caps``: the room of each) makes."""
         cap_of = dict(zip(served, caps, strict=True)) if served is not None and caps else {}
-        queues = [
-            q for q in sorted(self.queues) if (served is None or q in served) and cap_of.get(q, 1)
-        ]
-        tasks = [t for t in names if t in self.tasks]
-        all_tasks = tuple(names)
-        groups = []
-        for queue in queues:
+        queues = [n for s, n in keys if s == "queue"]
+        tasks = [n for s, n in keys if s == "task"]
+        if len(queues) > 1 or len(tasks) > 1 or not keys:
+            return None
+        if queues:
+            queue = queues[0]
             cap = (cap_of[queue],) if queue in cap_of else None
-            groups.append(Group((("queue", queue),), all_tasks, (queue,), cap))
-        for task in tasks:
-            groups.append(
-                Group(
-                    (("task", task),),
-                    (task,),
-                    None if served is None else tuple(served),
-                    None if caps is None else tuple(caps),
-                )
-            )
-            for queue in queues:
-                cap = (cap_of[queue],) if queue in cap_of else None
-                groups.append(Group((("queue", queue), ("task", task)), (task,), (queue,), cap))
-        return groups
+            return Group(keys, tuple(tasks or names), (queue,), cap)
+        return Group(
+            keys,
+            tuple(tasks),
+            None if served is None else tuple(served),
+            None if caps is None else tuple(caps),
+        )
 
     async def claim(
         self,
@@ -110,20 +122,50 @@ class LimitedClaims:
         worker_id: str,
         lease_seconds: float,
     ) -> list[asyncpg.Record]:
-        """Claim up to ``room`` jobs across the limited groups."""
+        """Claim up to ``room`` jobs across the limited groups with due work
+        and room, the most urgent group first, none less urgent than the most
+        urgent due unlimited job."""
+        best: dict[tuple[tuple[str, str], ...], tuple[int, datetime]] = {}
+        cut: tuple[int, datetime] | None = None
+        self.seen = 0
+        for row in await self.store.due(db, names, served, caps):
+            head = (row["priority"], row["head"])
+            if row["scopes"] is None:
+                cut = head
+                continue
+            self.seen += 1
+            if row["full"]:
+                continue
+            keys = tuple(zip(row["scopes"], row["names"], strict=True))
+            best[keys] = min(best.get(keys, head), head)
         rows: list[asyncpg.Record] = []
-        for group in self.groups(names, served, caps):
+        self.tried = 0
+        for keys in sorted(best, key=best.__getitem__):
+            if cut is not None and best[keys] > cut:
+                break
+            group = self.group(keys, names, served, caps)
+            if group is None:
+                continue
+            self.tried += 1
+            rows += await self._claim_group(
+                db, group, room - len(rows), worker_id, lease_seconds, cut
+            )
             if room - len(rows) <= 0:
                 break
-            rows += await self._claim_group(db, group, room - len(rows), worker_id, lease_seconds)
         return rows
 
     async def _claim_group(
-        self, db: Executor, group: Group, room: int, worker_id: str, lease_seconds: float
+        self,
+        db: Executor,
+        group: Group,
+        room: int,
+        worker_id: str,
+        lease_seconds: float,
+        cut: tuple[int, datetime] | None,
     ) -> list[asyncpg.Record]:
         if isinstance(db, asyncpg.Pool):  # the transaction needs one connection
             async with db.acquire() as conn:
-                return await self._claim_group(conn, group, room, worker_id, lease_seconds)
+                return await self._claim_group(conn, group, room, worker_id, lease_seconds, cut)
         return await self.store.claim(
             cast(asyncpg.Connection, db),
             group.keys,
@@ -133,4 +175,5 @@ class LimitedClaims:
             caps=group.caps,
             worker_id=worker_id,
             lease_seconds=lease_seconds,
+            cut=cut,
         )

@@ -67,13 +67,15 @@ _CLAIMED_COLUMNS = """j.job_id, j.job_name, j.task_name, j.queue, j.task_data::t
 # says they started. With several groups due, each locks up to its cap and the
 # claim keeps the best $2 by (priority, execution_time); the rest are unlocked
 # when the statement ends.
-def due_in_groups(limit: str) -> str:
+def due_in_groups(limit: str, cut: str | None = None) -> str:
     """CTEs ``candidates`` and ``kept``: from each ``served`` group (see
     queues.served_groups) its due rows from the head, locked (SKIP LOCKED), at
     most the group's queue cap and ``limit``; ``kept``: the best ``limit`` of
     them by (priority, execution_time) within each queue's cap, each marked
     ``expired`` when past its misfire grace. Shared by the plain and the
-    limited claim.
+    limited claim. ``cut`` (``"<"`` or ``"<="``): rows are read only while
+    their execution_time compares so with ``served.cut`` (an index bound, so a
+    group cut short is not read past the cut).
 
     Each row carries ``tid``, the ctid of the version the scan locked: the
     UPDATE finds it by that (a TID scan) instead of a primary-key descent per
@@ -83,6 +85,7 @@ def due_in_groups(limit: str) -> str:
     meanwhile) is not visible to the UPDATE: that row is left pending for the
     next claim, where a job-id join would have re-checked and taken it.
     """
+    cut_bound = "" if cut is None else f" AND j.execution_time {cut} s.cut"
     return f"""candidates AS (
     SELECT c.job_id, c.tid, c.expired, s.priority, c.execution_time, s.queue, s.cap
       FROM served s
@@ -94,7 +97,7 @@ def due_in_groups(limit: str) -> str:
           FROM scheduled_jobs j
          WHERE j.status = 'pending' AND j.queue = s.queue AND j.task_name = s.task_name
            AND j.priority = s.priority AND j.execution_time >= s.head
-           AND j.execution_time <= now()
+           AND j.execution_time <= now(){cut_bound}
          ORDER BY j.execution_time
          LIMIT LEAST(s.cap, {limit})
            FOR UPDATE SKIP LOCKED

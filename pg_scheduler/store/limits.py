@@ -2,22 +2,33 @@
 
 A claim that may start jobs of a limited task or queue runs in one
 transaction of two statements: the first locks the limit rows involved (in
-key order, so claims never deadlock), the second (a fresh snapshot under READ
-COMMITTED, so it sees every start committed before the lock was granted)
-counts what runs, picks at most what the limits leave, starts it and stamps
-the starts. Workers claiming the same limited task or queue therefore take
-turns, and no race can start more than the limits allow.
+key order, skipping rows another claim holds: then this claim takes nothing
+from them), the second (a fresh snapshot under READ COMMITTED, so it sees
+every start committed before the lock was granted) counts what runs, picks at
+most what the limits leave, starts it and stamps the starts. Workers claiming
+the same limited task or queue therefore take turns, and no race can start
+more than the limits allow.
+
+Priority orders limited and unlimited work together. While limits exist, the
+plain claim (``_CLAIM_BESIDE_LIMITS``) also finds the most urgent due head of
+a limited group whose limits have room (read without their locks: an
+estimate), and takes only work more urgent than it, so neither the free
+slots nor the claimed-ahead buffer go to less urgent unlimited work; the
+limited claim then takes limited work up to the most urgent due unlimited
+head (``_LIMITED_DUE`` finds both, and which limits bind each due group). A
+limit with no room cuts nothing: its group waits, the rest runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 import asyncpg
 
 from .job_sql import _CLAIMED_COLUMNS, claim_set, due_in_groups
 from .names import Executor, Qualifier
-from .queues import served_groups
+from .queues import reachable_groups, served_groups
 
 _SET_LIMITS = """
 INSERT INTO scheduler_limits AS l (scope, name, max_running, rate_count, rate_period)
@@ -48,22 +59,35 @@ SELECT l.scope, l.name, l.max_running, l.rate_count, l.rate_period,
  ORDER BY l.scope, l.name
 """
 
+# SKIP LOCKED: a limit row another worker's limited claim holds is skipped
+# (that claim serves its jobs now), so claims never queue behind each other.
 _LOCK = """
 SELECT l.scope, l.name FROM scheduler_limits l
   JOIN unnest($1::text[], $2::text[]) AS k(scope, name) USING (scope, name)
  ORDER BY l.scope, l.name
-   FOR UPDATE OF l
+   FOR UPDATE OF l SKIP LOCKED
 """
 
 # $1/$2: the limit rows (locked by _LOCK in this transaction); $3: at most this
 # many (the worker's free slots); $4: tasks; $5: queues (NULL: every queue);
 # $6: worker; $7: lease seconds; $8: seconds of margin on the rate window
-# (see LimitStore.RATE_MARGIN); $9: the most rows per queue (parallel to $5).
+# (see LimitStore.RATE_MARGIN); $9: the most rows per queue (parallel to $5);
+# $10/$11: the most urgent due unlimited work (priority, execution_time; NULL:
+# none): only rows at least as urgent are taken.
 # Only groups whose every binding limit is one of $1/$2 are read (so a limit
 # this claim does not hold can never be exceeded), each from its head as the
 # plain claim reads them.
 _LIMITED_CLAIM = f"""
-{served_groups("$4", "$5", "$9", "$3", limits="$1::text[], $2::text[]")},
+{
+    served_groups(
+        "$4",
+        "$5",
+        "$9",
+        "$3",
+        limits="$1::text[], $2::text[]",
+        cut=("$10::int", "$11::timestamptz"),
+    )
+},
 lim AS (
     SELECT l.scope, l.name, l.max_running, l.rate_count,
            {_IN_WINDOW.format(margin="$8")} AS recent
@@ -77,7 +101,7 @@ lim AS (
                                                         ELSE r.queue END = lim.name),
                lim.rate_count - cardinality(lim.recent))))) AS n
       FROM lim
-), {due_in_groups("(SELECT n FROM room)")}, claimed AS (
+), {due_in_groups("(SELECT n FROM room)", cut="<=")}, claimed AS (
     UPDATE scheduled_jobs j
        SET {claim_set("$6", "$7", "false")}
       FROM kept AS picked
@@ -92,6 +116,84 @@ lim AS (
      WHERE l.scope = lim.scope AND l.name = lim.name AND lim.rate_count IS NOT NULL
 )
 SELECT * FROM claimed
+"""
+
+# A limit row ``l`` that binds the group ``r``, and whether it has no room now
+# (read without its lock: the limited claim decides under it). ``{margin}``:
+# the rate window's margin, as the limited claim counts it.
+_BINDS_R = """((l.scope = 'task' AND l.name = r.task_name)
+                          OR (l.scope = 'queue' AND l.name = r.queue))"""
+_FULL = f"""(CASE WHEN l.rate_count IS NOT NULL
+                       AND l.rate_count <= cardinality({_IN_WINDOW.format(margin="{margin}")})
+                  THEN true
+                  WHEN l.max_running IS NULL THEN false
+                  ELSE l.max_running <= (SELECT count(*) FROM scheduled_jobs x
+                                          WHERE x.status = 'running'
+                                            AND CASE l.scope WHEN 'task' THEN x.task_name
+                                                             ELSE x.queue END = l.name) END)"""
+
+# The plain claim while limits exist: _CLAIM's statement and parameters ($1 to
+# $7), plus $8, the rate window's margin. ``limited_head``: the most urgent
+# due head of a group this worker may run that a limit binds and every
+# binding limit has room for; only unlimited work more urgent than it is
+# taken, so it gets the next free slot (the limited claim runs when this one
+# comes back short) and no less urgent row is claimed ahead of it.
+_CLAIM_BESIDE_LIMITS = f"""
+{reachable_groups("$1", "$6", "$7", "$2")},
+full_limits AS MATERIALIZED (
+    -- Each limit binding a due group, its room checked once (the cheap rate
+    -- window first; running jobs counted only for a limit that binds due work).
+    SELECT l.scope, l.name FROM scheduler_limits l
+     WHERE CASE WHEN EXISTS (SELECT 1 FROM reachable r
+                              WHERE r.limited AND r.head <= now() AND {_BINDS_R})
+                THEN {_FULL.format(margin="$8")} ELSE false END
+), limited_head AS (
+    SELECT r.priority, r.head FROM reachable r
+     WHERE r.limited AND r.head <= now()
+       AND NOT EXISTS (SELECT 1 FROM full_limits l WHERE {_BINDS_R})
+     ORDER BY r.priority, r.head
+     LIMIT 1
+), served AS (
+    SELECT r.queue, r.task_name, r.priority, r.head, r.cap,
+           CASE WHEN h.priority IS NULL OR r.priority < h.priority
+                THEN 'infinity'::timestamptz ELSE h.head END AS cut
+      FROM reachable r LEFT JOIN limited_head h ON true
+     WHERE NOT r.limited AND (h.priority IS NULL OR r.priority <= h.priority)
+), {due_in_groups("$2", cut="<")}, placed AS (
+    SELECT job_id, tid, expired,
+           row_number() OVER (PARTITION BY expired ORDER BY priority, execution_time) AS place
+      FROM kept
+)
+UPDATE scheduled_jobs j
+   SET {claim_set("$3", "$4", "NOT picked.expired AND picked.place > $5")}
+  FROM placed AS picked
+ WHERE j.ctid = picked.tid
+RETURNING {_CLAIMED_COLUMNS}
+"""
+
+# What the limited claim may take now ($1 tasks, $2 queues (NULL: all), $3
+# caps, $4 the rate window's margin): each due group a limit binds, with its
+# head, its binding limit rows (scopes, names in key order, as _LOCK takes
+# them) and whether one of them has no room (``full``); and one row with NULL
+# scopes: the most urgent due unlimited head, if any. Unlocked reads: the
+# claim decides.
+_LIMITED_DUE = f"""
+{reachable_groups("$1", "$2", "$3", "0")}
+SELECT r.priority, r.head, k.scopes, k.names, k.full
+  FROM reachable r
+ CROSS JOIN LATERAL (
+    SELECT array_agg(l.scope ORDER BY l.scope, l.name) AS scopes,
+           array_agg(l.name ORDER BY l.scope, l.name) AS names,
+           bool_or({_FULL.format(margin="$4")}) AS full
+      FROM scheduler_limits l
+     WHERE {_BINDS_R}
+ ) k
+ WHERE r.limited AND r.head <= now()
+UNION ALL
+(SELECT r.priority, r.head, NULL, NULL, NULL FROM reachable r
+  WHERE NOT r.limited AND r.head <= now()
+  ORDER BY r.priority, r.head
+  LIMIT 1)
 """
 
 
@@ -112,6 +214,8 @@ class LimitStore:
         self._list = qualify(_LIST_LIMITS)
         self._lock = qualify(_LOCK)
         self._claim = qualify(_LIMITED_CLAIM)
+        self._claim_beside = qualify(_CLAIM_BESIDE_LIMITS)
+        self._due = qualify(_LIMITED_DUE)
 
     async def set(
         self,
@@ -146,14 +250,17 @@ class LimitStore:
         caps: Sequence[int] | None,
         worker_id: str,
         lease_seconds: float,
+        cut: tuple[int, datetime] | None = None,
     ) -> list[asyncpg.Record]:
         """Start up to ``limit`` due jobs of ``tasks`` in ``queues`` (None:
         every queue; ``caps``: the most per queue) within the limit rows
-        ``keys`` ((scope, name) pairs)."""
+        ``keys`` ((scope, name) pairs); ``cut`` ((priority, execution_time)):
+        only jobs at least as urgent."""
         scopes = [k[0] for k in keys]
         names = [k[1] for k in keys]
         async with conn.transaction():
-            await conn.execute(self._lock, scopes, names)
+            if len(await conn.fetch(self._lock, scopes, names)) < len(keys):
+                return []  # held by another claim (or just removed): not this time
             return await conn.fetch(
                 self._claim,
                 scopes,
@@ -165,4 +272,49 @@ class LimitStore:
                 lease_seconds,
                 self.RATE_MARGIN,
                 None if caps is None else list(caps),
+                None if cut is None else cut[0],
+                None if cut is None else cut[1],
             )
+
+    async def claim_beside_limits(
+        self,
+        worker_id: str,
+        task_names: list[str],
+        limit: int,
+        lease_seconds: float,
+        db: Executor | None = None,
+        *,
+        start_now: int,
+        queues: Sequence[str] | None,
+        caps: Sequence[int | None] | None,
+    ) -> list[asyncpg.Record]:
+        """The plain claim (as :meth:`Store.claim`) of work more urgent than
+        any due limited work whose limits have room (see the module docstring)."""
+        return await (db or self.pool).fetch(
+            self._claim_beside,
+            task_names,
+            limit,
+            worker_id,
+            lease_seconds,
+            start_now,
+            None if queues is None else list(queues),
+            None if caps is None else list(caps),
+            self.RATE_MARGIN,
+        )
+
+    async def due(
+        self,
+        db: Executor,
+        task_names: Sequence[str],
+        queues: Sequence[str] | None,
+        caps: Sequence[int] | None,
+    ) -> list[asyncpg.Record]:
+        """The due limited groups (priority, head, scopes, names, full), and
+        the most urgent due unlimited head (scopes NULL): see _LIMITED_DUE."""
+        return await db.fetch(
+            self._due,
+            list(task_names),
+            None if queues is None else list(queues),
+            None if caps is None else list(caps),
+            self.RATE_MARGIN,
+        )

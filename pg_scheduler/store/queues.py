@@ -37,8 +37,17 @@ groups AS (
 )"""
 
 
+_BINDS = """((b.scope = 'task' AND b.name = g.task_name)
+                               OR (b.scope = 'queue' AND b.name = g.queue))"""
+
+
 def served_groups(
-    tasks: str, queues: str, caps: str, default_cap: str, limits: str | None = None
+    tasks: str,
+    queues: str,
+    caps: str,
+    default_cap: str,
+    limits: str | None = None,
+    cut: tuple[str, str] | None = None,
 ) -> str:
     """``WITH RECURSIVE groups AS (...), served AS (...)``: the groups of tasks
     ``tasks`` (a text[] parameter) in queues ``queues`` (text[]; NULL: every
@@ -49,7 +58,12 @@ def served_groups(
     ``limits`` (migration 0011): ``"none"`` keeps only groups that no global
     limit binds (the plain claim); a pair of text[] parameters ``"$a, $b"``
     (scopes, names) keeps only groups whose every binding limit is one of those
-    rows (the limited claim, which holds their locks); None keeps all."""
+    rows (the limited claim, which holds their locks); None keeps all.
+
+    ``cut``: a (priority, execution_time) pair of SQL expressions (NULL: no
+    cut); groups of a less urgent priority are left out, and ``served.cut``
+    is the latest execution_time a reader takes from the group ('infinity'
+    for groups more urgent than the cut; see :func:`job_sql.due_in_groups`)."""
     limit_filter = bound = ""
     if limits is not None:
         # The limit rows, read once per statement (a tiny table: one page),
@@ -63,18 +77,46 @@ bound AS MATERIALIZED (SELECT l.scope, l.name FROM scheduler_limits l),"""
         )
         limit_filter = f"""
        AND NOT EXISTS (SELECT 1 FROM bound b
-                        WHERE ((b.scope = 'task' AND b.name = g.task_name)
-                               OR (b.scope = 'queue' AND b.name = g.queue)){held})"""
+                        WHERE {_BINDS}{held})"""
+    cut_column = cut_filter = ""
+    if cut is not None:
+        priority, time = cut
+        cut_column = f""",
+           CASE WHEN {priority} IS NULL OR g.priority < {priority} THEN 'infinity'::timestamptz
+                ELSE {time} END AS cut"""
+        cut_filter = f"""
+       AND ({priority} IS NULL OR g.priority <= {priority})"""
     return f"""WITH RECURSIVE {GROUPS},{bound}
 served AS (
     SELECT g.queue, g.task_name, g.priority, g.execution_time AS head,
-           coalesce(c.cap, {default_cap}) AS cap
+           coalesce(c.cap, {default_cap}) AS cap{cut_column}
       FROM groups g
       LEFT JOIN unnest({queues}::text[], {caps}::int[]) AS c(queue, cap) ON c.queue = g.queue
      WHERE g.task_name = ANY({tasks}::text[])
        AND ({queues}::text[] IS NULL OR c.queue IS NOT NULL)
        AND NOT EXISTS (SELECT 1 FROM scheduler_queues q
-                        WHERE q.name = g.queue AND q.paused){limit_filter}
+                        WHERE q.name = g.queue AND q.paused){limit_filter}{cut_filter}
+)"""
+
+
+def reachable_groups(tasks: str, queues: str, caps: str, default_cap: str) -> str:
+    """``WITH RECURSIVE groups AS (...), bound AS (...), reachable AS (...)``:
+    every group a worker running ``tasks`` in ``queues`` may claim from (the
+    arguments as for :func:`served_groups`), limited or not, with ``limited``:
+    whether a global limit binds it, and ``cap``. ``bound`` holds the limit
+    rows (scope, name) for the caller to match with ``g``-free conditions."""
+    return f"""WITH RECURSIVE {GROUPS},
+bound AS MATERIALIZED (SELECT l.scope, l.name FROM scheduler_limits l),
+reachable AS (
+    SELECT g.queue, g.task_name, g.priority, g.execution_time AS head,
+           coalesce(c.cap, {default_cap}) AS cap,
+           EXISTS (SELECT 1 FROM bound b WHERE {_BINDS}) AS limited
+      FROM groups g
+      LEFT JOIN unnest({queues}::text[], {caps}::int[]) AS c(queue, cap) ON c.queue = g.queue
+     WHERE g.task_name = ANY({tasks}::text[])
+       AND ({queues}::text[] IS NULL OR c.queue IS NOT NULL)
+       AND NOT EXISTS (SELECT 1 FROM scheduler_queues q
+                        WHERE q.name = g.queue AND q.paused)
 )"""
 
 
