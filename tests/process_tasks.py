@@ -9,6 +9,7 @@ recorded failed or cancelled.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import threading
@@ -38,8 +39,12 @@ def ticker(path: str, seconds: float, payload: str = "") -> int:
 
 
 @task(name="proc.long_first_run", executor="process")
-def long_first_run(path: str, marker: str) -> str:
-    """The first run (no ``marker`` yet) ticks for 30 s; a re-run for 0.3 s."""
+def long_first_run(path: str, marker: str, parent_death_signal: bool = True) -> str:
+    """The first run (no ``marker`` yet) ticks for 30 s; a re-run for 0.3 s.
+    ``parent_death_signal=False`` clears the signal the process asked for at
+    its death of its worker (as on a platform without one)."""
+    if not parent_death_signal:
+        ctypes.CDLL(None, use_errno=True).prctl(1, ctypes.c_ulong(0), 0, 0, 0)  # PR_SET_PDEATHSIG
     try:
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:

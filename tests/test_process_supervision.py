@@ -227,8 +227,11 @@ async def test_cancel_during_a_held_process_start_kills_the_child(pool, dsn, tmp
         await wait_until(lambda: len(w.job_processes()) == 3, timeout=30, message="3 starts")
         for job_id in ids:
             assert await job_status(pool, job_id) == "running"
+        cancelled_at = time.monotonic()
+        for job_id in ids:
             assert await producer.cancel_job(job_id)
         await wait_no_job_processes(w, 10, "the cancels")
+        print(f"cancelled in their start: gone {time.monotonic() - cancelled_at:.3f} s later")
         open_gate(gate)
         assert [await job_status(pool, job_id) for job_id in ids] == ["cancelled"] * 3
         # The next job starts unhindered: the pool counts no process of the
@@ -242,13 +245,19 @@ async def test_cancel_during_a_held_process_start_kills_the_child(pool, dsn, tmp
         await w.stop()
 
 
-async def test_a_job_process_dies_with_its_killed_worker(pool, dsn, tmp_path, producer):
+@pytest.mark.parametrize("parent_death_signal", [True, False], ids=["pdeathsig", "connection"])
+async def test_a_job_process_dies_with_its_killed_worker(
+    pool, dsn, tmp_path, producer, parent_death_signal
+):
     """kill -9 of the worker kills its job process at once; the rescued re-run
-    on another worker never overlaps it."""
+    on another worker never overlaps it. Without the parent-death signal (the
+    body clears it), the child's watch of its connection ends it."""
     path, marker = tmp_path / "ticks", tmp_path / "first-run"
     async with worker(dsn) as victim:
         job_id = await producer.schedule(
-            process_tasks.long_first_run, execution_time=now(), args=(str(path), str(marker))
+            process_tasks.long_first_run,
+            execution_time=now(),
+            args=(str(path), str(marker), parent_death_signal),
         )
         await wait_until(lambda: len(ticks(path)) >= 5, timeout=30, message="first run ticking")
         child = ticks(path)[0][0]
@@ -262,6 +271,7 @@ async def test_a_job_process_dies_with_its_killed_worker(pool, dsn, tmp_path, pr
             await wait_until(lambda: read_proc(victim.pid) is None, message="worker reaped")
             dead_at = time.time()
             ended = await ended_within(child, 5)
+            print(f"job process gone {time.time() - dead_at:.3f} s after its worker was reaped")
             assert await producer.result(job_id, timeout=30) == "re-run"
             runs: dict[int, list[float]] = {}
             for pid, at in ticks(path):

@@ -335,8 +335,12 @@ class SyncRunners:
         if child.pid is not None:
             self.pids[child.job_id] = child.pid
 
-    def _ended(self, child: _JobProcess, processes: asyncio.Semaphore, _: Any) -> None:
+    def _ended(
+        self, child: _JobProcess, processes: asyncio.Semaphore, future: asyncio.Future[Any]
+    ) -> None:
         # On the loop, once the waiter thread has reaped the process (or never started it).
+        if not future.cancelled():
+            future.exception()  # read here too: a stopped job's task does not
         processes.release()
         self._live.discard(child)
         if child.pid is not None and self.pids.get(child.job_id) == child.pid:
