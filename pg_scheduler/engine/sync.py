@@ -46,6 +46,7 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -171,12 +172,12 @@ class _JobProcess:
         try:
             if self._pidfd is not None:
                 signal.pidfd_send_signal(self._pidfd, sig)
-            else:
+            elif self._proc.exitcode is None:  # (polls: a reap elsewhere is seen)
                 os.kill(self._proc.pid, sig)  # type: ignore[arg-type]
         except ProcessLookupError:
             pass  # it has exited already
 
-    def run(self, on_start: Any) -> tuple[Any, int | None]:
+    def run(self, on_start: Callable[[_JobProcess], None]) -> tuple[Any, int | None]:
         """In a waiter thread: start, send the arguments, wait for the outcome
         (or the exit), reap. Returns (message or None, exit code)."""
         with self._lock:
