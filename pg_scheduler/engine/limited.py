@@ -16,6 +16,7 @@ from typing import cast
 
 import asyncpg
 
+from ..store.bounded import BoundedPool
 from ..store.limits import LimitStore
 from ..store.names import Executor
 
@@ -121,7 +122,7 @@ class LimitedClaims:
     async def _claim_group(
         self, db: Executor, group: Group, room: int, worker_id: str, lease_seconds: float
     ) -> list[asyncpg.Record]:
-        if isinstance(db, asyncpg.Pool):  # the transaction needs one connection
+        if isinstance(db, asyncpg.Pool | BoundedPool):  # the transaction needs one connection
             async with db.acquire() as conn:
                 return await self._claim_group(conn, group, room, worker_id, lease_seconds)
         return await self.store.claim(
