@@ -16,18 +16,21 @@ import socket
 from datetime import UTC, datetime
 
 import asyncpg
+import pytest
 from conftest import wait_for_status, wait_until
 from tcp_proxy import TcpProxy
 
-from pg_scheduler import task
+from pg_scheduler import Scheduler, task
 from pg_scheduler.connections import KEEPALIVE_IDLE, USER_TIMEOUT, pool_options
 
 USER_SETTINGS = {"statement_timeout": "300ms", "lock_timeout": "100ms"}
 release_job = asyncio.Event()
+runs: list[str] = []  # one entry per execution of the job below
 
 
 @task(name="own_timeouts.waits")
 async def waits() -> str:
+    runs.append("run")
     await release_job.wait()
     return "done"
 
@@ -41,12 +44,13 @@ async def _lock_waiters(pool: asyncpg.Pool) -> int:
 
 async def test_a_users_session_timeouts_do_not_cancel_the_completion(dsn, pool, make_scheduler):
     release_job.clear()
+    runs.clear()
     user_pool = await asyncpg.create_pool(
         dsn, min_size=1, max_size=10, server_settings=USER_SETTINGS
     )
+    scheduler = await make_scheduler(db_pool=user_pool)
     try:
-        scheduler = await make_scheduler(db_pool=user_pool)
-        job_id = await scheduler.schedule(waits, datetime.now(UTC))
+        job_id = await scheduler.schedule(waits, execution_time=datetime.now(UTC))
         await wait_for_status(pool, job_id, "running")
         locker = await asyncpg.connect(dsn)
         try:
@@ -69,7 +73,10 @@ async def test_a_users_session_timeouts_do_not_cancel_the_completion(dsn, pool, 
             job_id,
         )
         assert row["attempts"] == 1 and row["result"] == '"done"'
+        # Written the first time: not handed back as a claim that never
+        # started, and run again.
         await scheduler.shutdown(grace_period=1.0)
+        assert runs == ["run"]
         # Handed back, every connection of the pool has the user's settings again.
         conns = [await user_pool.acquire() for _ in range(user_pool.get_size())]
         try:
@@ -80,6 +87,8 @@ async def test_a_users_session_timeouts_do_not_cancel_the_completion(dsn, pool, 
             for conn in conns:
                 await user_pool.release(conn)
     finally:
+        # Never close a pool a started scheduler still holds connections of.
+        await scheduler.shutdown(grace_period=1.0)
         await user_pool.close()
 
 
@@ -113,3 +122,9 @@ async def test_the_worker_commands_pool_has_keepalives_and_its_own_timeouts(dsn)
         assert "server_settings" not in pool_options(pgbouncer=True)
     finally:
         await proxy.close()
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("inf"), float("nan"), "10", True, None])
+async def test_a_bad_statement_timeout_is_refused_at_construction(pool, bad):
+    with pytest.raises(ValueError, match="statement_timeout"):
+        Scheduler(pool, statement_timeout=bad)
