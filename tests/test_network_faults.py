@@ -35,7 +35,6 @@ NET = {
     "heartbeat_threshold": 30.0,
     "lease_duration": 30.0,
     "statement_timeout": STATEMENT_TIMEOUT,
-    "pool_size": 10,  # large enough for the claim loop and completer to hold theirs
 }
 OUTAGE = 2.0
 # README (failure model): a worker resumes within two statement bounds after
@@ -127,8 +126,13 @@ async def statuses(pool: asyncpg.Pool, ids: list[str]) -> dict[str, asyncpg.Reco
     return {r["job_id"]: r for r in rows}
 
 
-async def test_worker_resumes_after_its_connections_stay_black_holed(pool, spawn, proxy, producer):
-    worker = await spawn("cut-off", **NET)
+# 10: the claim loop and the completion writer hold connections of their own;
+# 5: every statement takes one from the pool.
+@pytest.mark.parametrize("pool_size", [10, 5])
+async def test_worker_resumes_after_its_connections_stay_black_holed(
+    pool, spawn, proxy, producer, pool_size
+):
+    worker = await spawn("cut-off", **{**NET, "pool_size": pool_size})
     worker_id = await worker.ready()
     keys = [f"net-{i}" for i in range(4)]
     # Running across the outage: they finish while it lasts, and their
