@@ -5,10 +5,15 @@ The listener holds one connection from the pool, or its own connection to
 the pooler: a direct connection to PostgreSQL). A connection can die
 silently (a killed backend, a half-open TCP socket), so besides asyncpg's
 termination callback the listener runs ``SELECT 1`` every
-``health_interval`` seconds; on failure it reconnects with backoff and
-re-LISTENs. While it is down, :attr:`live` is False and workers fall back to
-polling; when it comes back, every handler is called once, since
-notifications sent meanwhile were lost.
+``health_interval`` seconds, and gives it at most that long (and at most the
+scheduler's ``statement_timeout``) to answer; on failure the connection is
+terminated (never asked to UNLISTEN: it would not answer), the pool's other
+connections are expired when it did not answer at all (they crossed the same
+path), and the listener reconnects with backoff and re-LISTENs. Taking a
+connection, LISTENing and UNLISTENing are bounded by ``statement_timeout``
+each. Its own connection to ``dsn`` has TCP keepalives on. While it is down,
+:attr:`live` is False and workers fall back to polling; when it comes back,
+every handler is called once, since notifications sent meanwhile were lost.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ from collections.abc import Callable
 
 import asyncpg
 
+from .connections import set_tcp_keepalive
 from .log import get_logger
 from .reconnect import Backoff
+from .store.bounded import expire
 from .store.session import HEALTH_CHECK
 
 log = get_logger(__name__)
@@ -36,8 +43,10 @@ class Listener:
         health_interval: float = 5.0,
         on_reconnect: Callable[[], None] | None = None,
         dsn: str | None = None,
+        statement_timeout: float = 10.0,
     ) -> None:
         self._pool = pool
+        self._timeout = statement_timeout
         self._dsn = dsn
         self._handlers = handlers
         self._health_interval = health_interval
@@ -91,7 +100,7 @@ class Listener:
         self._stopped.set()
         self._lost.set()
         if self._task is not None:
-            await asyncio.wait({self._task}, timeout=10)
+            await asyncio.wait({self._task}, timeout=self._timeout)
             if not self._task.done():
                 self._task.cancel()
         await self._close()
@@ -112,8 +121,9 @@ class Listener:
         first = True
         while not self._stopped.is_set():
             try:
-                # Bounded: LISTEN on a backend that stopped answering never returns.
-                await asyncio.wait_for(self._connect(), self._health_interval + 10)
+                # Bounded: LISTEN on a backend that stopped answering never
+                # returns (a connection to take, then its LISTENs).
+                await asyncio.wait_for(self._connect(), 2 * self._timeout)
             except Exception as exc:
                 self.live = False
                 log.warning("listener cannot connect; polling meanwhile", error=repr(exc))
@@ -141,9 +151,10 @@ class Listener:
     async def _connect(self) -> None:
         self._lost.clear()
         if self._dsn is not None:
-            conn = await asyncpg.connect(self._dsn, timeout=10, statement_cache_size=0)
+            conn = await asyncpg.connect(self._dsn, timeout=self._timeout, statement_cache_size=0)
+            set_tcp_keepalive(conn)
         else:
-            conn = await self._pool.acquire(timeout=10)
+            conn = await self._pool.acquire(timeout=self._timeout)
         self._conn = conn
         self._listening = set()
         conn.add_termination_listener(self._terminated)
@@ -162,9 +173,14 @@ class Listener:
                 pass
             try:
                 assert self._conn is not None
-                await self._conn.fetchval(HEALTH_CHECK, timeout=self._health_interval)
+                await self._conn.fetchval(
+                    HEALTH_CHECK, timeout=min(self._health_interval, self._timeout)
+                )
             except Exception as exc:
                 log.warning("listener health check failed", error=repr(exc))
+                if isinstance(exc, TimeoutError) and self._dsn is None:
+                    # No answer at all: a half-open connection, most likely.
+                    await expire(self._pool)
                 return False
         return True
 
@@ -180,7 +196,7 @@ class Listener:
         # terminated.
         try:
             if healthy:
-                await asyncio.wait_for(self._unlisten_and_release(conn), 10)
+                await asyncio.wait_for(self._unlisten_and_release(conn), self._timeout)
                 return
         except Exception:
             pass
@@ -195,9 +211,9 @@ class Listener:
         for channel in list(self._listening):
             await conn.remove_listener(channel, self._dispatch)
         if self._dsn is not None:
-            await conn.close(timeout=5)
+            await conn.close(timeout=self._timeout)
         else:
-            await self._pool.release(conn, timeout=5)
+            await self._pool.release(conn, timeout=self._timeout)
 
     async def _sleep(self, delay: float) -> None:
         try:

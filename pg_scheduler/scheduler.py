@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import math
 import uuid
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import asyncpg
 
@@ -38,6 +39,7 @@ from .store import (
     QueueStore,
     Store,
 )
+from .store.bounded import BoundedPool
 from .store.housekeeping import VacuumStore
 from .tasks import TaskRegistry, default_registry
 from .validation import check_bool, check_int, check_seconds
@@ -49,6 +51,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # Start-up work that is not on the path to the first claim waits this long.
 STARTUP_DEFER = 1.0
+# Seconds any one of the scheduler's own statements may take (README: failure model).
+DEFAULT_STATEMENT_TIMEOUT = 10.0
 
 
 class Scheduler(JobsAPI, SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
@@ -64,6 +68,9 @@ class Scheduler(JobsAPI, SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
     LISTEN, else such a worker polls. See the README's pgbouncer section.
     ``queues``: the queues it claims from: None (all), a list, or a mapping
     queue -> local concurrency within ``max_concurrent_jobs``.
+    ``statement_timeout``: seconds any one of the scheduler's own statements
+    (claim, complete, heartbeat, rescue, ...) may take before its connection
+    is taken for lost: closed, and the pool's other connections replaced.
     """
 
     HEARTBEAT_THRESHOLD = 120
@@ -101,6 +108,7 @@ class Scheduler(JobsAPI, SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
         loop_stall_limit: float | None = None,
         queues: list[str] | dict[str, int] | None = None,
         gc_freeze: bool = True,
+        statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT,
     ) -> None:
         check_arguments(
             db_pool=db_pool,
@@ -127,6 +135,9 @@ class Scheduler(JobsAPI, SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
         check_seconds("loop_stall_warning", loop_stall_warning)
         check_seconds("loop_stall_limit", loop_stall_limit)
         check_bool("gc_freeze", gc_freeze)
+        check_seconds("statement_timeout", statement_timeout, allow_none=False)
+        if not math.isfinite(statement_timeout):
+            raise ValueError(f"statement_timeout must be finite, got {statement_timeout!r}")
         # None: every queue; a list; or queue -> local concurrency.
         self.served_queues, self.queue_limits = check_queues(queues, max_concurrent_jobs)
         # One thread per slot by default: a thread job never waits for a thread.
@@ -168,12 +179,20 @@ class Scheduler(JobsAPI, SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
 
         self.worker_id = uuid.uuid4().hex[: self.WORKER_ID_LENGTH]
         self.registry = TaskRegistry(parent=tasks or default_registry)
-        self.store = Store(db_pool, schema)
-        self.queue_store = QueueStore(db_pool, schema)
+        self.statement_timeout = statement_timeout
+        # The scheduler's own statements go through this: each one bounded, a
+        # connection that does not answer closed (store/bounded.py). The pool
+        # itself is left as the application made it.
+        bounded = cast(
+            asyncpg.Pool,
+            BoundedPool(db_pool, statement_timeout, session_settings=not pgbouncer),
+        )
+        self.store = Store(bounded, schema)
+        self.queue_store = QueueStore(bounded, schema)
         self.enqueuer = Enqueuer(
             self.store, db_pool, self.registry, lambda: self.misfire_grace_time
         )
-        self.vacuum_store = VacuumStore(db_pool, schema)
+        self.vacuum_store = VacuumStore(bounded, schema)
         self.listener = Listener(
             db_pool,
             {
@@ -184,6 +203,7 @@ class Scheduler(JobsAPI, SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
             health_interval=listener_health_interval,
             on_reconnect=self._on_listener_reconnect,
             dsn=listen_dsn,
+            statement_timeout=statement_timeout,
         )
         self.events_hub = EventHub(self.listener, db_pool, schema, enabled=self.notifications)
         self.worker = Worker(

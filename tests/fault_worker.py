@@ -69,7 +69,9 @@ async def _serve(options: dict[str, Any]) -> None:
 
     polling = options.pop("polling", None)
     pool_size = int(options.pop("pool_size", 10))
-    url = os.environ["PG_SCHEDULER_TEST_DB_URL"]
+    # The scheduler's pool may take another path to the database than the
+    # tasks' records (tests/tcp_proxy.py); by default the same.
+    url = os.environ.get("PG_SCHEDULER_WORKER_DB_URL") or os.environ["PG_SCHEDULER_TEST_DB_URL"]
     pool = await asyncpg.create_pool(url, min_size=2, max_size=pool_size)
     scheduler = Scheduler(
         pool, polling_config=PollingConfig(**polling) if polling else None, **options

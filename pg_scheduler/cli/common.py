@@ -16,6 +16,9 @@ import structlog
 
 T = TypeVar("T")
 
+# Seconds a pool's close may take before its connections are cut.
+POOL_CLOSE_TIMEOUT = 10.0
+
 
 def resolve_dsn(args: argparse.Namespace) -> str | None:
     """--dsn, else $PG_SCHEDULER_DSN, else None (meaning: the embedded database)."""
@@ -74,4 +77,9 @@ async def open_pool(args: argparse.Namespace, **options: Any):
     try:
         yield pool
     finally:
-        await pool.close()
+        try:
+            # A close waits for every connection to say goodbye: bounded, in
+            # case the server stopped answering.
+            await asyncio.wait_for(pool.close(), POOL_CLOSE_TIMEOUT)
+        except (TimeoutError, OSError, asyncpg.InterfaceError):
+            pool.terminate()

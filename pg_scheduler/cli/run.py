@@ -16,6 +16,12 @@ from .common import configure_logging, open_pool, run_async
 
 log = get_logger("pg_scheduler.cli")
 
+# Past the grace period and the statements shutdown may still have to wait
+# for (each bounded by statement_timeout), a worker told to stop cuts every
+# connection and exits (README: failure model, SIGTERM during an outage).
+SHUTDOWN_STATEMENTS = 3
+SHUTDOWN_SLACK = 5.0
+
 
 def register(commands: argparse._SubParsersAction) -> None:
     worker = commands.add_parser(
@@ -134,10 +140,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 async def _worker(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    from ..connections import pool_options
     from ..scheduler import Scheduler
 
     concurrency = int(options.get("max_concurrent_jobs", 25))
-    async with open_pool(args, max_size=max(10, min(concurrency, 50) // 2 + 5)) as pool:
+    # The worker's own pool: keepalives on its sockets, the server told to
+    # end a vanished client's backend, the role's timeouts not applied.
+    own = pool_options(pgbouncer=bool(args.pgbouncer or options.get("pgbouncer")))
+    async with open_pool(args, max_size=max(10, min(concurrency, 50) // 2 + 5), **own) as pool:
         scheduler = Scheduler(pool, **options)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -154,8 +164,36 @@ async def _worker(args: argparse.Namespace, options: dict[str, Any]) -> int:
             loop.add_signal_handler(sig, on_signal, sig.name)
         await scheduler.start()
         await stop.wait()
-        await scheduler.shutdown()
-    return 0
+        return await _shut_down(scheduler, pool)
+
+
+async def _shut_down(scheduler: Any, pool: Any) -> int:
+    """Shut ``scheduler`` down; if that outlasts its bound (the database is
+    unreachable and the connections hang), hand the jobs back, cut every
+    connection and return 1: a worker told to stop always stops."""
+    bound = (
+        scheduler.shutdown_grace_period
+        + SHUTDOWN_STATEMENTS * scheduler.statement_timeout
+        + SHUTDOWN_SLACK
+    )
+    shutdown = asyncio.ensure_future(scheduler.shutdown())
+    try:
+        await asyncio.wait_for(asyncio.shield(shutdown), bound)
+        return 0
+    except TimeoutError:
+        pass
+    log.error(
+        "shutdown did not finish in time; closing every connection and exiting "
+        "(jobs still running here will be rescued and run again)",
+        seconds=round(bound, 1),
+    )
+    scheduler.request_immediate_shutdown()
+    pool.terminate()
+    try:
+        await asyncio.wait_for(asyncio.shield(shutdown), scheduler.statement_timeout)
+    except Exception as exc:
+        log.error("shutdown ended with an error", error=repr(exc))
+    return 1
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:

@@ -9,8 +9,9 @@ from typing import TypeVar
 import asyncpg
 
 from ..reconnect import is_connection_error
+from ..store.bounded import BoundedPool, expire
 from ..store.names import Executor
-from ..store.session import ASYNC_COMMIT, GENERIC_PLANS
+from ..store.session import ASYNC_COMMIT, GENERIC_PLANS, own_timeouts
 
 T = TypeVar("T")
 
@@ -36,6 +37,15 @@ class HeldConnection:
     broken is closed and handed back (the pool replaces it); a statement's own
     error leaves it in use, since every statement here is its own transaction.
 
+    Each operation is bounded by the pool's ``statement_timeout`` (a
+    :class:`~pg_scheduler.store.bounded.BoundedPool`): one that runs out of it
+    is taken for a lost connection (terminated, and the pool's other
+    connections expired), so a half-open socket never holds the path.
+    Where the pool allows session settings (not behind pgbouncer), the held
+    session also takes the scheduler's own timeouts (``store.session``), so a
+    ``statement_timeout`` or ``lock_timeout`` set on the role or database does
+    not reach these statements; the pool's reset undoes them on release.
+
     ``asynchronous_commit``: the session commits without waiting for the WAL
     flush (``synchronous_commit = off``; the pool's reset undoes it). Only for
     writes that may be forgotten by a database crash without losing a job.
@@ -47,6 +57,14 @@ class HeldConnection:
         self._conn: asyncpg.Connection | None = None
         self._asynchronous_commit = asynchronous_commit
         self.enabled = pool.get_max_size() >= MIN_POOL_SIZE_TO_HOLD
+        # Statements run when the connection is taken: one round trip, once.
+        settings = [ASYNC_COMMIT, GENERIC_PLANS] if asynchronous_commit else []
+        self._timeout: float | None = None
+        if isinstance(pool, BoundedPool):
+            self._timeout = pool.statement_timeout
+            if pool.session_settings:
+                settings.append(own_timeouts(pool.statement_timeout))
+        self._settings = "; ".join(settings)
 
     async def run(self, operation: Callable[[Executor], Awaitable[T]]) -> T:
         if not self.enabled:
@@ -55,23 +73,34 @@ class HeldConnection:
             # Died while idle; the pool has already taken it back.
             self._conn = None
         if self._conn is None:
-            conn = await self._pool.acquire()
+            conn = await self._pool.acquire(timeout=self._timeout)
             try:
-                if self._asynchronous_commit:
+                if self._settings:
                     # Not behind pgbouncer: a SET there reaches other clients.
-                    await conn.execute(ASYNC_COMMIT + "; " + GENERIC_PLANS)
+                    await conn.execute(self._settings, timeout=self._timeout)
             except BaseException:
+                # Its state is unknown (or it refused a SET): never reused.
+                conn.terminate()
                 await self._give_back(conn)
                 raise
             self._conn = conn
         try:
-            return await operation(self._conn)
+            if self._timeout is None:
+                return await operation(self._conn)
+            async with asyncio.timeout(self._timeout):
+                return await operation(self._conn)
         except asyncpg.PostgresError as exc:
             if is_connection_error(exc):
                 await self._discard()
             raise
+        except TimeoutError:
+            # No answer within the bound: a half-open connection, most likely,
+            # and the pool's other connections crossed the same path.
+            await self._discard()
+            await expire(self._pool)
+            raise
         except BaseException:
-            # Lost, timed out or cancelled mid-statement: its state is unknown.
+            # Lost or cancelled mid-statement: its state is unknown.
             await self._discard()
             raise
 
@@ -87,7 +116,7 @@ class HeldConnection:
 
     async def _give_back(self, conn: asyncpg.Connection) -> None:
         try:
-            await asyncio.shield(self._pool.release(conn, timeout=5))
+            await asyncio.shield(self._pool.release(conn, timeout=self._timeout or 5))
         except Exception:
             pass  # the pool replaces a connection it could not reset
 

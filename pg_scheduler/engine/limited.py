@@ -23,6 +23,7 @@ from typing import cast
 
 import asyncpg
 
+from ..store.bounded import BoundedPool
 from ..store.limits import LimitStore
 from ..store.names import Executor
 
@@ -163,7 +164,7 @@ class LimitedClaims:
         lease_seconds: float,
         cut: tuple[int, datetime] | None,
     ) -> list[asyncpg.Record]:
-        if isinstance(db, asyncpg.Pool):  # the transaction needs one connection
+        if isinstance(db, asyncpg.Pool | BoundedPool):  # the transaction needs one connection
             async with db.acquire() as conn:
                 return await self._claim_group(conn, group, room, worker_id, lease_seconds, cut)
         return await self.store.claim(
