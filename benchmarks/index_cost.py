@@ -11,7 +11,8 @@ reference, so the ratios come from one sitting. Rounds alternate the order.
 
 Dropping an index here is a measurement, not a configuration: the library's
 statements need them (claims and the heartbeat read them; the dashboard and the
-vacuum page by them) — see migrations/ for which serves what.
+vacuum page by them) — see pg_scheduler/store/schema.sql
+for which serves what.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""Applies ``migrations/NNNN_name.sql`` in order, exactly once per database,
-and brings back what an applied migration implies when it has gone missing.
+"""Applies ``pg_scheduler/store/migrations/NNNN_name.sql`` in order, exactly
+once per database, and brings back what an applied migration implies when it
+has gone missing. ``pg_scheduler/store/schema.sql`` shows the schema they
+leave behind (regenerate it with ``python -m pg_scheduler.store.dump_schema``).
 
 Every process that starts runs :func:`migrate`. When the schema is current,
 that is one catalog query and nothing else (no lock). Otherwise everything
@@ -103,11 +105,8 @@ def expected_objects(migrations: list[Migration]) -> dict[SchemaObject, int]:
 
 
 def _migrations_dir() -> Path:
-    # A wheel ships them inside the package; a source checkout keeps them at the top.
-    packaged = resources.files("pg_scheduler") / "migrations"
-    if packaged.is_dir():
-        return Path(str(packaged))
-    return Path(__file__).resolve().parent.parent / "migrations"
+    # Package data of pg_scheduler.store, in a source checkout and in a wheel alike.
+    return Path(str(resources.files("pg_scheduler.store") / "migrations"))
 
 
 # Parsed files by (name, mtime, size) of each: start() checks the schema every

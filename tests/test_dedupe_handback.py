@@ -20,7 +20,7 @@ from conftest import wait_for_status, wait_until
 from pg_scheduler import ConflictResolution, SyncClient
 
 KEY = "sync:42"
-MIGRATION_0013 = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATION_0013 = Path(__file__).resolve().parent.parent / "pg_scheduler" / "store" / "migrations"
 
 
 def now() -> datetime:

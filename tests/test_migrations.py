@@ -8,12 +8,14 @@ import os
 import sys
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import app_tasks
 import asyncpg
 import pytest
 from conftest import _with_database, wait_until
 
+import pg_scheduler
 from pg_scheduler import MigrationError, Scheduler
 from pg_scheduler.migrate import current_version, load_migrations, migrate
 
@@ -174,3 +176,18 @@ async def test_a_missing_lower_numbered_migration_is_still_applied(fresh_db):
         assert await migrate(conn) == []
     finally:
         await conn.close()
+
+
+async def test_the_files_in_the_package_are_applied_and_recorded_by_their_names(fresh_db):
+    files = sorted((Path(pg_scheduler.__file__).parent / "store" / "migrations").glob("*.sql"))
+    assert [f.name for f in files][:1] == ["0001_initial.sql"]
+    expected = [(int(f.name[:4]), f.stem[5:]) for f in files]
+    assert [(m.version, m.name) for m in load_migrations()] == expected
+    conn = await asyncpg.connect(fresh_db)
+    try:
+        assert await migrate(conn) == [version for version, _ in expected]
+        assert await migrate(conn) == []  # applied once
+        rows = await conn.fetch("SELECT version, name FROM pg_scheduler_migrations ORDER BY 1")
+    finally:
+        await conn.close()
+    assert [(r["version"], r["name"]) for r in rows] == expected

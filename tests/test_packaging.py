@@ -1,4 +1,5 @@
-"""The wheel ships the migrations: a non-editable install migrates a fresh database."""
+"""The wheel ships the migrations (``pg_scheduler/store/migrations``) and ``schema.sql``:
+a non-editable install finds them and migrates a fresh database."""
 
 from __future__ import annotations
 
@@ -41,15 +42,21 @@ def test_wheel_install_carries_migrations(tmp_path, dsn):
         timeout=300,
     )
     assert install.returncode == 0, install.stderr[-3000:]
-    assert (target / "pg_scheduler" / "migrations" / "0001_initial.sql").is_file()
+    shipped = target / "pg_scheduler" / "store" / "migrations"
+    source = sorted(p.name for p in (ROOT / "pg_scheduler" / "store" / "migrations").glob("*.sql"))
+    assert sorted(p.name for p in shipped.glob("*.sql")) == source
+    assert "0001_initial.sql" in source
+    assert not (target / "pg_scheduler" / "migrations").exists()  # one place only
+    assert (target / "pg_scheduler" / "store" / "schema.sql").is_file()
     assert (target / "pg_scheduler" / "py.typed").is_file()  # typed for its users
     for asset in ("index.html", "app.js", "style.css"):  # the dashboard's, as package data
         assert (target / "pg_scheduler" / "dashboard" / "static" / asset).is_file()
     probe = (
         "import asyncio, asyncpg, sys, pg_scheduler\n"
-        "from pg_scheduler.migrate import load_migrations, migrate\n"
+        "from pg_scheduler.migrate import _migrations_dir, load_migrations, migrate\n"
         "print(pg_scheduler.__file__)\n"
         "print(len(load_migrations()))\n"
+        "print(_migrations_dir())\n"
         "async def main():\n"
         "    conn = await asyncpg.connect(sys.argv[1])\n"
         "    await migrate(conn)\n"
@@ -68,4 +75,5 @@ def test_wheel_install_carries_migrations(tmp_path, dsn):
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.strip().splitlines()
     assert lines[0].startswith(str(target))
-    assert int(lines[1]) >= 1
+    assert int(lines[1]) == len(source)
+    assert Path(lines[2]) == shipped

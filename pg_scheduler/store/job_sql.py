@@ -2,7 +2,7 @@
 insert, claim, the in-process start, the next-due probe, complete/retry/fail,
 release, cancel, read and set status.
 
-They are written against the indexes of ``migrations/``: the claim and the
+They are written against the indexes in ``schema.sql``: the claim and the
 next-due probe read ``scheduled_jobs_claim_idx`` one served (queue, task,
 priority) group at a time (see ``queues``);
 heartbeat, rescue and release use ``scheduled_jobs_running_idx``. Time is

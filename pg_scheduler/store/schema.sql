@@ -1,0 +1,306 @@
+-- The pg_scheduler schema as its migrations leave it (migrations/, 0001 to 0013),
+-- in schema public: tables, indexes, triggers and functions as PostgreSQL 16
+-- prints them from the catalog of a freshly migrated database.
+--
+-- Generated; do not edit. Change the schema with a new migration, then run
+--     python -m pg_scheduler.store.dump_schema
+-- tests/test_schema_file.py fails when this file and the migrations disagree.
+
+-- [table] job_attempts
+CREATE TABLE public.job_attempts (
+    attempt_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    job_id text NOT NULL,
+    attempt integer NOT NULL,
+    worker_id text,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone DEFAULT now() NOT NULL,
+    outcome text NOT NULL,
+    error text,
+    traceback text,
+    CONSTRAINT job_attempts_pkey PRIMARY KEY (attempt_id),
+    CONSTRAINT job_attempts_outcome_check CHECK ((outcome = ANY (ARRAY['failed'::text, 'timed_out'::text, 'cancelled'::text, 'rescued'::text, 'handed_back'::text])))
+);
+
+-- [index] job_attempts_job_idx on job_attempts
+CREATE INDEX job_attempts_job_idx ON public.job_attempts USING btree (job_id, attempt_id);
+
+-- [table] periodic_jobs
+CREATE TABLE public.periodic_jobs (
+    dedup_key text NOT NULL,
+    job_name text NOT NULL,
+    task_name text NOT NULL,
+    schedule text NOT NULL,
+    enabled boolean DEFAULT true NOT NULL,
+    code_enabled boolean DEFAULT true NOT NULL,
+    next_run timestamp with time zone,
+    last_window timestamp with time zone,
+    last_run timestamp with time zone,
+    last_finished_at timestamp with time zone,
+    last_job_id text,
+    last_outcome text,
+    last_error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT periodic_jobs_pkey PRIMARY KEY (dedup_key),
+    CONSTRAINT periodic_jobs_last_outcome_check CHECK ((last_outcome = ANY (ARRAY['running'::text, 'completed'::text, 'failed'::text, 'skipped'::text])))
+);
+
+-- [table] pg_scheduler_migrations
+CREATE TABLE public.pg_scheduler_migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT pg_scheduler_migrations_pkey PRIMARY KEY (version)
+);
+
+-- [table] scheduled_jobs
+CREATE TABLE public.scheduled_jobs (
+    job_id text DEFAULT (gen_random_uuid())::text NOT NULL,
+    job_name text NOT NULL,
+    execution_time timestamp with time zone NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    task_data jsonb DEFAULT '{"args": [], "kwargs": {}}'::jsonb,
+    created_at timestamp with time zone DEFAULT CURRENT_TIMESTAMP,
+    last_heartbeat timestamp with time zone,
+    lease_until timestamp with time zone,
+    priority integer DEFAULT 5 NOT NULL,
+    retry_count integer DEFAULT 0 NOT NULL,
+    max_retries integer DEFAULT 0 NOT NULL,
+    worker_id text,
+    error_message text,
+    misfire_grace_time integer,
+    task_name text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    rescue_count integer DEFAULT 0 NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    result jsonb,
+    error_traceback text,
+    timeout double precision,
+    retry_policy jsonb,
+    claimed_ahead boolean DEFAULT false NOT NULL,
+    unstarted_rescues integer DEFAULT 0 NOT NULL,
+    progress double precision,
+    progress_message text,
+    progress_at timestamp with time zone,
+    queue text DEFAULT 'default'::text NOT NULL,
+    dedupe_key text,
+    dedupe_scope text,
+    started_before boolean DEFAULT false NOT NULL,
+    CONSTRAINT scheduled_jobs_pkey PRIMARY KEY (job_id),
+    CONSTRAINT scheduled_jobs_priority_check CHECK ((priority = ANY (ARRAY[1, 3, 5, 8]))),
+    CONSTRAINT scheduled_jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])))
+)
+WITH (
+    fillfactor=90,
+    autovacuum_vacuum_scale_factor=0.01,
+    autovacuum_vacuum_threshold=1000,
+    autovacuum_vacuum_insert_scale_factor=0.01,
+    autovacuum_analyze_scale_factor=0.01,
+    autovacuum_vacuum_cost_delay=1
+);
+
+-- [index] scheduled_jobs_claim_idx on scheduled_jobs
+CREATE INDEX scheduled_jobs_claim_idx ON public.scheduled_jobs USING btree (queue, task_name, priority, execution_time) WHERE (status = 'pending'::text);
+
+-- [index] scheduled_jobs_dashboard_idx on scheduled_jobs
+CREATE INDEX scheduled_jobs_dashboard_idx ON public.scheduled_jobs USING btree (status, created_at, job_id) WHERE (status <> 'running'::text);
+
+-- [index] scheduled_jobs_dedupe_active_idx on scheduled_jobs
+CREATE UNIQUE INDEX scheduled_jobs_dedupe_active_idx ON public.scheduled_jobs USING btree (dedupe_key) WHERE ((dedupe_scope = 'active'::text) AND (status = ANY (ARRAY['pending'::text, 'running'::text])));
+
+-- [index] scheduled_jobs_dedupe_pending_idx on scheduled_jobs
+CREATE UNIQUE INDEX scheduled_jobs_dedupe_pending_idx ON public.scheduled_jobs USING btree (dedupe_key) WHERE ((dedupe_scope = 'pending'::text) AND (NOT started_before) AND ((status = 'pending'::text) OR ((status = 'running'::text) AND claimed_ahead)));
+
+-- [index] scheduled_jobs_finished_idx on scheduled_jobs
+CREATE INDEX scheduled_jobs_finished_idx ON public.scheduled_jobs USING btree (status, finished_at) WHERE (finished_at IS NOT NULL);
+
+-- [index] scheduled_jobs_periodic_pending_idx on scheduled_jobs
+CREATE INDEX scheduled_jobs_periodic_pending_idx ON public.scheduled_jobs USING btree (task_name, execution_time) WHERE ((status = 'pending'::text) AND starts_with(task_name, 'periodic:'::text));
+
+-- [index] scheduled_jobs_running_idx on scheduled_jobs
+CREATE INDEX scheduled_jobs_running_idx ON public.scheduled_jobs USING btree (worker_id) WHERE (status = 'running'::text);
+
+-- [trigger] scheduled_jobs_events_delete on scheduled_jobs
+CREATE TRIGGER scheduled_jobs_events_delete AFTER DELETE ON public.scheduled_jobs REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_job_events();
+
+-- [trigger] scheduled_jobs_events_insert on scheduled_jobs
+CREATE TRIGGER scheduled_jobs_events_insert AFTER INSERT ON public.scheduled_jobs REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_job_events();
+
+-- [trigger] scheduled_jobs_notify_insert on scheduled_jobs
+CREATE TRIGGER scheduled_jobs_notify_insert AFTER INSERT ON public.scheduled_jobs REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_notify_jobs();
+
+-- [trigger] scheduled_jobs_truncate_attempts on scheduled_jobs
+CREATE TRIGGER scheduled_jobs_truncate_attempts AFTER TRUNCATE ON public.scheduled_jobs FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_truncate_attempts();
+
+-- [table] scheduler_event_flags
+CREATE TABLE public.scheduler_event_flags (
+    kind text NOT NULL,
+    until timestamp with time zone NOT NULL,
+    CONSTRAINT scheduler_event_flags_pkey PRIMARY KEY (kind)
+);
+
+-- [table] scheduler_limits
+CREATE TABLE public.scheduler_limits (
+    scope text NOT NULL,
+    name text NOT NULL,
+    max_running integer,
+    rate_count integer,
+    rate_period double precision,
+    recent_starts timestamp with time zone[] DEFAULT '{}'::timestamp with time zone[] NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT scheduler_limits_pkey PRIMARY KEY (scope, name),
+    CONSTRAINT scheduler_limits_max_running_check CHECK ((max_running > 0)),
+    CONSTRAINT scheduler_limits_rate_count_check CHECK ((rate_count > 0)),
+    CONSTRAINT scheduler_limits_rate_period_check CHECK ((rate_period > (0)::double precision)),
+    CONSTRAINT scheduler_limits_scope_check CHECK ((scope = ANY (ARRAY['task'::text, 'queue'::text])))
+);
+
+-- [table] scheduler_queues
+CREATE TABLE public.scheduler_queues (
+    name text NOT NULL,
+    paused boolean DEFAULT false NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT scheduler_queues_pkey PRIMARY KEY (name)
+);
+
+-- [table] scheduler_workers
+CREATE TABLE public.scheduler_workers (
+    worker_id text NOT NULL,
+    hostname text NOT NULL,
+    pid integer NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    last_seen timestamp with time zone DEFAULT now() NOT NULL,
+    max_concurrent integer NOT NULL,
+    tasks text[] DEFAULT '{}'::text[] NOT NULL,
+    CONSTRAINT scheduler_workers_pkey PRIMARY KEY (worker_id)
+)
+WITH (
+    fillfactor=50
+);
+
+-- [trigger] scheduler_workers_events_delete on scheduler_workers
+CREATE TRIGGER scheduler_workers_events_delete AFTER DELETE ON public.scheduler_workers REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_worker_events();
+
+-- [trigger] scheduler_workers_events_insert on scheduler_workers
+CREATE TRIGGER scheduler_workers_events_insert AFTER INSERT ON public.scheduler_workers REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_worker_events();
+
+-- [table] vacuum_stats
+CREATE TABLE public.vacuum_stats (
+    stat_date date DEFAULT CURRENT_DATE NOT NULL,
+    deleted_completed integer DEFAULT 0,
+    deleted_failed integer DEFAULT 0,
+    deleted_cancelled integer DEFAULT 0,
+    last_run timestamp with time zone,
+    worker_id text,
+    deleted_expired integer DEFAULT 0,
+    CONSTRAINT vacuum_stats_pkey PRIMARY KEY (stat_date)
+);
+
+-- [function] pg_scheduler_job_events()
+CREATE OR REPLACE FUNCTION public.pg_scheduler_job_events()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'public'
+AS $function$
+DECLARE
+    chan TEXT := CASE WHEN TG_TABLE_SCHEMA = 'public' THEN 'pg_scheduler_events'
+                      ELSE 'pg_scheduler_events:' || TG_TABLE_SCHEMA END;
+    wanted TEXT[];
+BEGIN
+    SELECT coalesce(array_agg(kind), '{}') INTO wanted
+      FROM scheduler_event_flags WHERE until > now();
+    IF TG_OP = 'INSERT' THEN
+        IF cardinality(wanted) = 0 THEN
+            RETURN NULL;
+        END IF;
+        PERFORM pg_notify(chan, format('{"k":"%s","t":%s,"j":[%s]}', e.kind,
+                                       extract(epoch FROM now()), string_agg(e.item, ',')))
+           FROM (SELECT x.kind, x.item,
+                        sum(octet_length(x.item) + 1) OVER (PARTITION BY x.kind ORDER BY x.job_id)
+                            / 4500 AS chunk
+                   FROM (SELECT k.kind, n.job_id,
+                                json_build_array(n.job_id, n.task_name, n.attempts,
+                                                 n.worker_id, NULL, n.queue)::text AS item
+                           FROM new_rows n
+                          CROSS JOIN LATERAL unnest(ARRAY['scheduled'] ||
+                                CASE WHEN n.status = 'running' THEN ARRAY['started']
+                                     ELSE '{}'::text[] END) AS k(kind)
+                          WHERE k.kind = ANY(wanted)) x
+                  WHERE octet_length(x.item) <= 1500) e
+          GROUP BY e.kind, e.chunk;
+        RETURN NULL;
+    ELSIF TG_OP = 'DELETE' THEN
+        -- Attempts go with their job (vacuum, delete-on-complete, by hand).
+        IF EXISTS (SELECT 1 FROM job_attempts LIMIT 1) THEN
+            DELETE FROM job_attempts a USING old_rows o WHERE a.job_id = o.job_id;
+        END IF;
+        IF NOT 'completed' = ANY(wanted) THEN
+            RETURN NULL;
+        END IF;
+        PERFORM pg_notify(chan, format('{"k":"completed","t":%s,"j":[%s]}',
+                                       extract(epoch FROM now()), string_agg(e.item, ',')))
+           FROM (SELECT x.item,
+                        sum(octet_length(x.item) + 1) OVER (ORDER BY x.job_id) / 4500 AS chunk
+                   FROM (SELECT o.job_id,
+                                json_build_array(o.job_id, o.task_name, o.attempts,
+                                                 o.worker_id, NULL, o.queue)::text AS item
+                           FROM old_rows o WHERE o.status = 'running') x
+                  WHERE octet_length(x.item) <= 1500) e
+          GROUP BY e.chunk;
+    END IF;
+    RETURN NULL;
+END $function$;
+
+-- [function] pg_scheduler_notify_jobs()
+CREATE OR REPLACE FUNCTION public.pg_scheduler_notify_jobs()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    chan TEXT := CASE WHEN TG_TABLE_SCHEMA = 'public' THEN 'pg_scheduler_jobs'
+                      ELSE 'pg_scheduler_jobs:' || TG_TABLE_SCHEMA END;
+BEGIN
+    PERFORM pg_notify(chan, CASE WHEN q.queue = 'default' THEN '' ELSE q.queue END)
+       FROM (SELECT DISTINCT n.queue FROM new_rows n
+              WHERE coalesce(n.status, 'pending') = 'pending') q;
+    RETURN NULL;
+END $function$;
+
+-- [function] pg_scheduler_truncate_attempts()
+CREATE OR REPLACE FUNCTION public.pg_scheduler_truncate_attempts()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'public'
+AS $function$
+BEGIN
+    -- DELETE, not TRUNCATE: "TRUNCATE scheduled_jobs, job_attempts" is in use here.
+    DELETE FROM job_attempts;
+    RETURN NULL;
+END $function$;
+
+-- [function] pg_scheduler_worker_events()
+CREATE OR REPLACE FUNCTION public.pg_scheduler_worker_events()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    chan TEXT := CASE WHEN TG_TABLE_SCHEMA = 'public' THEN 'pg_scheduler_events'
+                      ELSE 'pg_scheduler_events:' || TG_TABLE_SCHEMA END;
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        PERFORM pg_notify(chan, format('{"k":"worker_started","t":%s,"w":[%s]}',
+                                       extract(epoch FROM now()), string_agg(w.item, ',')))
+           FROM (SELECT json_build_array(n.worker_id, n.hostname, n.pid)::text AS item
+                   FROM new_rows n LIMIT 50) w
+         HAVING count(*) > 0;
+    ELSE
+        PERFORM pg_notify(chan, format('{"k":"worker_stopped","t":%s,"w":[%s]}',
+                                       extract(epoch FROM now()), string_agg(w.item, ',')))
+           FROM (SELECT json_build_array(o.worker_id, o.hostname, o.pid)::text AS item
+                   FROM old_rows o LIMIT 50) w
+         HAVING count(*) > 0;
+    END IF;
+    RETURN NULL;
+END $function$;
