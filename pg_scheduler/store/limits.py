@@ -26,7 +26,7 @@ from datetime import datetime
 
 import asyncpg
 
-from .job_sql import _CLAIMED_COLUMNS, claim_set, due_in_groups
+from .job_sql import _CLAIMED_COLUMNS, CLAIM_PICKED, claim_set, due_in_groups
 from .names import Executor, Qualifier
 from .queues import reachable_groups, served_groups
 
@@ -159,17 +159,7 @@ full_limits AS MATERIALIZED (
                 THEN 'infinity'::timestamptz ELSE h.head END AS cut
       FROM reachable r LEFT JOIN limited_head h ON true
      WHERE NOT r.limited AND (h.priority IS NULL OR r.priority <= h.priority)
-), {due_in_groups("$2", cut="<")}, placed AS (
-    SELECT job_id, tid, expired,
-           row_number() OVER (PARTITION BY expired ORDER BY priority, execution_time) AS place
-      FROM kept
-)
-UPDATE scheduled_jobs j
-   SET {claim_set("$3", "$4", "NOT picked.expired AND picked.place > $5")}
-  FROM placed AS picked
- WHERE j.ctid = picked.tid
-RETURNING {_CLAIMED_COLUMNS}
-"""
+), {due_in_groups("$2", cut="<")}, {CLAIM_PICKED}"""
 
 # What the limited claim may take now ($1 tasks, $2 queues (NULL: all), $3
 # caps, $4 the rate window's margin): each due group a limit binds, with its
