@@ -130,11 +130,13 @@ def claim_set(worker: str, lease: str, claimed_ahead: str) -> str:
            ELSE j.error_message END"""
 
 
-# The claim's last step, after the CTEs that pick the rows (``kept``): number
-# the rows to start by urgency ($5 of them start at once, the rest are claimed
-# ahead; $3 the worker, $4 the lease) and write them claimed. Shared by the
-# plain claim and the claim beside limits (store/limits.py).
-CLAIM_PICKED = f"""placed AS (
+def claim_picked() -> str:
+    """The claim's last step, after the CTEs that pick the rows (``kept``): number
+    the rows to start by urgency ($5 of them start at once, the rest are claimed
+    ahead; $3 the worker, $4 the lease) and write them claimed. Shared by the
+    plain claim and the claim beside limits (store/limits.py). A fragment, not a
+    statement: the statements that embed it are listed in states.py."""
+    return f"""placed AS (
     SELECT job_id, tid, expired,
            row_number() OVER (PARTITION BY expired ORDER BY priority, execution_time) AS place
       FROM kept
@@ -146,9 +148,10 @@ UPDATE scheduled_jobs j
 RETURNING {_CLAIMED_COLUMNS}
 """
 
+
 _CLAIM = f"""
 {served_groups("$1", "$6", "$7", "$2", limits="none")},
-{due_in_groups("$2")}, {CLAIM_PICKED}"""
+{due_in_groups("$2")}, {claim_picked()}"""
 
 # One due job written already claimed by a worker of this process (``$14``),
 # which starts it at once: no NOTIFY hop, no claim. Whether it is due is the

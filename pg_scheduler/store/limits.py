@@ -26,7 +26,7 @@ from datetime import datetime
 
 import asyncpg
 
-from .job_sql import _CLAIMED_COLUMNS, CLAIM_PICKED, claim_set, due_in_groups
+from .job_sql import _CLAIMED_COLUMNS, claim_picked, claim_set, due_in_groups
 from .names import Executor, Qualifier
 from .queues import reachable_groups, served_groups
 
@@ -159,7 +159,7 @@ full_limits AS MATERIALIZED (
                 THEN 'infinity'::timestamptz ELSE h.head END AS cut
       FROM reachable r LEFT JOIN limited_head h ON true
      WHERE NOT r.limited AND (h.priority IS NULL OR r.priority <= h.priority)
-), {due_in_groups("$2", cut="<")}, {CLAIM_PICKED}"""
+), {due_in_groups("$2", cut="<")}, {claim_picked()}"""
 
 # What the limited claim may take now ($1 tasks, $2 queues (NULL: all), $3
 # caps, $4 the rate window's margin): each due group a limit binds, with its
