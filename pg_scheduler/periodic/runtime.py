@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from ..codec import encode_json
 from ..config import UNSET
-from ..job_fields import JobFields, row_of
-from ..log import get_logger
-from ..reconnect import Backoff, is_connection_error
+from ..enqueue.fields import JobFields, row_of
 from ..store import NewJob
 from ..store.periodic import MANUAL_ID_PREFIX, PeriodicStore
+from ..support.codec import encode_json
+from ..support.log import get_logger
+from ..support.reconnect import Backoff, is_connection_error
 from ..tasks import queue_of
 from .enqueuer import PeriodicService
 from .registry import (

@@ -1,6 +1,6 @@
 """Awaiting a job from any process: wait_for(), result(), run().
 
-A waiter registers with the Scheduler's :class:`~pg_scheduler.events.EventHub`
+A waiter registers with the Scheduler's :class:`~pg_scheduler.notify.events.EventHub`
 (no connection of its own: every waiter shares the one LISTEN connection),
 then reads the job; a final-state event wakes it, and a poll (every
 ``POLL_LIVE`` seconds, ``POLL_DOWN`` while notifications are down) is the
@@ -14,12 +14,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
-from .enums import JobStatus
-from .models import Job
+from ..enums import JobStatus
+from ..models import Job
 
 if TYPE_CHECKING:
-    from .events import Event, EventHub, Subscription
-    from .scheduler import Scheduler
+    from ..notify.events import Event, EventHub, Subscription
+    from ..scheduler import Scheduler
 
 FINAL_STATUSES = frozenset(
     {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED}

@@ -6,24 +6,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .config import VacuumConfig
-from .enums import VacuumTrigger
-from .limits import Limits, RateLimit, check_scope, limit_record
-from .migrate import migrate
-from .periodic import PeriodicJobConfig
-from .reconnect import retry_on_disconnect
-from .stats import QueueStats, collect_stats
-from .validation import check_int
+from ..config import VacuumConfig
+from ..enums import VacuumTrigger
+from ..limits import Limits, RateLimit, check_scope, limit_record
+from ..observe.stats import QueueStats, collect_stats
+from ..periodic import PeriodicJobConfig
+from ..store.migrate import migrate
+from ..support.reconnect import retry_on_disconnect
+from ..support.validation import check_int
 
 if TYPE_CHECKING:
     import asyncpg
 
-    from .engine import Worker
-    from .periodic.runtime import PeriodicManager
-    from .services import RescuerService, VacuumService
-    from .store import Store
-    from .store.housekeeping import VacuumStore
-    from .tasks import TaskRegistry
+    from ..engine import Worker
+    from ..periodic.runtime import PeriodicManager
+    from ..services import RescuerService, VacuumService
+    from ..store import Store
+    from ..store.housekeeping import VacuumStore
+    from ..tasks import TaskRegistry
 
 
 class SchedulerOps:
@@ -193,7 +193,7 @@ class SchedulerOps:
 
     async def stats(self) -> QueueStats:
         """Counts by status and task, running jobs per worker, oldest due job's wait,
-        recent throughput and failure rate, and workers (see :mod:`pg_scheduler.stats`)."""
+        recent throughput and failure rate, and workers (see :mod:`pg_scheduler.observe.stats`)."""
         return await collect_stats(
             self.db_pool,
             schema=self.schema,
