@@ -174,6 +174,21 @@ def test_the_enqueue_wing_never_imports_the_engine() -> None:
     assert arrows == []
 
 
+def test_only_the_faces_and_the_tools_import_the_scheduler() -> None:
+    """The parts see the Scheduler through small protocols, never by importing
+    scheduler.py (TYPE_CHECKING and function-level imports included)."""
+    allowed = ("pg_scheduler", "pg_scheduler.testing", "pg_scheduler.sync_client")
+    tools = ("pg_scheduler.cli", "pg_scheduler.dashboard")
+    importers = sorted(
+        name
+        for name, targets in _import_graph(everywhere=True).items()
+        if "pg_scheduler.scheduler" in targets
+        and name not in allowed
+        and not any(name == t or name.startswith(t + ".") for t in tools)
+    )
+    assert importers == []
+
+
 _DOCUMENTED_IMPORT = re.compile(r"^\s*from (pg_scheduler(?:\.\w+)*) import ([\w, ]+)", re.M)
 
 

@@ -11,17 +11,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import asyncpg
 
 from ..support.log import get_logger
 from .stats import QueueStats, collect_stats
 
-if TYPE_CHECKING:
-    from ..scheduler import Scheduler
-
 log = get_logger(__name__)
+
+
+class StatsSource(Protocol):
+    """What the exporter reads of a :class:`~pg_scheduler.Scheduler`: its ``stats()``."""
+
+    async def stats(self) -> QueueStats: ...
 
 
 def _require_prometheus() -> Any:
@@ -243,7 +246,7 @@ class MetricsExporter:
 
     def __init__(
         self,
-        source: Scheduler | asyncpg.Pool,
+        source: StatsSource | asyncpg.Pool,
         *,
         port: int,
         addr: str = "0.0.0.0",
