@@ -14,6 +14,7 @@ import asyncpg
 from .api.args import check_arguments
 from .api.compat import SchedulerCompat
 from .api.jobs import JobsAPI
+from .api.limits import LimitsAPI
 from .api.ops import SchedulerOps
 from .api.queues import QueueOps, check_queues
 from .api.results import ResultsAPI
@@ -55,7 +56,7 @@ STARTUP_DEFER = 1.0
 DEFAULT_STATEMENT_TIMEOUT = 10.0
 
 
-class Scheduler(JobsAPI, SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
+class Scheduler(JobsAPI, SchedulerOps, LimitsAPI, QueueOps, ResultsAPI, SchedulerCompat):
     """Claims and runs due jobs from ``scheduled_jobs``; any number may share one database.
 
     The positional parameters and their defaults are those of pg-scheduler
