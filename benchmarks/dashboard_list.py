@@ -29,8 +29,8 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from pg_scheduler.dashboard.service import DashboardService, encode_cursor
-from pg_scheduler.migrate import migrate
 from pg_scheduler.store.dashboard import ALL_STATUSES, Cursor, DashboardStore
+from pg_scheduler.store.migrate import migrate
 
 FILL = """
 INSERT INTO scheduled_jobs (job_id, job_name, task_name, execution_time, status, created_at,

@@ -41,10 +41,10 @@ import asyncpg
 
 from pg_scheduler.config import VacuumConfig, VacuumPolicy
 from pg_scheduler.enums import PRIORITY_DB_VALUES
-from pg_scheduler.migrate import migrate
 from pg_scheduler.services.vacuum import VacuumService
 from pg_scheduler.store import Completion, NewJob, Store
 from pg_scheduler.store.housekeeping import VacuumStore
+from pg_scheduler.store.migrate import migrate
 
 TASK = "bench:noop"
 WORKER = "bench-worker"

@@ -41,7 +41,7 @@ from checkouts import probe_arguments, server_dsn  # noqa: E402  (benchmarks/, n
 from driver import spread_ms  # noqa: E402  (the latency scenarios' p50 and p99)
 
 from pg_scheduler import Scheduler, task  # noqa: E402
-from pg_scheduler.notify import Listener  # noqa: E402
+from pg_scheduler.notify.listener import Listener  # noqa: E402
 from pg_scheduler.store import Store  # noqa: E402
 
 WARM_UP = 10

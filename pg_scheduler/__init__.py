@@ -1,16 +1,16 @@
 """pg_scheduler: a PostgreSQL-native job queue and scheduler for asyncio, on asyncpg."""
 
+from .api.results import JobCancelled, JobExpired, JobFailed, JobNotFound
 from .config import PollingConfig, RetryPolicy, VacuumConfig, VacuumPolicy
 from .context import JobContext, current_job
 from .enums import ConflictResolution, JobPriority, JobStatus, VacuumTrigger
-from .events import Event, Subscription
 from .job_spec import JobSpec
 from .limits import RateLimit
-from .migrate import MigrationError
 from .models import Attempt, Job, TaskInventory
+from .notify.events import Event, Subscription
 from .periodic import CoalescePolicy, PeriodicJobConfig, periodic
-from .results import JobCancelled, JobExpired, JobFailed, JobNotFound
 from .scheduler import Scheduler
+from .store.migrate import MigrationError
 from .sync_client import SyncClient
 from .tasks import task
 

@@ -13,11 +13,11 @@ from contextvars import ContextVar, Token
 from datetime import datetime
 from typing import Any
 
-from .codec import clip_text
-from .log import get_logger
 from .store import Store
 from .store.events import EventStore
-from .validation import text_problem
+from .support.codec import clip_text
+from .support.log import get_logger
+from .support.validation import text_problem
 
 log = get_logger(__name__)
 

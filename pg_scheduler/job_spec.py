@@ -7,15 +7,10 @@ from datetime import datetime
 from typing import Any
 
 from .config import UNSET, RetryPolicy
-from .dedupe import check_dedupe_key, check_dedupe_scope
+from .enqueue.checks import check_execution_time, check_job_fields
+from .enqueue.dedupe import check_dedupe_key, check_dedupe_scope
 from .enums import JobPriority
-from .validation import (
-    as_args,
-    as_kwargs,
-    check_execution_time,
-    check_job_fields,
-    check_queue,
-)
+from .support.validation import as_args, as_kwargs, check_queue
 
 __all__ = ["JobSpec"]
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .validation import check_name
+from .support.validation import check_name
 
 #: At most this many starts per window: the claim keeps one timestamp per start.
 MAX_RATE_COUNT = 10_000

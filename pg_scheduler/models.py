@@ -7,9 +7,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from .codec import decode_json, decode_task_data
 from .config import RetryPolicy
 from .enums import JobPriority, JobStatus
+from .support.codec import decode_json, decode_task_data
 
 
 class Attempt(BaseModel):

@@ -11,23 +11,21 @@ from typing import Any, TypeVar, cast
 
 import asyncpg
 
-from .compat import SchedulerCompat
+from .api.args import check_arguments
+from .api.compat import SchedulerCompat
+from .api.jobs import JobsAPI
+from .api.limits import LimitsAPI
+from .api.ops import SchedulerOps
+from .api.queues import QueueOps, check_queues
+from .api.results import ResultsAPI
 from .config import PollingConfig, RetryPolicy, VacuumConfig
 from .engine import BLOCKED_LOOP, CANCELLED_REMOTELY, Worker
 from .engine import local as local_start
 from .engine.sync import default_process_pool_size
-from .enqueue import Enqueuer
-from .events import EventHub
-from .log import get_logger
-from .notify import Listener
+from .enqueue.producer import Enqueuer
+from .notify.events import EventHub
+from .notify.listener import Listener
 from .periodic.runtime import PeriodicManager
-from .process_gc import freeze_objects, thaw_objects
-from .queues import QueueOps, check_queues
-from .reconnect import retry_on_disconnect
-from .results import ResultsAPI
-from .scheduler_args import check_arguments
-from .scheduler_jobs import JobsAPI
-from .scheduler_ops import SchedulerOps
 from .services import HeartbeatService, RescuerService, VacuumService
 from .services.stall import StallGuard, default_stall_limit
 from .services.watchdog import LoopWatchdog
@@ -41,8 +39,11 @@ from .store import (
 )
 from .store.bounded import BoundedPool
 from .store.housekeeping import VacuumStore
+from .support.log import get_logger
+from .support.process_gc import freeze_objects, thaw_objects
+from .support.reconnect import retry_on_disconnect
+from .support.validation import check_bool, check_int, check_seconds
 from .tasks import TaskRegistry, default_registry
-from .validation import check_bool, check_int, check_seconds
 
 log = get_logger(__name__)
 
@@ -55,7 +56,7 @@ STARTUP_DEFER = 1.0
 DEFAULT_STATEMENT_TIMEOUT = 10.0
 
 
-class Scheduler(JobsAPI, SchedulerOps, QueueOps, ResultsAPI, SchedulerCompat):
+class Scheduler(JobsAPI, SchedulerOps, LimitsAPI, QueueOps, ResultsAPI, SchedulerCompat):
     """Claims and runs due jobs from ``scheduled_jobs``; any number may share one database.
 
     The positional parameters and their defaults are those of pg-scheduler

@@ -40,7 +40,7 @@ TRANSITIONS: tuple[Transition, ...] = (
         (PENDING,),
         (PENDING,),
         "dedupe._REPLACE_PENDING",
-        "enqueue_dedupe.py (REPLACE on a dedupe key: the pending holder takes the new fields)",
+        "enqueue/keyed.py (REPLACE on a dedupe key: the pending holder takes the new fields)",
     ),
     Transition(
         (None,),

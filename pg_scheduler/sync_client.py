@@ -32,14 +32,14 @@ from typing import Any, TypeVar, cast
 import asyncpg
 
 from .config import UNSET, RetryPolicy
-from .conflicts import (
+from .enqueue.conflicts import (
     check_conflict_resolution,
     check_none_existing,
     check_repeated_ids,
     duplicate_id_error,
     ids_in_order,
 )
-from .enqueue import Enqueuer
+from .enqueue.producer import Enqueuer
 from .enums import ConflictResolution, JobPriority
 from .job_spec import JobSpec
 from .models import Job
@@ -47,8 +47,8 @@ from .scheduler import Scheduler
 from .store.dbapi import UNIQUE_VIOLATION, DbapiStatements, sqlstate
 from .store.jobs import NewJob, Store
 from .store.names import DEFAULT_SCHEMA, check_schema
+from .support.validation import INT4_MAX, check_int
 from .tasks import TaskRegistry, default_registry
-from .validation import INT4_MAX, check_int
 
 T = TypeVar("T")
 _SUFFIX = {

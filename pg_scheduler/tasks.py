@@ -12,9 +12,9 @@ import inspect
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
 
-from .dedupe import mark_task
+from .enqueue.dedupe import mark_task
 from .limits import Limits, RateLimit
-from .validation import DEFAULT_QUEUE, check_name, check_queue
+from .support.validation import DEFAULT_QUEUE, check_name, check_queue
 
 F = TypeVar("F", bound=Callable[..., Any])
 

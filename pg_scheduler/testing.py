@@ -24,9 +24,9 @@ from typing import Any
 
 import asyncpg
 
+from .api.results import JobNotFound
 from .enums import JobStatus
 from .models import Job
-from .results import JobNotFound
 from .scheduler import Scheduler
 from .store.events import EventStore
 

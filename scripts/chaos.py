@@ -41,8 +41,8 @@ import fault_tasks  # noqa: E402
 from fault_worker import RUNS_DDL, WorkerProcess, restart_postgres  # noqa: E402
 
 from pg_scheduler import JobSpec, Scheduler  # noqa: E402
-from pg_scheduler.migrate import migrate  # noqa: E402
-from pg_scheduler.reconnect import retry_on_disconnect  # noqa: E402
+from pg_scheduler.store.migrate import migrate  # noqa: E402
+from pg_scheduler.support.reconnect import retry_on_disconnect  # noqa: E402
 
 TIMINGS: dict[str, Any] = dict(
     heartbeat_interval=0.3,

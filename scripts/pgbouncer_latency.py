@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 import asyncpg
 
 from pg_scheduler import Scheduler
-from pg_scheduler.migrate import migrate
+from pg_scheduler.store.migrate import migrate
 from pg_scheduler.tasks import TaskRegistry
 
 SCHEMA = "pgs_latency"

@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 
 from pg_scheduler import Scheduler
-from pg_scheduler.migrate import migrate
+from pg_scheduler.store.migrate import migrate
 
 TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:

@@ -19,7 +19,7 @@ from typing import Any
 import asyncpg
 
 from pg_scheduler import task
-from pg_scheduler.reconnect import retry_on_disconnect
+from pg_scheduler.support.reconnect import retry_on_disconnect
 
 # Scheduler options for `pg-scheduler worker fault_tasks:CLI_OPTIONS`.
 CLI_OPTIONS: dict[str, Any] = {

@@ -17,10 +17,10 @@ import app_tasks
 import pytest
 
 from pg_scheduler import JobSpec, RetryPolicy, Scheduler
-from pg_scheduler.codec import MAX_NESTING, MAX_TASK_DATA_BYTES
 from pg_scheduler.periodic import PeriodicJobConfig
+from pg_scheduler.support.codec import MAX_NESTING, MAX_TASK_DATA_BYTES
+from pg_scheduler.support.validation import INT4_MAX, MAX_NAME_BYTES
 from pg_scheduler.tasks import TaskRegistry
-from pg_scheduler.validation import INT4_MAX, MAX_NAME_BYTES
 
 INT4_OVER = 2**31
 

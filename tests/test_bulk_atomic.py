@@ -17,7 +17,7 @@ import asyncpg
 import pytest
 
 from pg_scheduler import ConflictResolution, JobSpec
-from pg_scheduler.enqueue import COPY_THRESHOLD
+from pg_scheduler.enqueue.producer import COPY_THRESHOLD
 
 POISON = "poison"
 

@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 
 from pg_scheduler import ConflictResolution, JobPriority, JobSpec, PeriodicJobConfig, Scheduler
 from pg_scheduler.config import UNSET
-from pg_scheduler.migrate import Migration, expected_objects, load_migrations, migrate
+from pg_scheduler.store.migrate import Migration, expected_objects, load_migrations, migrate
 from pg_scheduler.store.schema import MIGRATION_LOCK_KEY, SchemaStore
 
 periodic_module = importlib.import_module("pg_scheduler.periodic")
@@ -104,7 +104,7 @@ SECOND_SQL = "DROP INDEX IF EXISTS old_idx;\nCREATE TABLE extra (id int);"
 
 
 def test_objects_are_read_from_the_migration_sql():
-    parse = importlib.import_module("pg_scheduler.migrate")._ddl_of
+    parse = importlib.import_module("pg_scheduler.store.migrate")._ddl_of
     first = Migration(1, "one", FIRST_SQL, parse(FIRST_SQL))
     second = Migration(2, "two", SECOND_SQL, parse(SECOND_SQL))
     objects = {str(o): v for o, v in expected_objects([second, first]).items()}

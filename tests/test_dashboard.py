@@ -15,7 +15,7 @@ from dashboard_support import serve
 
 from pg_scheduler import RetryPolicy
 from pg_scheduler.dashboard import dashboard_app
-from pg_scheduler.migrate import migrate
+from pg_scheduler.store.migrate import migrate
 
 TOKEN = "s3cret-token"
 EVIL = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'

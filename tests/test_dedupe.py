@@ -15,7 +15,7 @@ import pytest
 from conftest import child_env, wait_for_status
 
 from pg_scheduler import ConflictResolution, JobSpec, RetryPolicy, task
-from pg_scheduler.migrate import migrate
+from pg_scheduler.store.migrate import migrate
 
 RAISE, IGNORE, REPLACE = (
     ConflictResolution.RAISE,

@@ -14,7 +14,7 @@ import pytest
 from conftest import wait_for_status, wait_until
 
 from pg_scheduler import ConflictResolution, JobPriority, JobSpec, RetryPolicy, Scheduler
-from pg_scheduler.job_ids import new_job_ids
+from pg_scheduler.enqueue.ids import new_job_ids
 
 
 def later(seconds: float = 3600) -> datetime:

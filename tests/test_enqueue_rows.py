@@ -17,8 +17,8 @@ import queue_tasks
 
 from pg_scheduler import JobPriority, JobSpec, RetryPolicy
 from pg_scheduler.config import UNSET
-from pg_scheduler.enqueue import Enqueuer
-from pg_scheduler.enqueue_rows import spec_rows, spec_tuples
+from pg_scheduler.enqueue.producer import Enqueuer
+from pg_scheduler.enqueue.rows import spec_rows, spec_tuples
 from pg_scheduler.store import Store
 from pg_scheduler.tasks import TaskRegistry
 

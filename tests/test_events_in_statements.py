@@ -14,7 +14,7 @@ from conftest import wait_until
 from test_schema import db, owner, role  # noqa: F401
 
 from pg_scheduler import RetryPolicy, Scheduler
-from pg_scheduler.events import JOB_KINDS
+from pg_scheduler.notify.events import JOB_KINDS
 
 FAST_RETRY = RetryPolicy(base_delay=0.01, factor=1, max_delay=0.01, jitter=0)
 
@@ -160,7 +160,7 @@ async def test_a_waiter_that_may_not_ask_for_events_polls(db, owner, role):  # n
 async def test_a_deleted_completion_wakes_its_waiter_only_if_someone_waits(dsn, make_scheduler):
     """Completed rows deleted at once: the DELETE trigger's "completed" is flagged too."""
     from pg_scheduler import VacuumConfig, VacuumPolicy, VacuumTrigger
-    from pg_scheduler.results import JobNotFound
+    from pg_scheduler.api.results import JobNotFound
 
     heard: list[str] = []
     listener = await asyncpg.connect(dsn)

@@ -33,8 +33,8 @@ from fault_worker import (
 )
 
 from pg_scheduler import JobSpec, PollingConfig, Scheduler
-from pg_scheduler.migrate import migrate
-from pg_scheduler.reconnect import is_connection_error
+from pg_scheduler.store.migrate import migrate
+from pg_scheduler.support.reconnect import is_connection_error
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import wait_for_status, wait_until
 
 from pg_scheduler.engine.held import MIN_POOL_SIZE_TO_HOLD, HeldConnection
-from pg_scheduler.reconnect import is_connection_error
+from pg_scheduler.support.reconnect import is_connection_error
 
 
 async def pid_of(db) -> int:

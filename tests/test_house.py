@@ -1,4 +1,6 @@
-"""The package's shape: no import cycles, the 0.2.x import paths, typed for users."""
+"""The package's shape: the root holds only its listed modules, the wings keep their
+layers, no import cycles (TYPE_CHECKING included), the 0.2.x import paths and the
+documented ones, typed for users."""
 
 from __future__ import annotations
 
@@ -23,9 +25,11 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _module_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
-    """Imports run when the module is imported: not inside functions, not under
-    ``if TYPE_CHECKING:``."""
+def _module_level_imports(
+    tree: ast.Module, type_checking: bool = False
+) -> list[ast.Import | ast.ImportFrom]:
+    """Imports run when the module is imported: not inside functions; those under
+    ``if TYPE_CHECKING:`` too when ``type_checking``."""
     found: list[ast.Import | ast.ImportFrom] = []
     pending: list[ast.stmt] = list(tree.body)
     while pending:
@@ -33,7 +37,7 @@ def _module_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]
         if isinstance(node, ast.Import | ast.ImportFrom):
             found.append(node)
         elif isinstance(node, ast.If):
-            if not _is_type_checking(node.test):
+            if type_checking or not _is_type_checking(node.test):
                 pending.extend(node.body)
             pending.extend(node.orelse)
         elif isinstance(node, ast.Try):
@@ -43,12 +47,22 @@ def _module_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]
     return found
 
 
-def _import_graph() -> dict[str, set[str]]:
+def _all_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """Every import in the module: at module level, under TYPE_CHECKING, in functions."""
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Import | ast.ImportFrom)]
+
+
+def _import_graph(everywhere: bool = False) -> dict[str, set[str]]:
+    """Module -> the package modules it imports: at module level, TYPE_CHECKING
+    imports included (mypy reads them: a loop there is a loop in the design); with
+    ``everywhere``, imports inside functions too."""
     modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in _module_level_imports(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        found = _all_imports(tree) if everywhere else _module_level_imports(tree, True)
+        for node in found:
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -75,7 +89,7 @@ def _import_graph() -> dict[str, set[str]]:
     return graph
 
 
-def test_no_import_cycle_inside_the_package() -> None:
+def test_no_import_cycle_inside_the_package_type_checking_included() -> None:
     graph = _import_graph()
     assert graph.get("pg_scheduler.scheduler")
     state: dict[str, int] = {}  # 1: on the current path, 2: done
@@ -94,6 +108,102 @@ def test_no_import_cycle_inside_the_package() -> None:
         if module not in state:
             visit(module, [module])
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+# The package root: the public faces, the shared vocabulary and the 0.2.x import
+# paths. Everything else lives in a wing (api/, enqueue/, engine/, services/,
+# periodic/, notify/, observe/, support/, store/, cli/, dashboard/).
+ROOT_MODULES = {
+    # public faces
+    "__init__",
+    "scheduler",
+    "sync_client",
+    "testing",
+    "embedded",
+    # shared vocabulary (limits: RateLimit and its parsing, used by tasks and the claim)
+    "enums",
+    "models",
+    "states",
+    "config",
+    "tasks",
+    "context",
+    "limits",
+    # 0.2.x import paths
+    "job_spec",
+    "job_priority",
+    "conflict_resolution",
+    "vacuum",
+    "polling",
+}
+
+
+def test_the_root_holds_only_its_listed_modules() -> None:
+    found = {path.stem for path in PACKAGE.glob("*.py")}
+    assert found - ROOT_MODULES == set(), "new module in the package root: put it in a wing"
+    assert ROOT_MODULES - found == set(), "listed root modules that no longer exist"
+
+
+def _imports_outside(wing: str, allowed: tuple[str, ...]) -> list[str]:
+    graph = _import_graph(everywhere=True)
+    return sorted(
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        if name == wing or name.startswith(wing + ".")
+        for target in targets
+        if not any(target == a or target.startswith(a + ".") for a in allowed)
+    )
+
+
+def test_support_imports_nothing_above_it() -> None:
+    """support/ is the lowest layer: the standard library, third-party packages
+    and other support modules only (anywhere in the module, TYPE_CHECKING too)."""
+    assert _import_graph(everywhere=True)["pg_scheduler.support.codec"]  # the graph sees it
+    assert _imports_outside("pg_scheduler.support", ("pg_scheduler.support",)) == []
+
+
+def test_the_enqueue_wing_never_imports_the_engine() -> None:
+    graph = _import_graph(everywhere=True)
+    assert "pg_scheduler.store" in graph["pg_scheduler.enqueue.producer"]  # the graph sees it
+    arrows = [
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        if name.startswith("pg_scheduler.enqueue")
+        for target in targets
+        if target == "pg_scheduler.engine" or target.startswith("pg_scheduler.engine.")
+    ]
+    assert arrows == []
+
+
+def test_only_the_faces_and_the_tools_import_the_scheduler() -> None:
+    """The parts see the Scheduler through small protocols, never by importing
+    scheduler.py (TYPE_CHECKING and function-level imports included)."""
+    allowed = ("pg_scheduler", "pg_scheduler.testing", "pg_scheduler.sync_client")
+    tools = ("pg_scheduler.cli", "pg_scheduler.dashboard")
+    importers = sorted(
+        name
+        for name, targets in _import_graph(everywhere=True).items()
+        if "pg_scheduler.scheduler" in targets
+        and name not in allowed
+        and not any(name == t or name.startswith(t + ".") for t in tools)
+    )
+    assert importers == []
+
+
+_DOCUMENTED_IMPORT = re.compile(r"^\s*from (pg_scheduler(?:\.\w+)*) import ([\w, ]+)", re.M)
+
+
+def test_every_import_the_docs_show_works() -> None:
+    """``from pg_scheduler... import ...`` in the README, docs/ and examples/."""
+    root = PACKAGE.parent
+    texts = [root / "README.md", *root.glob("docs/**/*.md"), *root.glob("examples/**/*.py")]
+    seen = 0
+    for text_path in texts:
+        for module_name, names in _DOCUMENTED_IMPORT.findall(text_path.read_text()):
+            module = importlib.import_module(module_name)
+            for name in filter(None, (n.strip() for n in names.split(","))):
+                assert hasattr(module, name), f"{text_path.name}: {module_name}.{name}"
+                seen += 1
+    assert seen > 5
 
 
 # Every name the 0.2.x documentation imports, from the path it documents.

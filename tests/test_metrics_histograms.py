@@ -10,8 +10,9 @@ import pytest
 from conftest import wait_for_status, wait_until
 from prometheus_client import CollectorRegistry
 
-from pg_scheduler import RetryPolicy, instrument
-from pg_scheduler.metrics import MetricsExporter, disable_job_metrics, enable_job_metrics
+from pg_scheduler import RetryPolicy
+from pg_scheduler.observe import instrument
+from pg_scheduler.observe.metrics import MetricsExporter, disable_job_metrics, enable_job_metrics
 
 FAST_RETRY = RetryPolicy(base_delay=0.01, factor=1, max_delay=0.01, jitter=0)
 

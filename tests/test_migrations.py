@@ -17,7 +17,7 @@ from conftest import _with_database, wait_until
 
 import pg_scheduler
 from pg_scheduler import MigrationError, Scheduler
-from pg_scheduler.migrate import current_version, load_migrations, migrate
+from pg_scheduler.store.migrate import current_version, load_migrations, migrate
 
 # The table as pg-scheduler 0.2.x creates it (its documented columns and indexes).
 LEGACY_SCHEMA = """
@@ -59,7 +59,7 @@ async def fresh_db(server_dsn):
 async def test_ten_processes_migrate_exactly_once(fresh_db):
     script = (
         "import asyncio, asyncpg, sys\n"
-        "from pg_scheduler.migrate import migrate\n"
+        "from pg_scheduler.store.migrate import migrate\n"
         "async def main():\n"
         "    conn = await asyncpg.connect(sys.argv[1])\n"
         "    print(len(await migrate(conn)))\n"

@@ -12,8 +12,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from pg_scheduler import RetryPolicy, instrument
-from pg_scheduler.otel import TRACE_KEY, disable_tracing, enable_tracing
+from pg_scheduler import RetryPolicy
+from pg_scheduler.observe import instrument
+from pg_scheduler.observe.otel import TRACE_KEY, disable_tracing, enable_tracing
 
 
 def now() -> datetime:

@@ -21,7 +21,7 @@ from conftest import wait_for_status, wait_until
 from tcp_proxy import TcpProxy
 
 from pg_scheduler import Scheduler, task
-from pg_scheduler.connections import KEEPALIVE_IDLE, USER_TIMEOUT, pool_options
+from pg_scheduler.support.connections import KEEPALIVE_IDLE, USER_TIMEOUT, pool_options
 
 USER_SETTINGS = {"statement_timeout": "300ms", "lock_timeout": "100ms"}
 release_job = asyncio.Event()

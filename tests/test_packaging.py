@@ -53,7 +53,7 @@ def test_wheel_install_carries_migrations(tmp_path, dsn):
         assert (target / "pg_scheduler" / "dashboard" / "static" / asset).is_file()
     probe = (
         "import asyncio, asyncpg, sys, pg_scheduler\n"
-        "from pg_scheduler.migrate import _migrations_dir, load_migrations, migrate\n"
+        "from pg_scheduler.store.migrate import _migrations_dir, load_migrations, migrate\n"
         "print(pg_scheduler.__file__)\n"
         "print(len(load_migrations()))\n"
         "print(_migrations_dir())\n"

@@ -523,7 +523,7 @@ async def test_migration_retires_pending_windows_of_0_2_x(server_dsn):
     from conftest import _with_database
     from test_migrations import LEGACY_SCHEMA
 
-    from pg_scheduler.migrate import migrate
+    from pg_scheduler.store.migrate import migrate
 
     name = f"pgs_periodic_legacy_{os.getpid()}"
     admin = await asyncpg.connect(server_dsn)

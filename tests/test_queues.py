@@ -14,8 +14,8 @@ from conftest import _with_database, wait_for_status, wait_until
 from test_migrations import LEGACY_SCHEMA
 
 from pg_scheduler import JobSpec, PollingConfig, Scheduler, periodic, task
-from pg_scheduler.migrate import migrate
 from pg_scheduler.periodic.registry import PeriodicJobConfig
+from pg_scheduler.store.migrate import migrate
 
 
 def now() -> datetime:
@@ -376,7 +376,7 @@ _ = PollingConfig  # imported for readers: workers here use the default polling
 
 async def test_stats_status_and_metrics_show_queues(pool, capsys):
     from pg_scheduler.cli.reports import render_status
-    from pg_scheduler.stats import collect_stats
+    from pg_scheduler.observe.stats import collect_stats
 
     producer = Scheduler(pool)
     await producer.schedule(queue_tasks.send_email, execution_time=now(), args=("s1",))
@@ -399,7 +399,7 @@ async def test_prometheus_gauges_per_queue(pool):
     pytest.importorskip("prometheus_client")
     from test_stats_metrics import scrape
 
-    from pg_scheduler.metrics import MetricsExporter
+    from pg_scheduler.observe.metrics import MetricsExporter
 
     producer = Scheduler(pool)
     await producer.schedule(queue_tasks.send_email, execution_time=now(), args=("m1",))

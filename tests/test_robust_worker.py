@@ -13,14 +13,14 @@ import pytest
 from conftest import wait_until
 
 from pg_scheduler import JobSpec, RetryPolicy, task
-from pg_scheduler.codec import (
+from pg_scheduler.engine import Completer
+from pg_scheduler.store import Completion, Store
+from pg_scheduler.support.codec import (
     ERROR_MAX_CHARS,
     RESULT_MAX_CHARS,
     TRACEBACK_MAX_CHARS,
     TRUNCATED_MARKER,
 )
-from pg_scheduler.engine import Completer
-from pg_scheduler.store import Completion, Store
 
 runs: Counter[str] = Counter()
 gate = asyncio.Event()

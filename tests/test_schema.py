@@ -19,7 +19,7 @@ import pytest
 from conftest import FAST, _with_database, wait_until
 
 from pg_scheduler import Scheduler
-from pg_scheduler.migrate import MigrationError, migrate
+from pg_scheduler.store.migrate import MigrationError, migrate
 
 A, B = "sched_a", "sched_b"
 

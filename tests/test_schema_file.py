@@ -12,7 +12,6 @@ import asyncpg
 import pytest
 from conftest import _with_database
 
-from pg_scheduler.migrate import migrate
 from pg_scheduler.store.dump_schema import (
     COMMAND,
     SCHEMA_FILE,
@@ -22,6 +21,7 @@ from pg_scheduler.store.dump_schema import (
     object_lines,
     server_major,
 )
+from pg_scheduler.store.migrate import migrate
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import wait_for_status
 
 from pg_scheduler import VacuumConfig, VacuumPolicy
-from pg_scheduler.stats import QueueStats, collect_stats
+from pg_scheduler.observe.stats import QueueStats, collect_stats
 
 
 async def add_rows(pool, count: int, status: str, task: str, **sql: str) -> None:

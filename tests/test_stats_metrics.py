@@ -10,7 +10,7 @@ import app_tasks
 import pytest
 from conftest import wait_for_status, wait_until
 
-from pg_scheduler.metrics import MetricsExporter
+from pg_scheduler.observe.metrics import MetricsExporter
 
 
 def scrape(port: int) -> str:

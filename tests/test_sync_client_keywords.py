@@ -22,7 +22,7 @@ from pg_scheduler import (
     Scheduler,
     SyncClient,
 )
-from pg_scheduler.job_fields import JobFields
+from pg_scheduler.enqueue.fields import JobFields
 
 psycopg = pytest.importorskip("psycopg")
 

@@ -1,6 +1,6 @@
 """This repository's pg_scheduler with ``Scheduler(gc_freeze=False)``: Python's
 garbage collector left as it is, so full collections walk every object alive
-at start() (see pg_scheduler.process_gc). Measured in the latency scenarios
+at start() (see pg_scheduler.support.process_gc). Measured in the latency scenarios
 only; elsewhere it is the same as ``pg_scheduler``."""
 
 from __future__ import annotations

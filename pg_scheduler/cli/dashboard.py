@@ -79,7 +79,7 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 async def _migrate(dsn: str, schema: str) -> None:
     import asyncpg
 
-    from ..migrate import migrate
+    from ..store.migrate import migrate
 
     conn = await asyncio.wait_for(asyncpg.connect(dsn), 30)
     try:

@@ -7,7 +7,7 @@ import argparse
 import asyncpg
 
 from ..store import QueueStore
-from ..validation import check_queue
+from ..support.validation import check_queue
 from .output import EXIT_USAGE, CommandError, console, emit_json, table
 
 

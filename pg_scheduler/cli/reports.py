@@ -14,7 +14,7 @@ import asyncpg
 
 from ..config import RetryPolicy
 from ..models import Job
-from ..stats import QueueStats, collect_stats
+from ..observe.stats import QueueStats, collect_stats
 from ..store import Store
 from ..store.cli import CliStore
 from .output import (
@@ -309,7 +309,7 @@ def render_job(job: Job) -> None:
 
 async def cmd_metrics(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
     """Serve the statistics for Prometheus until SIGINT or SIGTERM."""
-    from ..metrics import MetricsExporter
+    from ..observe.metrics import MetricsExporter
 
     exporter = MetricsExporter(
         pool, port=args.port, addr=args.addr, interval=args.interval, schema=args.schema

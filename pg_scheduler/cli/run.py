@@ -10,8 +10,8 @@ import signal
 import sys
 from typing import Any
 
-from ..log import get_logger
-from ..queues import parse_queues_option
+from ..api.queues import parse_queues_option
+from ..support.log import get_logger
 from .common import configure_logging, open_pool, run_async
 
 log = get_logger("pg_scheduler.cli")
@@ -140,8 +140,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 async def _worker(args: argparse.Namespace, options: dict[str, Any]) -> int:
-    from ..connections import pool_options
     from ..scheduler import Scheduler
+    from ..support.connections import pool_options
 
     concurrency = int(options.get("max_concurrent_jobs", 25))
     # The worker's own pool: keepalives on its sockets, the server told to
@@ -200,7 +200,7 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
     configure_logging(args)
 
     async def go() -> int:
-        from ..migrate import MigrationError, migrate
+        from ..store.migrate import MigrationError, migrate
 
         async with open_pool(args) as pool:
             try:
@@ -220,7 +220,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if args.log_level != "debug":
         args.log_level = "error"
     configure_logging(args)
-    from ..demo import run_demo
+    from .demo import run_demo
 
     async def go() -> int:
         async with open_pool(args) as pool:

@@ -27,11 +27,11 @@ from urllib.parse import parse_qs
 
 import asyncpg
 
-from ..events import EventHub, Subscription
-from ..log import get_logger
-from ..notify import Listener
+from ..notify.events import EventHub, Subscription
+from ..notify.listener import Listener
 from ..store.dashboard import DashboardStore
 from ..store.names import check_schema
+from ..support.log import get_logger
 from .service import Conflict, DashboardService, NotFound
 
 try:

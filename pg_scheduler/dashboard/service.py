@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from ..codec import decode_json
 from ..config import RetryPolicy
 from ..enums import JobPriority, JobStatus
 from ..limits import limit_record
@@ -27,7 +26,8 @@ from ..models import Job
 from ..store import Store
 from ..store.dashboard import DEFAULT_QUEUE, Cursor, DashboardStore
 from ..store.housekeeping import RETRYABLE_STATUSES, OpsStore, StatsStore
-from ..validation import check_queue
+from ..support.codec import decode_json
+from ..support.validation import check_queue
 
 if TYPE_CHECKING:
     from ..scheduler import Scheduler

@@ -18,8 +18,8 @@ from functools import partial
 from typing import Any
 
 from ..config import PollingConfig, RetryPolicy
-from ..reconnect import Backoff, is_connection_error, retry_on_disconnect
 from ..store import Store
+from ..support.reconnect import Backoff, is_connection_error, retry_on_disconnect
 from ..tasks import TaskRegistry
 from .claim_events import ClaimEvents
 from .completer import Completer

@@ -25,22 +25,22 @@ from typing import Any, Literal, NamedTuple
 import asyncpg
 from asyncpg import exceptions as pgerr
 
-from ..codec import (
+from ..store import Completion, Store
+from ..store.names import Executor
+from ..support.codec import (
     ERROR_MAX_CHARS,
     TRACEBACK_MAX_CHARS,
     clip_text,
     storable_text,
     unstorable_result_reason,
 )
-from ..log import get_logger
-from ..reconnect import (
+from ..support.log import get_logger
+from ..support.reconnect import (
     Backoff,
     is_connection_error,
     is_rolled_back_conflict,
     retry_on_disconnect,
 )
-from ..store import Completion, Store
-from ..store.names import Executor
 from .held import HeldConnection
 
 log = get_logger("pg_scheduler.worker")

@@ -19,13 +19,13 @@ import traceback as tb
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import pg_scheduler.instrument as instrument
+import pg_scheduler.observe.instrument as instrument
 
-from ..codec import UnstorableResult, decode_task_data, encode_result
 from ..config import RetryPolicy
 from ..context import enter_job, leave_job
-from ..log import get_logger
 from ..store import Completion, Store
+from ..support.codec import UnstorableResult, decode_task_data, encode_result
+from ..support.log import get_logger
 from ..tasks import EXECUTOR_ATTR, TaskRegistry
 from .job import ClaimedJob, RunningJob
 from .outcome import Outcomes

@@ -9,7 +9,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..reconnect import retry_on_disconnect
+from ..support.reconnect import retry_on_disconnect
 from .executor import SHUTDOWN, log
 
 if TYPE_CHECKING:

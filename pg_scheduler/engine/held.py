@@ -8,10 +8,10 @@ from typing import TypeVar
 
 import asyncpg
 
-from ..reconnect import is_connection_error
 from ..store.bounded import BoundedPool, expire
 from ..store.names import Executor
 from ..store.session import ASYNC_COMMIT, GENERIC_PLANS, own_timeouts
+from ..support.reconnect import is_connection_error
 
 T = TypeVar("T")
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..codec import encode_json
+from ..support.codec import encode_json
 
 
 @dataclass(slots=True)

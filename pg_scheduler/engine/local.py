@@ -28,10 +28,10 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from ..log import get_logger
-from ..pool_release import autocommitted
-from ..reconnect import is_connection_error, retry_on_disconnect
 from ..store import NewJob, Store
+from ..support.log import get_logger
+from ..support.pool_release import autocommitted
+from ..support.reconnect import is_connection_error, retry_on_disconnect
 from ..tasks import TaskRegistry
 from .claimer import Worker
 

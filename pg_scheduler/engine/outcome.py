@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import pg_scheduler.instrument as instrument
+import pg_scheduler.observe.instrument as instrument
 
-from ..codec import ERROR_MAX_CHARS, clip_text, decode_json
 from ..config import RetryPolicy
-from ..log import get_logger
 from ..store import Store
+from ..support.codec import ERROR_MAX_CHARS, clip_text, decode_json
+from ..support.log import get_logger
 from .completer import write_failure
 from .job import ClaimedJob, RunningJob
 

@@ -52,7 +52,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from ..log import get_logger
+from ..support.log import get_logger
 
 log = get_logger("pg_scheduler.worker")
 

@@ -17,11 +17,11 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from ..log import get_logger
-from ..reconnect import Backoff, is_connection_error
 from ..services.base import Service
 from ..store import NewJob, Store
 from ..store.periodic import PeriodicStore
+from ..support.log import get_logger
+from ..support.reconnect import Backoff, is_connection_error
 from .registry import PeriodicJobConfig, registered_periodic_jobs, window_job_id
 from .windows import CoalescePolicy, coalesced_reason, plan_windows
 

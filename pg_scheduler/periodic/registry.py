@@ -37,10 +37,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..config import UNSET
 from ..enums import JobPriority
-from ..log import get_logger
 from ..store.periodic import PERIODIC_TASK_PREFIX, WINDOW_ID_PREFIX
+from ..support.log import get_logger
+from ..support.validation import INT4_MAX, check_name, check_queue
 from ..tasks import default_registry
-from ..validation import INT4_MAX, check_name, check_queue
 from .cron import CronError, CronSchedule
 from .windows import MICROSECOND, CoalescePolicy, IntervalSchedule, Schedule
 

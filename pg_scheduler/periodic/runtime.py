@@ -12,17 +12,17 @@ import copy
 import math
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import asyncpg
 
-from ..codec import encode_json
 from ..config import UNSET
-from ..job_fields import JobFields, row_of
-from ..log import get_logger
-from ..reconnect import Backoff, is_connection_error
+from ..enqueue.fields import JobFields, row_of
 from ..store import NewJob
 from ..store.periodic import MANUAL_ID_PREFIX, PeriodicStore
+from ..support.codec import encode_json
+from ..support.log import get_logger
+from ..support.reconnect import Backoff, is_connection_error
 from ..tasks import queue_of
 from .enqueuer import PeriodicService
 from .registry import (
@@ -34,7 +34,8 @@ from .registry import (
 from .windows import CoalescePolicy, coalesced_reason
 
 if TYPE_CHECKING:
-    from ..scheduler import Scheduler
+    from ..engine import Worker
+    from ..store import Store
 
 # The logger name of before the split out of periodic.py: log filters keep matching.
 log = get_logger("pg_scheduler.periodic")
@@ -42,6 +43,25 @@ log = get_logger("pg_scheduler.periodic")
 
 def _no_default_grace() -> int | None:
     return None  # a window's grace is always resolved by grace_for()
+
+
+class PeriodicHost(Protocol):
+    """What periodic jobs use of a :class:`~pg_scheduler.Scheduler`."""
+
+    @property
+    def db_pool(self) -> asyncpg.Pool: ...
+
+    @property
+    def schema(self) -> str: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def misfire_grace_time(self) -> int | None: ...
+
+    @property
+    def worker(self) -> Worker: ...
 
 
 class PeriodicManager:
@@ -55,7 +75,7 @@ class PeriodicManager:
     #: until the earliest due row, start them on time.
     lookahead = 0.5
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: PeriodicHost) -> None:
         self.scheduler = scheduler
         self.store = PeriodicStore(scheduler.db_pool, scheduler.schema)
         self.jobs_store = scheduler.store

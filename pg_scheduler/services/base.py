@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ..log import get_logger
-from ..reconnect import is_connection_error, is_rolled_back_conflict
+from ..support.log import get_logger
+from ..support.reconnect import is_connection_error, is_rolled_back_conflict
 
 log = get_logger(__name__)
 

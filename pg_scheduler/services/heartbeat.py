@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 
 from ..engine import Worker
-from ..log import get_logger
 from ..store import Store
+from ..support.log import get_logger
 from .base import Service
 
 log = get_logger(__name__)

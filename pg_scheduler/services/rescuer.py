@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ..log import get_logger, newly_reported
-from ..reconnect import is_connection_error
 from ..store import Store
+from ..support.log import get_logger, newly_reported
+from ..support.reconnect import is_connection_error
 from .base import Service
 
 log = get_logger(__name__)

@@ -30,9 +30,9 @@ from typing import Any
 
 import asyncpg
 
-from ..codec import ERROR_MAX_CHARS, TRACEBACK_MAX_CHARS, clip_text
-from ..log import get_logger
 from ..store import Store
+from ..support.codec import ERROR_MAX_CHARS, TRACEBACK_MAX_CHARS, clip_text
+from ..support.log import get_logger
 
 log = get_logger("pg_scheduler.watchdog")
 

@@ -22,8 +22,8 @@ import asyncpg
 
 from ..config import VacuumConfig, VacuumPolicy
 from ..enums import VacuumTrigger
-from ..log import get_logger
 from ..store.housekeeping import VacuumStore
+from ..support.log import get_logger
 from .base import Service
 
 log = get_logger(__name__)

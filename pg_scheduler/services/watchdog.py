@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..log import get_logger
+from ..support.log import get_logger
 from .stall import StallGuard
 
 log = get_logger("pg_scheduler.watchdog")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import asyncpg
 
-from ..migrate import load_migrations, migrate
+from .migrate import load_migrations, migrate
 from .names import DEFAULT_SCHEMA, quote_ident
 
 SCHEMA_FILE = Path(__file__).with_name("schema.sql")

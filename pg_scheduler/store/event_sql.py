@@ -9,7 +9,7 @@ and PL/pgSQL call cost every claim, completion and heartbeat (about a quarter
 of the drain) whether anyone listened or not.
 
 Payload: ``{"k": kind, "t": epoch seconds, "j": [[job_id, task, attempt,
-worker_id, progress, queue], ...]}`` (read by :mod:`pg_scheduler.events`). The
+worker_id, progress, queue], ...]}`` (read by :mod:`pg_scheduler.notify.events`). The
 high-volume kinds (scheduled, started, completed) are sent only while some
 subscriber or waiter keeps a row of ``scheduler_event_flags`` fresh: a drain
 nobody watches pays one index probe per statement, not a payload per job.

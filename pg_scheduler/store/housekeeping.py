@@ -204,7 +204,7 @@ SELECT worker_id, hostname, pid, started_at, last_seen, max_concurrent, tasks,
 
 
 class StatsStore:
-    """The read-only queries behind :func:`pg_scheduler.stats.collect_stats`."""
+    """The read-only queries behind :func:`pg_scheduler.observe.stats.collect_stats`."""
 
     def __init__(self, pool: asyncpg.Pool, schema: str = DEFAULT_SCHEMA) -> None:
         self.pool = pool

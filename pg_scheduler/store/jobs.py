@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import asyncpg
 
-from ..codec import encode_json
+from ..support.codec import encode_json
 from .event_sql import _EMIT, _WANTED
 from .job_sql import (
     _CANCEL,

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import asyncpg
 
-from .log import get_logger
-from .store.names import DEFAULT_SCHEMA, Qualifier
-from .store.schema import CURRENT_USER, MIGRATION_LOCK_KEY, SchemaObject, SchemaStore
+from ..support.log import get_logger
+from .names import DEFAULT_SCHEMA, Qualifier
+from .schema import CURRENT_USER, MIGRATION_LOCK_KEY, SchemaObject, SchemaStore
 
 log = get_logger(__name__)
 

@@ -1,4 +1,4 @@
-"""Prometheus exposition of :class:`pg_scheduler.stats.QueueStats` (extra ``metrics``).
+"""Prometheus exposition of :class:`pg_scheduler.observe.stats.QueueStats` (extra ``metrics``).
 
 The figures are those of :meth:`Scheduler.stats`. A background task refreshes
 a snapshot every ``interval`` seconds and scrapes read that snapshot, so a
@@ -11,17 +11,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import asyncpg
 
-from .log import get_logger
+from ..support.log import get_logger
 from .stats import QueueStats, collect_stats
 
-if TYPE_CHECKING:
-    from .scheduler import Scheduler
-
 log = get_logger(__name__)
+
+
+class StatsSource(Protocol):
+    """What the exporter reads of a :class:`~pg_scheduler.Scheduler`: its ``stats()``."""
+
+    async def stats(self) -> QueueStats: ...
 
 
 def _require_prometheus() -> Any:
@@ -153,7 +156,7 @@ DEFAULT_QUEUE = "default"
 
 class JobMetrics:
     """Histograms of job duration and wait (due -> start) and a counter of
-    outcomes, per task and queue, fed by the engine (see :mod:`pg_scheduler.instrument`).
+    outcomes, per task and queue, fed by the engine (see :mod:`pg_scheduler.observe.instrument`).
 
     Use :func:`enable_job_metrics`; it records jobs this process runs. Wait is
     the worker's clock at start minus the job's due time (clocks of worker and
@@ -213,7 +216,7 @@ def enable_job_metrics(registry: Any = None) -> JobMetrics:
     """Record per-job histograms and outcome counters in ``registry`` (default:
     prometheus_client's global one) for every job this process runs. Calling
     it again for the same registry returns the same recorder."""
-    import pg_scheduler.instrument as instrument
+    import pg_scheduler.observe.instrument as instrument
 
     prometheus = _require_prometheus()
     key = id(prometheus.REGISTRY if registry is None else registry)
@@ -226,7 +229,7 @@ def enable_job_metrics(registry: Any = None) -> JobMetrics:
 
 def disable_job_metrics(metrics: JobMetrics) -> None:
     """Stop recording into ``metrics`` (its figures stay registered)."""
-    import pg_scheduler.instrument as instrument
+    import pg_scheduler.observe.instrument as instrument
 
     instrument.remove_observer(metrics)
 
@@ -243,7 +246,7 @@ class MetricsExporter:
 
     def __init__(
         self,
-        source: Scheduler | asyncpg.Pool,
+        source: StatsSource | asyncpg.Pool,
         *,
         port: int,
         addr: str = "0.0.0.0",

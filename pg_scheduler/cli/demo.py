@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from .config import RetryPolicy
-from .periodic import periodic
-from .scheduler import Scheduler
-from .store.cli import CliStore
-from .tasks import task, task_name_of
+from ..config import RetryPolicy
+from ..periodic import periodic
+from ..scheduler import Scheduler
+from ..store.cli import CliStore
+from ..tasks import task, task_name_of
 
 _attempts: dict[str, int] = {}
 

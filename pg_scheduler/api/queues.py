@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .validation import DEFAULT_QUEUE, check_queue
+from ..support.validation import DEFAULT_QUEUE, check_queue
 
 if TYPE_CHECKING:
-    from .engine import Worker
-    from .store import QueueStore
+    from ..engine import Worker
+    from ..store import QueueStore
 
 
 def check_queues(

@@ -1,29 +1,28 @@
 """Operating a Scheduler: timings, schema and grants, rescue, vacuum, statistics and
-periodic-job control. Mixed into :class:`~pg_scheduler.Scheduler`; it holds no SQL
-and uses only the Scheduler's parts."""
+periodic-job control (its global limits are in ``limits.py``). Mixed into
+:class:`~pg_scheduler.Scheduler`; it holds no SQL and uses only the Scheduler's parts."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .config import VacuumConfig
-from .enums import VacuumTrigger
-from .limits import Limits, RateLimit, check_scope, limit_record
-from .migrate import migrate
-from .periodic import PeriodicJobConfig
-from .reconnect import retry_on_disconnect
-from .stats import QueueStats, collect_stats
-from .validation import check_int
+from ..config import VacuumConfig
+from ..enums import VacuumTrigger
+from ..observe.stats import QueueStats, collect_stats
+from ..periodic import PeriodicJobConfig
+from ..store.migrate import migrate
+from ..support.reconnect import retry_on_disconnect
+from ..support.validation import check_int
 
 if TYPE_CHECKING:
     import asyncpg
 
-    from .engine import Worker
-    from .periodic.runtime import PeriodicManager
-    from .services import RescuerService, VacuumService
-    from .store import Store
-    from .store.housekeeping import VacuumStore
-    from .tasks import TaskRegistry
+    from ..engine import Worker
+    from ..periodic.runtime import PeriodicManager
+    from ..services import RescuerService, VacuumService
+    from ..store import Store
+    from ..store.housekeeping import VacuumStore
+    from ..tasks import TaskRegistry
 
 
 class SchedulerOps:
@@ -78,52 +77,6 @@ class SchedulerOps:
             and policy is not None
             and (policy.trigger is VacuumTrigger.IMMEDIATE)
         )
-
-    # -- global limits (README: Queues and limits) ---------------------------------
-
-    async def configure_task(
-        self,
-        name: str,
-        *,
-        max_running: int | None = None,
-        rate_limit: str | RateLimit | None = None,
-    ) -> None:
-        """Set (or, with both None, remove) the global limits of task ``name``."""
-        await self._set_limits("task", name, Limits.of(max_running, rate_limit))
-
-    async def configure_queue(
-        self,
-        name: str,
-        *,
-        max_running: int | None = None,
-        rate_limit: str | RateLimit | None = None,
-    ) -> None:
-        """Set (or, with both None, remove) the global limits of queue ``name``."""
-        await self._set_limits("queue", name, Limits.of(max_running, rate_limit))
-
-    async def list_limits(self) -> list[dict[str, Any]]:
-        """Every limit, with what runs now and what started in its rate window."""
-        return [limit_record(r) for r in await self.store.limits.listing()]
-
-    async def _set_limits(self, scope: str, name: str, limits: Limits) -> None:
-        check_scope(scope, name)
-        if limits.empty:
-            await self.store.limits.clear(scope, name)
-        else:
-            rate = limits.rate_limit
-            await self.store.limits.set(
-                scope,
-                name,
-                limits.max_running,
-                None if rate is None else rate.count,
-                None if rate is None else rate.period,
-            )
-        self.worker.limits.forget()
-
-    async def _write_declared_limits(self) -> None:
-        """Write the limits declared with ``@task(max_running=..., rate_limit=...)``."""
-        for name, limits in self.registry.all_limits().items():
-            await self._set_limits("task", name, limits)
 
     # -- schema and grants -------------------------------------------------------
 
@@ -193,7 +146,7 @@ class SchedulerOps:
 
     async def stats(self) -> QueueStats:
         """Counts by status and task, running jobs per worker, oldest due job's wait,
-        recent throughput and failure rate, and workers (see :mod:`pg_scheduler.stats`)."""
+        recent throughput and failure rate, and workers (see :mod:`pg_scheduler.observe.stats`)."""
         return await collect_stats(
             self.db_pool,
             schema=self.schema,

@@ -1,6 +1,6 @@
 """Awaiting a job from any process: wait_for(), result(), run().
 
-A waiter registers with the Scheduler's :class:`~pg_scheduler.events.EventHub`
+A waiter registers with the Scheduler's :class:`~pg_scheduler.notify.events.EventHub`
 (no connection of its own: every waiter shares the one LISTEN connection),
 then reads the job; a final-state event wakes it, and a poll (every
 ``POLL_LIVE`` seconds, ``POLL_DOWN`` while notifications are down) is the
@@ -12,20 +12,40 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from .enums import JobStatus
-from .models import Job
+from ..enums import JobStatus
+from ..models import Job
 
 if TYPE_CHECKING:
-    from .events import Event, EventHub, Subscription
-    from .scheduler import Scheduler
+    from ..notify.events import Event, EventHub, Subscription
 
 FINAL_STATUSES = frozenset(
     {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED}
 )
 POLL_LIVE = 5.0
 POLL_DOWN = 0.5
+
+
+class ResultsHost(Protocol):
+    """What awaiting a job uses of a :class:`~pg_scheduler.Scheduler`."""
+
+    @property
+    def events_hub(self) -> EventHub: ...
+
+    @property
+    def notifications(self) -> bool: ...
+
+    async def get_job(self, job_id: str) -> Job | None: ...
+
+    async def schedule(
+        self,
+        func: Callable[..., Any],
+        *,
+        execution_time: datetime,
+        args: tuple = ...,
+        kwargs: dict[str, Any] | None = ...,
+    ) -> str: ...
 
 
 class JobNotFound(LookupError):
@@ -65,7 +85,7 @@ class JobExpired(JobError):
         super().__init__(job, f"job {job.job_id} expired: {job.error}")
 
 
-async def wait_for(scheduler: Scheduler, job_id: str, timeout: float | None = None) -> Job:
+async def wait_for(scheduler: ResultsHost, job_id: str, timeout: float | None = None) -> Job:
     """The job once it is completed, failed, cancelled or expired.
 
     Raises :class:`JobNotFound` at once for an unknown id (or if the row
@@ -117,11 +137,11 @@ def outcome(job: Job) -> Any:
     raise JobExpired(job)
 
 
-async def result(scheduler: Scheduler, job_id: str, timeout: float | None = None) -> Any:
+async def result(scheduler: ResultsHost, job_id: str, timeout: float | None = None) -> Any:
     return outcome(await wait_for(scheduler, job_id, timeout))
 
 
-async def run(scheduler: Scheduler, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+async def run(scheduler: ResultsHost, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Schedule ``func(*args, **kwargs)`` now and return its result (see result())."""
     job_id = await scheduler.schedule(
         func, execution_time=datetime.now(UTC), args=args, kwargs=kwargs
@@ -138,15 +158,15 @@ class ResultsAPI:
 
     async def wait_for(self, job_id: str, timeout: float | None = None) -> Job:
         """The job once final (completed, failed, cancelled, expired) (see results.wait_for)."""
-        return await wait_for(cast("Scheduler", self), job_id, timeout)
+        return await wait_for(cast("ResultsHost", self), job_id, timeout)
 
     async def result(self, job_id: str, timeout: float | None = None) -> Any:
         """The job's result, or JobFailed / JobCancelled / JobExpired (see results.result)."""
-        return await result(cast("Scheduler", self), job_id, timeout)
+        return await result(cast("ResultsHost", self), job_id, timeout)
 
     async def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Schedule ``func(*args, **kwargs)`` now and return its result."""
-        return await run(cast("Scheduler", self), func, *args, **kwargs)
+        return await run(cast("ResultsHost", self), func, *args, **kwargs)
 
     def events(
         self,

@@ -13,12 +13,13 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from .codec import encode_retry_policy
-from .config import UNSET, RetryPolicy
-from .enums import PRIORITY_DB_VALUE_OF, JobPriority
-from .store import NewJob
-from .timeutil import to_aware
-from .validation import DEFAULT_QUEUE, check_job_fields
+from ..config import UNSET, RetryPolicy
+from ..enums import PRIORITY_DB_VALUE_OF, JobPriority
+from ..store import NewJob
+from ..support.codec import encode_retry_policy
+from ..support.timeutil import to_aware
+from ..support.validation import DEFAULT_QUEUE
+from .checks import check_job_fields
 
 
 class JobFields(NamedTuple):

@@ -23,11 +23,11 @@ from collections.abc import Callable
 
 import asyncpg
 
-from .connections import set_tcp_keepalive
-from .log import get_logger
-from .reconnect import Backoff
-from .store.bounded import expire
-from .store.session import HEALTH_CHECK
+from ..store.bounded import expire
+from ..store.session import HEALTH_CHECK
+from ..support.connections import set_tcp_keepalive
+from ..support.log import get_logger
+from ..support.reconnect import Backoff
 
 log = get_logger(__name__)
 

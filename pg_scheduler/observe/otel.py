@@ -1,6 +1,6 @@
 """OpenTelemetry spans around each job run (extra ``otel``).
 
-``enable_tracing()`` installs two hooks (see :mod:`pg_scheduler.instrument`):
+``enable_tracing()`` installs two hooks (see :mod:`pg_scheduler.observe.instrument`):
 
 * at ``schedule()`` (and ``schedule_bulk``), when the caller has a current
   span, its context is stored in the job's ``task_data`` under
@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pg_scheduler.instrument as instrument
+import pg_scheduler.observe.instrument as instrument
 
 #: The reserved key of ``task_data`` that carries the scheduling trace context.
 TRACE_KEY = "_pg_scheduler_trace"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .enums import ConflictResolution
-from .store import NewJob
+from ..enums import ConflictResolution
+from ..store import NewJob
 
 
 def check_conflict_resolution(value: Any) -> None:

@@ -10,9 +10,9 @@ from typing import Any
 
 import asyncpg
 
-from .config import PollingConfig, RetryPolicy, VacuumConfig
-from .store import check_schema
-from .validation import INT4_MAX, check_bool, check_int, check_seconds
+from ..config import PollingConfig, RetryPolicy, VacuumConfig
+from ..store import check_schema
+from ..support.validation import INT4_MAX, check_bool, check_int, check_seconds
 
 
 def _statement_cache_size(pool: asyncpg.Pool) -> int | None:

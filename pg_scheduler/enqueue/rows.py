@@ -12,28 +12,28 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
-import pg_scheduler.instrument as instrument
+import pg_scheduler.observe.instrument as instrument
 
-from .codec import encode_retry_policy, encode_task_data
-from .config import UNSET
-from .dedupe import has_task_key
-from .dedupe import resolve as resolve_dedupe
-from .enums import PRIORITY_DB_VALUE_OF
-from .job_ids import new_job_ids
-from .job_spec import JobSpec
-from .store import NewJob
-from .tasks import queue_of
-from .timeutil import to_aware
-from .validation import (
+from ..config import UNSET
+from ..enums import PRIORITY_DB_VALUE_OF
+from ..job_spec import JobSpec
+from ..store import NewJob
+from ..support.codec import encode_retry_policy, encode_task_data
+from ..support.timeutil import to_aware
+from ..support.validation import check_queue
+from ..tasks import queue_of
+from .checks import (
     check_execution_time,
     check_job_id,
     check_max_retries,
     check_misfire_grace_time,
     check_priority,
-    check_queue,
     check_retry_policy,
     check_timeout,
 )
+from .dedupe import has_task_key
+from .dedupe import resolve as resolve_dedupe
+from .ids import new_job_ids
 
 # schedule_bulk batches at least this large are written with COPY (generated ids only).
 COPY_THRESHOLD = 100

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from .enums import ConflictResolution
-from .store import NewJob, Store
-from .store.dedupe import DEDUPE_INDEXES, DedupeStore
+from ..enums import ConflictResolution
+from ..store import NewJob, Store
+from ..store.dedupe import DEDUPE_INDEXES, DedupeStore
 
 Key = tuple[str, str]  # (dedupe_key, dedupe_scope)
 

@@ -15,22 +15,22 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .codec import encode_task_data
-from .config import UNSET
-from .conflicts import check_conflict_resolution
-from .dedupe import resolve as resolve_dedupe
-from .enums import ConflictResolution, JobPriority, JobStatus
-from .job_fields import JobFields
-from .log import get_logger
-from .tasks import queue_of
-from .validation import check_name
+from ..config import UNSET
+from ..enqueue.conflicts import check_conflict_resolution
+from ..enqueue.dedupe import resolve as resolve_dedupe
+from ..enqueue.fields import JobFields
+from ..enums import ConflictResolution, JobPriority, JobStatus
+from ..support.codec import encode_task_data
+from ..support.log import get_logger
+from ..support.validation import check_name
+from ..tasks import queue_of
 
 if TYPE_CHECKING:
-    from .engine import Worker
-    from .enqueue import Enqueuer
-    from .services import HeartbeatService, RescuerService
-    from .store import Store
-    from .tasks import TaskRegistry
+    from ..engine import Worker
+    from ..enqueue.producer import Enqueuer
+    from ..services import HeartbeatService, RescuerService
+    from ..store import Store
+    from ..tasks import TaskRegistry
 
 # The lines these methods log keep the Scheduler's logger name.
 log = get_logger("pg_scheduler.scheduler")

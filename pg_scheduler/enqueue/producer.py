@@ -12,9 +12,16 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-import pg_scheduler.instrument as instrument
+import pg_scheduler.observe.instrument as instrument
 
-from .codec import encode_task_data
+from ..enums import ConflictResolution
+from ..job_spec import JobSpec
+from ..store import NewJob, Store
+from ..support.codec import encode_task_data
+from ..support.pool_release import autocommitted
+from ..support.reconnect import retry_on_disconnect
+from ..support.validation import check_int
+from ..tasks import TaskRegistry, ensure_async, queue_of, task_name_of
 from .conflicts import (
     check_conflict_resolution,
     check_none_existing,
@@ -22,17 +29,10 @@ from .conflicts import (
     duplicate_id_error,
 )
 from .dedupe import resolve as resolve_dedupe
-from .enqueue_dedupe import KeyedWriter, KeyRace, check_batch_keys, is_dedupe_violation
-from .enqueue_rows import COPY_THRESHOLD, spec_rows, spec_tuples, streamable
-from .enums import ConflictResolution
-from .job_fields import JobFields, row_of
-from .job_ids import new_job_id
-from .job_spec import JobSpec
-from .pool_release import autocommitted
-from .reconnect import retry_on_disconnect
-from .store import NewJob, Store
-from .tasks import TaskRegistry, ensure_async, queue_of, task_name_of
-from .validation import check_int
+from .fields import JobFields, row_of
+from .ids import new_job_id
+from .keyed import KeyedWriter, KeyRace, check_batch_keys, is_dedupe_violation
+from .rows import COPY_THRESHOLD, spec_rows, spec_tuples, streamable
 
 # A write that finds a dedupe key changing hands under it starts over this often.
 KEY_RACE_ATTEMPTS = 20

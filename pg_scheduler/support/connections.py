@@ -14,7 +14,7 @@ keepalives without answering queries.
 
 Connections of a pool the application made are left as they are; to give
 them the same socket options, make the pool with
-``asyncpg.create_pool(dsn, init=pg_scheduler.connections.init_connection)``.
+``asyncpg.create_pool(dsn, init=pg_scheduler.support.connections.init_connection)``.
 """
 
 from __future__ import annotations

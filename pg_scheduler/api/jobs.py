@@ -9,23 +9,23 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import asyncpg
 
-from .config import UNSET, RetryPolicy
-from .conflicts import check_conflict_resolution
-from .engine import CANCELLED_REMOTELY
-from .engine import local as local_start
-from .enums import ConflictResolution, JobPriority
-from .job_spec import JobSpec
-from .limits import RateLimit
-from .log import get_logger
-from .models import Job, TaskInventory
-from .reconnect import retry_on_disconnect
+from ..config import UNSET, RetryPolicy
+from ..engine import CANCELLED_REMOTELY
+from ..engine import local as local_start
+from ..enqueue.conflicts import check_conflict_resolution
+from ..enums import ConflictResolution, JobPriority
+from ..job_spec import JobSpec
+from ..limits import RateLimit
+from ..models import Job, TaskInventory
+from ..support.log import get_logger
+from ..support.reconnect import retry_on_disconnect
 
 if TYPE_CHECKING:
-    from .engine import Worker
-    from .enqueue import Enqueuer
-    from .services import RescuerService
-    from .store import Store
-    from .tasks import TaskRegistry
+    from ..engine import Worker
+    from ..enqueue.producer import Enqueuer
+    from ..services import RescuerService
+    from ..store import Store
+    from ..tasks import TaskRegistry
 
 # The lines these methods log keep the Scheduler's logger name.
 log = get_logger("pg_scheduler.scheduler")

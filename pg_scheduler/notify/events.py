@@ -25,9 +25,9 @@ from typing import Any
 
 import asyncpg
 
-from .log import get_logger
-from .notify import Listener
-from .store.events import EventStore
+from ..store.events import EventStore
+from ..support.log import get_logger
+from .listener import Listener
 
 log = get_logger(__name__)
 

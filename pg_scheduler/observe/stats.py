@@ -16,12 +16,12 @@ from typing import Any
 import asyncpg
 from pydantic import BaseModel, ConfigDict
 
-from .enums import JobStatus
-from .limits import limit_record
-from .store import QueueStore
-from .store.housekeeping import StatsStore
-from .store.limits import LimitStore
-from .store.names import Qualifier
+from ..enums import JobStatus
+from ..limits import limit_record
+from ..store import QueueStore
+from ..store.housekeeping import StatsStore
+from ..store.limits import LimitStore
+from ..store.names import Qualifier
 
 #: The default windows for throughput and failure rate: 1 minute, 5 minutes, 1 hour.
 DEFAULT_WINDOWS: tuple[float, ...] = (60.0, 300.0, 3600.0)

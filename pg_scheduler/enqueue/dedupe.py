@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .validation import check_name
+from ..support.validation import check_name
 
 #: "active": held while the job is pending or running. "pending": held only
 #: until the job first starts (a row claimed ahead into a worker's buffer has

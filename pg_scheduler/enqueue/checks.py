@@ -1,0 +1,91 @@
+"""The checks of one job's fields, shared by ``schedule()``, ``JobSpec``,
+``schedule_bulk``'s rows: a clear error at the call."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+from ..config import UNSET, RetryPolicy
+from ..enums import JobPriority
+from ..support.timeutil import to_aware
+from ..support.validation import INT4_MAX, check_int, check_name, check_seconds, clip_repr
+
+# Each tests the common case first; the wording helpers run only for bad values.
+
+
+def check_execution_time(value: Any) -> None:
+    if not isinstance(value, datetime):
+        raise TypeError(f"execution_time must be a datetime, got {value!r}")
+    # UTC offsets are under a day: only the first and last year can overflow.
+    if value.year == 1 or value.year == 9999:
+        try:
+            utc = to_aware(value).astimezone(UTC).replace(tzinfo=None)
+        except (OverflowError, ValueError):
+            utc = datetime.min
+        # asyncpg sends datetime.min and datetime.max as -infinity and infinity.
+        if utc == datetime.min or utc == datetime.max:
+            raise ValueError(
+                f"execution_time {value!r} is out of range: in UTC it must fall "
+                "after 0001-01-01 00:00 and before 9999-12-31 23:59:59.999999"
+            )
+
+
+def check_priority(value: Any) -> None:
+    if not isinstance(value, JobPriority):
+        raise TypeError(f"priority must be a JobPriority, got {value!r}")
+
+
+def check_max_retries(value: Any) -> None:
+    if type(value) is not int or value < 0 or value > INT4_MAX:
+        check_int("max_retries", value, 0, maximum=INT4_MAX)
+
+
+def check_job_id(value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"job_id must be a non-empty string or None, got {clip_repr(value)}")
+    check_name("job_id", value)
+
+
+def check_misfire_grace_time(value: Any) -> None:
+    """A non-negative int, None (no limit) or UNSET (the scheduler's default)."""
+    if (
+        value is not None
+        and value is not UNSET
+        and (type(value) is not int or value < 0 or value > INT4_MAX)
+    ):
+        check_int("misfire_grace_time", value, 0, maximum=INT4_MAX)
+
+
+def check_timeout(value: Any) -> None:
+    if value is not None:
+        check_seconds("timeout", value)
+        if value == math.inf:
+            raise ValueError("timeout must be a finite number of seconds (None: no timeout)")
+
+
+def check_retry_policy(value: Any) -> None:
+    if value is not None and not isinstance(value, RetryPolicy):
+        raise TypeError(f"retry_policy must be a RetryPolicy, got {value!r}")
+
+
+def check_job_fields(
+    execution_time: Any,
+    priority: Any,
+    max_retries: Any,
+    job_id: Any,
+    misfire_grace_time: Any,
+    timeout: Any,
+    retry_policy: Any,
+) -> None:
+    """Every per-job field but the function and its arguments."""
+    check_execution_time(execution_time)
+    check_priority(priority)
+    check_max_retries(max_retries)
+    check_job_id(job_id)
+    check_misfire_grace_time(misfire_grace_time)
+    check_timeout(timeout)
+    check_retry_policy(retry_policy)
