@@ -67,28 +67,6 @@ from pg_scheduler import Scheduler, task
 DSN, OUT = sys.argv[1], sys.argv[2]
 
 {TASKS}
-async def held(pool, prod):
-    n, k = OPTS["stream_n"], OPTS["held_n"]
-    await prod.configure_task("bench.capped", max_running=1)
-    when = datetime.now(UTC) - timedelta(seconds=1)
-    specs = [JobSpec(capped, when, args=(i,), priority=CRITICAL) for i in range(k)]
-    specs += [JobSpec(plain, when, args=(i,)) for i in range(n)]
-    await prod.schedule_bulk(specs, batch_size=5000)
-    await pool.execute("VACUUM ANALYZE scheduled_jobs")
-    procs = start_workers(2)
-    wait_ready(procs)
-    while await left(pool, "bench.plain"):
-        await asyncio.sleep(0.2)
-    capped_left = await left(pool, "bench.capped")
-    s = stop_workers(procs)
-    plain_starts = sorted(s["plain"])
-    return {
-        "limited_started": len(s["limited"]),
-        "limited_left": capped_left,
-        "unlimited_n": len(plain_starts),
-        "jobs_per_s": round(len(plain_starts) / (plain_starts[-1] - plain_starts[0])),
-    }
-
 async def main():
     pool = await asyncpg.create_pool(DSN, min_size=2, max_size=10)
     sched = Scheduler(pool, vacuum_enabled=False, run_periodic_jobs=False)

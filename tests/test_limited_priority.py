@@ -44,6 +44,30 @@ async def _finished(pool, total: int) -> None:
     await wait_until(done, timeout=100, interval=0.2, message=f"{total} jobs completed")
 
 
+async def _sample_running(pool, task: str, into: list[int], stop: asyncio.Event) -> None:
+    # How many ``task`` jobs the table shows running, as often as it answers.
+    async with pool.acquire() as conn:
+        while not stop.is_set():
+            into.append(
+                await conn.fetchval(
+                    "SELECT count(*) FROM scheduled_jobs"
+                    " WHERE task_name = $1 AND status = 'running'",
+                    task,
+                )
+            )
+            await asyncio.sleep(0.002)
+
+
+async def _workers_and_limit(pool, task: str) -> None:
+    # Both worker processes registered and ``task``'s limit row written.
+    async def ready() -> bool:
+        workers_up = await pool.fetchval("SELECT count(*) FROM scheduler_workers")
+        limit = await pool.fetchval("SELECT count(*) FROM scheduler_limits WHERE name = $1", task)
+        return workers_up >= 2 and limit == 1
+
+    await wait_until(ready, timeout=60, interval=0.1, message=f"2 workers and {task}'s limit")
+
+
 async def _started_after(pool, task: str) -> int:
     """Unlimited jobs that started after the last job of ``task`` did."""
     return await pool.fetchval(
@@ -69,29 +93,9 @@ async def test_limited_critical_jobs_start_ahead_of_an_unlimited_backlog(pool, d
     sampled: list[int] = []
     stop_sampling = asyncio.Event()
 
-    async def sample() -> None:
-        # How many lp.capped jobs the table shows running, as often as it answers.
-        async with pool.acquire() as conn:
-            while not stop_sampling.is_set():
-                sampled.append(
-                    await conn.fetchval(
-                        "SELECT count(*) FROM scheduled_jobs"
-                        " WHERE task_name = 'lp.capped' AND status = 'running'"
-                    )
-                )
-                await asyncio.sleep(0.002)
-
     try:
-
-        async def ready() -> bool:
-            workers_up = await pool.fetchval("SELECT count(*) FROM scheduler_workers")
-            capped = await pool.fetchval(
-                "SELECT count(*) FROM scheduler_limits WHERE name = 'lp.capped'"
-            )
-            return workers_up >= 2 and capped == 1
-
-        await wait_until(ready, timeout=60, interval=0.1, message="2 workers and lp.capped's limit")
-        sampler = asyncio.create_task(sample())
+        await _workers_and_limit(pool, "lp.capped")
+        sampler = asyncio.create_task(_sample_running(pool, "lp.capped", sampled, stop_sampling))
         now = datetime.now(UTC)
         specs = [JobSpec(lp.rated, now, args=(n,), priority=CRITICAL) for n in range(10)]
         specs += [JobSpec(lp.capped, now, args=(n,), priority=CRITICAL) for n in range(10)]
@@ -200,28 +204,9 @@ async def test_a_limit_holds_across_a_worker_killed_mid_job(pool, dsn):
     sampled: list[int] = []
     stop_sampling = asyncio.Event()
 
-    async def sample() -> None:
-        async with pool.acquire() as conn:
-            while not stop_sampling.is_set():
-                sampled.append(
-                    await conn.fetchval(
-                        "SELECT count(*) FROM scheduled_jobs"
-                        " WHERE task_name = 'lp.held' AND status = 'running'"
-                    )
-                )
-                await asyncio.sleep(0.002)
-
     try:
-
-        async def ready() -> bool:
-            workers_up = await pool.fetchval("SELECT count(*) FROM scheduler_workers")
-            held = await pool.fetchval(
-                "SELECT count(*) FROM scheduler_limits WHERE name = 'lp.held'"
-            )
-            return workers_up >= 2 and held == 1
-
-        await wait_until(ready, timeout=60, interval=0.1, message="2 workers and lp.held's limit")
-        sampler = asyncio.create_task(sample())
+        await _workers_and_limit(pool, "lp.held")
+        sampler = asyncio.create_task(_sample_running(pool, "lp.held", sampled, stop_sampling))
         now = datetime.now(UTC)
         specs = [JobSpec(lp.held, now, args=(n,), priority=CRITICAL) for n in range(3)]
         specs += [JobSpec(lp.plain, now, args=(n,)) for n in range(2000)]
