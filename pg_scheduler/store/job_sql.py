@@ -311,27 +311,34 @@ _RELEASED_EVENTS = events_cte(
 )
 
 
+def _released(where: str, returning: str) -> str:
+    """Running rows of worker ``$2`` matching ``where`` back to pending, the
+    attempt not counted; a row not claimed ahead had started, so it keeps the
+    "pending" dedupe key it let go (migration 0013)."""
+    return f"""    UPDATE scheduled_jobs
+       SET status = 'pending', worker_id = NULL, lease_until = NULL,
+           attempts = GREATEST(attempts - 1, 0),
+           started_before = started_before OR NOT claimed_ahead
+     WHERE {where} AND worker_id = $2 AND status = 'running'
+    RETURNING {returning}"""
+
+
 def _release_where(where: str) -> str:
     """Hand running jobs back without consuming the attempt (graceful shutdown,
     or claims this worker holds in the database but never started). A row not
     claimed ahead had started as far as the database knows: it has let its
     "pending" dedupe key go (migration 0013) and does not take it back."""
-    return """
+    return f"""
 WITH released AS (
-    UPDATE scheduled_jobs
-       SET status = 'pending', worker_id = NULL, lease_until = NULL,
-           attempts = GREATEST(attempts - 1, 0),
-           started_before = started_before OR NOT claimed_ahead
-     WHERE {where} AND worker_id = $2 AND status = 'running'
-    RETURNING job_id, task_name, attempts, started_at, claimed_ahead, queue
+{_released(where, "job_id, task_name, attempts, started_at, claimed_ahead, queue")}
 ), kept AS (
     -- Only attempts that had started: a claimed-ahead row handed back never ran.
     INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome, error)
     SELECT job_id, attempts + 1, $2, started_at, 'handed_back', 'handed back by worker ' || $2
       FROM released WHERE NOT claimed_ahead
-), {events}
+), {_RELEASED_EVENTS}
 SELECT r.job_id, pg_notify('pg_scheduler_jobs', '*') FROM released r, sent
-""".replace("{where}", where).replace("{events}", _RELEASED_EVENTS)
+"""
 
 
 _RELEASE = _release_where("job_id = ANY($1::text[])")
@@ -429,12 +436,7 @@ def _hand_back_unstarted(where: str) -> str:
     running, and does not take it back (see _release_where)."""
     return f"""
 WITH released AS (
-    UPDATE scheduled_jobs
-       SET status = 'pending', worker_id = NULL, lease_until = NULL,
-           attempts = GREATEST(attempts - 1, 0),
-           started_before = started_before OR NOT claimed_ahead
-     WHERE {where} AND worker_id = $2 AND status = 'running'
-    RETURNING job_id, task_name, attempts, queue
+{_released(where, "job_id, task_name, attempts, queue")}
 ), {_RELEASED_EVENTS}
 SELECT r.job_id, pg_notify('pg_scheduler_jobs', '*') FROM released r, sent
 """
