@@ -140,7 +140,9 @@ class RunState:
                 )
             )
         except asyncpg.UniqueViolationError:
-            raise self.halt(self.name_taken(kind, name, key)) from None
+            # The name and key are taken: by a run racing this one at this very
+            # place (adopt it), or at another place (a mismatch).
+            return await self.adopt(seq, kind, name, key)
         except asyncpg.DataError as exc:
             raise UnstorableStep(
                 f"{describe(kind, name, key)}: the database refused its record ({exc})"
@@ -154,14 +156,16 @@ class RunState:
         return await self.adopt(seq, kind, name, key)
 
     async def adopt(self, seq: int, kind: str, name: str, key: str) -> Record:
-        """The completed record another run wrote at ``seq``, if it is this step's."""
+        """The completed record another run wrote at ``seq``, if it is this
+        step's; else (nothing there: this name and key are recorded at another
+        place) a mismatch."""
         row = await retry_on_disconnect(
             lambda: self.store.record(self.store.pool, self.lease.job_id, seq),
             what="workflow step",
             give_up_after=WRITE_PATIENCE,
         )
         if row is None:
-            raise self.lost()
+            raise self.halt(self.name_taken(kind, name, key))
         found = Record(
             seq,
             row["kind"],

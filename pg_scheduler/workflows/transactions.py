@@ -60,14 +60,15 @@ class _Open:
 
     async def record(self, seq: int, name: str, key: str, result: str | None) -> bool:
         """Write the step's record in this transaction. True: written (commit);
-        False: another run committed this place (roll back, adopt it)."""
+        False: the place or the name is taken, by a run that committed it first
+        (roll back, then adopt it) or at another place (adopting finds out)."""
         run = self.run
         try:
             held, written = await run.store.checkpoint(
                 self.conn, run.lease, seq, KIND, name, key, COMPLETED, result, None, 1, run.now()
             )
         except asyncpg.UniqueViolationError:
-            raise run.halt(run.name_taken(KIND, name, key)) from None
+            return False
         if not held:
             raise run.lost()
         return written
