@@ -239,3 +239,76 @@ async def test_a_fan_out_of_many_children_wakes_the_parent_once(pool, make_sched
     assert job.result == [x * x for x in range(500)]
     assert ran["parent runs"] == 2
     assert ran["score"] == 500
+
+
+@workflow
+async def sub_workflow(ctx: WorkflowContext, n: int) -> int:
+    await ctx.sleep(0.2)
+    got = await ctx.wait(ctx.spawn(score, n))
+    ran["sub done"] += 1
+    return got + 1
+
+
+@workflow
+async def grandparent(ctx: WorkflowContext) -> list[int]:
+    return await ctx.gather(*[ctx.spawn(sub_workflow, n) for n in range(3)])
+
+
+async def test_a_child_can_be_a_workflow(pool, make_scheduler):
+    scheduler = await make_scheduler()
+    job = await scheduler.wait_for(
+        await scheduler.schedule(grandparent, execution_time=datetime.now(UTC)), timeout=15
+    )
+    assert job.status is JobStatus.COMPLETED, job.error
+    assert job.result == [1, 2, 5]
+    assert ran["sub done"] == 3
+
+
+@workflow
+async def waits_long(ctx: WorkflowContext) -> Any:
+    return await ctx.wait(ctx.spawn(sub_workflow, 1))
+
+
+async def test_cancelling_a_parent_reaches_its_parked_grandchildren(pool, make_scheduler):
+    scheduler = await make_scheduler()
+    flags["gated"] = True
+    job_id = await scheduler.schedule(waits_long, execution_time=datetime.now(UTC))
+    await wait_until(lambda: ran["score"] == 1, message="the grandchild to start")
+    tree = await pool.fetch(
+        "SELECT job_id, parent_job_id, status FROM scheduled_jobs WHERE job_id <> $1", job_id
+    )
+    assert len(tree) == 2
+    assert await scheduler.cancel_job(job_id)
+
+    async def all_cancelled() -> bool:
+        rows = await pool.fetch("SELECT status FROM scheduled_jobs")
+        return {r["status"] for r in rows} == {"cancelled"}
+
+    await wait_until(all_cancelled, message="the whole tree to be cancelled")
+    gate.set()
+
+
+@workflow
+async def keeps_results(ctx: WorkflowContext) -> None:
+    flags["results"] = await ctx.gather(*[ctx.spawn(score, x) for x in (2, 3)])
+
+
+async def test_with_immediate_deletion_a_childs_result_is_not_kept(pool, make_scheduler):
+    from pg_scheduler import VacuumConfig, VacuumPolicy, VacuumTrigger
+
+    scheduler = await make_scheduler(
+        vacuum_enabled=True,
+        vacuum_config=VacuumConfig(completed=VacuumPolicy(trigger=VacuumTrigger.IMMEDIATE)),
+    )
+    await scheduler.schedule(keeps_results, execution_time=datetime.now(UTC))
+    await wait_until(lambda: "results" in flags, timeout=10, message="the parent's resume")
+    # Each child's row (and result) was deleted by its completion: None.
+    assert flags["results"] == [None, None]
+
+    async def gone() -> bool:
+        return await pool.fetchval("SELECT count(*) FROM scheduled_jobs") == 0
+
+    # The parent completed too (deleted at once), and its records with it.
+    await wait_until(gone, message="every row deleted on completion")
+    assert await pool.fetchval("SELECT count(*) FROM workflow_steps") == 0
+    assert ran["score"] == 2
