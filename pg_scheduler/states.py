@@ -188,10 +188,10 @@ TRANSITIONS: tuple[Transition, ...] = (
         "services/workflow_timer.py: a sleep's end, a signal wait's timeout, a deadline",
     ),
     Transition(
-        (WAITING,),
+        (WAITING, PENDING),
         (PENDING,),
         "function:pg_scheduler_workflow_job_done",
-        "trigger (0014): the last child a parked workflow waits for ended",
+        "trigger (0014): the last child a parked workflow waits for ended (due now)",
     ),
     Transition(
         (PENDING, RUNNING, WAITING),

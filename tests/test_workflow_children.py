@@ -312,3 +312,25 @@ async def test_with_immediate_deletion_a_childs_result_is_not_kept(pool, make_sc
     await wait_until(gone, message="every row deleted on completion")
     assert await pool.fetchval("SELECT count(*) FROM workflow_steps") == 0
     assert ran["score"] == 2
+
+
+@task
+async def brief() -> str:
+    await asyncio.sleep(0.3)
+    return "brief"
+
+
+@workflow(timeout=1.5)
+async def near_deadline(ctx: WorkflowContext) -> str:
+    return await ctx.wait(ctx.spawn(brief))
+
+
+async def test_a_parent_parked_near_its_deadline_is_woken_by_its_child(pool, make_scheduler):
+    # The deadline is within the timer's lookahead: the park leaves the row
+    # pending, due at the deadline; the child's end makes it due at once.
+    scheduler = await make_scheduler()
+    job = await scheduler.wait_for(
+        await scheduler.schedule(near_deadline, execution_time=datetime.now(UTC)), timeout=10
+    )
+    assert job.status is JobStatus.COMPLETED, job.error
+    assert job.result == "brief"

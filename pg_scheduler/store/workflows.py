@@ -46,7 +46,7 @@ _WAKE_NOTIFY = (
 # The run's start: the job's incarnation (created_at: a REPLACE makes a new
 # one), its deadline, the database's clock, and every step recorded, in order.
 _LOAD = """
-SELECT (extract(epoch FROM j.created_at) * 1000000)::bigint AS incarnation,
+SELECT coalesce((extract(epoch FROM j.created_at) * 1000000)::bigint, 0) AS incarnation,
        j.workflow_deadline, now() AS db_now,
        (SELECT coalesce(json_agg(json_build_array(s.seq, s.kind, s.name, s.key, s.status,
                                                   s.result, s.error, s.attempts)
