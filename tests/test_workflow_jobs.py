@@ -8,7 +8,7 @@ from collections import Counter
 from datetime import UTC, datetime
 
 import pytest
-from conftest import wait_for_status
+from conftest import wait_for_status, wait_until
 
 from pg_scheduler import ConflictResolution, JobStatus, WorkflowContext, workflow
 
@@ -87,3 +87,40 @@ async def test_deleting_a_workflow_takes_its_records_and_signals(pool, make_sche
     await pool.execute("DELETE FROM scheduled_jobs WHERE job_id = $1", job_id)
     assert await pool.fetchval("SELECT count(*) FROM workflow_steps") == 0
     assert await pool.fetchval("SELECT count(*) FROM workflow_signals") == 0
+
+
+@workflow
+async def everything(ctx: WorkflowContext) -> object:
+    await ctx.sleep(0.1)
+    child = await ctx.wait(ctx.spawn(_child, 2))
+    signal = await ctx.wait_for_signal("go")
+    return [child, signal]
+
+
+async def _child(n: int) -> int:
+    return n * 10
+
+
+async def test_workflows_in_their_own_schema(pool, make_scheduler):
+    schema = "wf_schema"
+    await pool.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    scheduler = await make_scheduler(schema=schema)
+    try:
+        job_id = await scheduler.schedule(everything, execution_time=datetime.now(UTC))
+
+        async def parked_on_signal() -> bool:
+            return (
+                await pool.fetchval(
+                    f"SELECT wait_kind FROM {schema}.scheduled_jobs WHERE job_id = $1", job_id
+                )
+                == "signal"
+            )
+
+        await wait_until(parked_on_signal, message="the park on the signal")
+        await scheduler.signal(job_id, "go", "went")
+        job = await scheduler.wait_for(job_id, timeout=10)
+        assert job.result == [20, "went"], job.error
+        assert await pool.fetchval("SELECT count(*) FROM public.workflow_steps") == 0
+    finally:
+        await scheduler.shutdown()
+        await pool.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
