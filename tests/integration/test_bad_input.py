@@ -13,7 +13,6 @@ import time
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
-import app_tasks
 import pytest
 
 from pg_scheduler import JobSpec, RetryPolicy, Scheduler
@@ -21,6 +20,7 @@ from pg_scheduler.periodic import PeriodicJobConfig
 from pg_scheduler.support.codec import MAX_NESTING, MAX_TASK_DATA_BYTES
 from pg_scheduler.support.validation import INT4_MAX, MAX_NAME_BYTES
 from pg_scheduler.tasks import TaskRegistry
+from tests.support import app_tasks
 
 INT4_OVER = 2**31
 
@@ -335,6 +335,8 @@ async def test_values_at_the_limits_and_look_alikes_are_stored(pool, make_schedu
 async def test_arguments_over_the_size_limit(pool, make_scheduler):
     scheduler = await make_scheduler(start=False)
     huge = "x" * MAX_TASK_DATA_BYTES
-    with pytest.raises(ValueError, match=r"args and kwargs of app_tasks:record are \d+ bytes"):
+    with pytest.raises(
+        ValueError, match=r"args and kwargs of tests\.support\.app_tasks:record are \d+ bytes"
+    ):
         await scheduler.schedule(app_tasks.record, execution_time=later(), args=(huge,))
     assert await pool.fetchval("SELECT count(*) FROM scheduled_jobs") == 0

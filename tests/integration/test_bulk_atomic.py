@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
-import app_tasks
 import asyncpg
 import pytest
 
 from pg_scheduler import ConflictResolution, JobSpec
 from pg_scheduler.enqueue.producer import COPY_THRESHOLD
+from tests.support import app_tasks
 
 POISON = "poison"
 

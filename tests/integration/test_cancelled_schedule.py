@@ -11,9 +11,10 @@ import asyncio
 import random
 from datetime import UTC, datetime
 
-import handback_tasks as tasks
 import pytest
-from conftest import wait_for_status, wait_until
+
+from tests.support import handback_tasks as tasks
+from tests.support.common import wait_for_status, wait_until
 
 LEASE = 60.0  # far beyond what any wait here allows: no rescue explains a result
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from test_cli_ops import _keep_test_logging, _run, add_job, cli  # noqa: F401
+
+from tests.integration.test_cli_ops import _keep_test_logging, _run, add_job, cli  # noqa: F401
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ def data_home() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def run(*argv: str):

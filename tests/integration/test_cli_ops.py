@@ -13,14 +13,20 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-import app_tasks
 import asyncpg
 import pytest
 import structlog
-from conftest import _with_database, job_status, wait_for_status, wait_until
 
 from pg_scheduler.cli import main, ops
 from pg_scheduler.store.housekeeping import VACUUM_LOCK_KEY
+from tests.support import app_tasks
+from tests.support.common import (
+    child_pythonpath,
+    job_status,
+    wait_for_status,
+    wait_until,
+    with_database,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -64,7 +70,7 @@ async def add_job(
     pool,
     status: str,
     *,
-    task: str = "app_tasks:add",
+    task: str = "tests.support.app_tasks:add",
     job_id: str | None = None,
     due: timedelta = timedelta(0),
     finished_ago: timedelta | None = None,
@@ -339,7 +345,7 @@ async def test_database_errors_are_one_line(dsn, server_dsn):
     admin = await asyncpg.connect(server_dsn)
     await admin.execute(f'CREATE DATABASE "{name}"')
     try:
-        empty_db = _with_database(server_dsn, name)
+        empty_db = with_database(server_dsn, name)
         missing = await cli(empty_db, "jobs")
         assert missing.code == 1 and "run `pg-scheduler migrate`" in missing.err
     finally:
@@ -413,7 +419,7 @@ async def test_periodic_list_enable_disable(pool, dsn):
 
 
 def test_periodic_trigger_needs_the_app(dsn):
-    env = {**os.environ, "PG_SCHEDULER_DSN": dsn, "PYTHONPATH": os.path.dirname(__file__)}
+    env = {**os.environ, "PG_SCHEDULER_DSN": dsn, "PYTHONPATH": child_pythonpath()}
     command = [sys.executable, "-m", "pg_scheduler.cli", "--log-level", "warning", "periodic"]
 
     def run(*args: str) -> subprocess.CompletedProcess:
@@ -436,7 +442,9 @@ def test_periodic_trigger_needs_the_app(dsn):
     asyncio.run(store_row())
     without = run("trigger", "cli-ops-hourly")
     assert without.returncode == 2 and "pass --app MODULE" in without.stderr
-    triggered = run("trigger", "cli_ops_hourly", "--app", "cli_ops_periodic_app", "--json")
+    triggered = run(
+        "trigger", "cli_ops_hourly", "--app", "tests.support.cli_ops_periodic_app", "--json"
+    )
     assert triggered.returncode == 0, triggered.stderr
     job_id = json.loads(triggered.stdout)["job_id"]
     assert "cli-ops-hourly" in job_id

@@ -83,12 +83,12 @@ def test_worker_argument_errors():
     with pytest.raises(SystemExit, match="cannot import 'no_such_module_xyz'"):
         load_app("no_such_module_xyz")
     with pytest.raises(SystemExit, match="has no attribute 'NOPE'"):
-        load_app("app_tasks:NOPE")
+        load_app("tests.support.app_tasks:NOPE")
     with pytest.raises(SystemExit, match="function taking no arguments"):
-        load_app("app_tasks:record")
+        load_app("tests.support.app_tasks:record")
     with pytest.raises(SystemExit, match="must be a dict"):
-        load_app("mp_tasks:_pool")
-    assert load_app("mp_tasks:SETTINGS")["max_concurrent_jobs"] == 20
+        load_app("tests.support.mp_tasks:_pool")
+    assert load_app("tests.support.mp_tasks:SETTINGS")["max_concurrent_jobs"] == 20
     result = cli("worker")
     assert result.returncode == 2 and "MODULE[:ATTR]" in result.stderr
 

@@ -13,16 +13,16 @@ import warnings
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
-import app_tasks
 import asyncpg
 import pytest
-from conftest import FAST, _with_database, wait_until
 from structlog.testing import capture_logs
 
 from pg_scheduler import ConflictResolution, JobPriority, JobSpec, PeriodicJobConfig, Scheduler
 from pg_scheduler.config import UNSET
 from pg_scheduler.store.migrate import Migration, expected_objects, load_migrations, migrate
 from pg_scheduler.store.schema import MIGRATION_LOCK_KEY, SchemaStore
+from tests.support import app_tasks
+from tests.support.common import FAST, wait_until, with_database
 
 periodic_module = importlib.import_module("pg_scheduler.periodic")
 periodic = periodic_module.periodic
@@ -45,7 +45,7 @@ async def fresh_pool(server_dsn):
     admin = await asyncpg.connect(server_dsn)
     await admin.execute(f'CREATE DATABASE "{name}"')
     await admin.close()
-    pool = await asyncpg.create_pool(_with_database(server_dsn, name), min_size=1, max_size=8)
+    pool = await asyncpg.create_pool(with_database(server_dsn, name), min_size=1, max_size=8)
     await migrate(pool)
     yield pool
     await pool.close()
@@ -164,7 +164,7 @@ async def test_repair_keeps_the_rows_that_are_still_there(fresh_pool):
     row = await fresh_pool.fetchrow(
         "SELECT status, task_name FROM scheduled_jobs WHERE job_id = $1", job_id
     )
-    assert (row["status"], row["task_name"]) == ("pending", "app_tasks:noop")
+    assert (row["status"], row["task_name"]) == ("pending", "tests.support.app_tasks:noop")
 
 
 async def test_only_versions_from_the_first_damaged_one_are_reapplied(fresh_pool):
@@ -354,8 +354,10 @@ async def test_redefined_periodic_function_replaces_the_earlier_one(
     assert periodic_module.registered_periodic_job(key).func is second
     [warning] = [e for e in logs if e.get("dedup_key") == key and e["log_level"] == "warning"]
     assert warning["log_level"] == "warning" and "replaces" in warning["event"]
-    assert warning["replaced"] == "test_compat_023.first_definition.<locals>.ticker"
-    assert warning["by"] == "test_compat_023.second_definition.<locals>.ticker"
+    assert (
+        warning["replaced"] == "tests.integration.test_compat_023.first_definition.<locals>.ticker"
+    )
+    assert warning["by"] == "tests.integration.test_compat_023.second_definition.<locals>.ticker"
     # The windows run the new definition.
     await make_scheduler(run_periodic_jobs=True)
     await asyncio.wait_for(ran.setdefault("second", asyncio.Event()).wait(), timeout=30)

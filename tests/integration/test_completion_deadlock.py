@@ -26,11 +26,11 @@ from datetime import UTC, datetime
 
 import asyncpg
 import pytest
-from conftest import wait_until
 
 from pg_scheduler import Scheduler, task
 from pg_scheduler.engine.completer import Completer
 from pg_scheduler.store import Completion, Store
+from tests.support.common import wait_until
 
 WORKER = "deadlock-worker"
 

@@ -22,9 +22,9 @@ from datetime import UTC, datetime
 
 import asyncpg
 import pytest
-from conftest import wait_until
 
 from pg_scheduler import Scheduler, task
+from tests.support.common import wait_until
 
 _state: dict[str, object] = {}
 

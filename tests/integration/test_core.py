@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
-import app_tasks
-from conftest import job_status, wait_for_status, wait_until
-
 from pg_scheduler import JobPriority, JobStatus, RetryPolicy
+from tests.support import app_tasks
+from tests.support.common import job_status, wait_for_status, wait_until
 
 
 def now() -> datetime:
@@ -24,7 +23,7 @@ async def test_scheduled_job_runs_and_stores_result(pool, make_scheduler):
     assert job.result == 5
     assert job.attempts == 1
     assert job.job_name == "add"
-    assert job.task_name == "app_tasks:add"
+    assert job.task_name == "tests.support.app_tasks:add"
     assert job.started_at is not None and job.finished_at >= job.started_at
     assert job.worker_id == scheduler.worker_id
 

@@ -7,15 +7,15 @@ import json
 from datetime import UTC, datetime
 
 import asyncpg
-import dashboard_tasks
 import httpx
 import pytest
-from conftest import wait_for_status, wait_until
-from dashboard_support import serve
 
 from pg_scheduler import RetryPolicy
 from pg_scheduler.dashboard import dashboard_app
 from pg_scheduler.store.migrate import migrate
+from tests.support import dashboard_tasks
+from tests.support.common import wait_for_status, wait_until
+from tests.support.dashboard_support import serve
 
 TOKEN = "s3cret-token"
 EVIL = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
@@ -406,7 +406,7 @@ async def test_the_command_serves_the_dashboard(dsn, pool):
     import subprocess
     import sys
 
-    from dashboard_support import free_port
+    from tests.support.dashboard_support import free_port
 
     await add_jobs(pool, 3)
     port = free_port()

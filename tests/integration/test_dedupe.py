@@ -10,12 +10,12 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
-import dedupe_tasks
 import pytest
-from conftest import child_env, wait_for_status
 
 from pg_scheduler import ConflictResolution, JobSpec, RetryPolicy, task
 from pg_scheduler.store.migrate import migrate
+from tests.support import dedupe_tasks
+from tests.support.common import child_env, wait_for_status
 
 RAISE, IGNORE, REPLACE = (
     ConflictResolution.RAISE,
@@ -56,7 +56,7 @@ import asyncio, json, os, sys
 from datetime import UTC, datetime, timedelta
 import asyncpg
 from pg_scheduler import ConflictResolution, Scheduler
-import dedupe_tasks
+from tests.support import dedupe_tasks
 
 async def main():
     mode, first, total = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from fastapi.testclient import TestClient
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_compose_services_share_one_database():

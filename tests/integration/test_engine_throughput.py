@@ -6,10 +6,9 @@ import asyncio
 import json
 from datetime import UTC, datetime, timedelta
 
-import app_tasks
-from conftest import job_status, wait_for_status, wait_until
-
 from pg_scheduler.store import Completion
+from tests.support import app_tasks
+from tests.support.common import job_status, wait_for_status, wait_until
 
 
 def now() -> datetime:
@@ -83,7 +82,9 @@ async def test_large_bulk_uses_copy_and_wakes_workers(pool, make_scheduler):
 
     await wait_until(all_done, message="bulk jobs completed")
     job = await scheduler.get_job(ids[7])
-    assert job.result == 8 and job.task_name == "app_tasks:add" and job.job_name == "add"
+    assert (
+        job.result == 8 and job.task_name == "tests.support.app_tasks:add" and job.job_name == "add"
+    )
 
 
 async def test_batched_completion_keeps_the_lease_guard_and_odd_ids(pool, make_scheduler):
@@ -95,7 +96,7 @@ async def test_batched_completion_keeps_the_lease_guard_and_odd_ids(pool, make_s
     when = datetime.now(UTC) - timedelta(seconds=1)
     for job_id in odd:
         await scheduler.schedule(app_tasks.noop, execution_time=when, job_id=job_id)
-    claimed = await store.claim("w1", ["app_tasks:noop"], 10, 60.0)
+    claimed = await store.claim("w1", ["tests.support.app_tasks:noop"], 10, 60.0)
     assert {r["job_id"] for r in claimed} == set(odd)
     results = ['{"a": [1, "two"]}', None, '"text with \\"quotes\\""', "3.5", "null"]
     done = [Completion(job_id, 1, result) for job_id, result in zip(odd, results, strict=True)]

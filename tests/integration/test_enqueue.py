@@ -8,13 +8,13 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
 
-import app_tasks
 import asyncpg
 import pytest
-from conftest import wait_for_status, wait_until
 
 from pg_scheduler import ConflictResolution, JobPriority, JobSpec, RetryPolicy, Scheduler
 from pg_scheduler.enqueue.ids import new_job_ids
+from tests.support import app_tasks
+from tests.support.common import wait_for_status, wait_until
 
 
 def later(seconds: float = 3600) -> datetime:
@@ -40,7 +40,7 @@ async def test_schedule_stores_every_documented_parameter(pool, make_scheduler):
     assert job_id == "custom-1"
     row = await pool.fetchrow("SELECT * FROM scheduled_jobs WHERE job_id = 'custom-1'")
     assert row["job_name"] == "record"
-    assert row["task_name"] == "app_tasks:record"
+    assert row["task_name"] == "tests.support.app_tasks:record"
     assert row["execution_time"] == when
     assert row["status"] == "pending"
     assert json.loads(row["task_data"]) == {"args": ["k", 1], "kwargs": {"value": 2}}
@@ -87,7 +87,7 @@ def sync_function():
         (
             dict(args=(object(),)),
             TypeError,
-            r"args\[0\] of app_tasks:record is not JSON-serializable",
+            r"args\[0\] of tests\.support\.app_tasks:record is not JSON-serializable",
         ),
         (dict(kwargs={"value": {1, 2}}), TypeError, r"kwargs\['value'\].*set"),
         (dict(args=(float("nan"),)), TypeError, "not JSON-serializable"),
@@ -226,7 +226,7 @@ async def test_conflict_resolution_single(pool, make_scheduler):
     )
     row = await pool.fetchrow("SELECT * FROM scheduled_jobs")
     assert (row["task_name"], row["priority"], row["execution_time"]) == (
-        "app_tasks:add",
+        "tests.support.app_tasks:add",
         8,
         second,
     )
@@ -267,7 +267,7 @@ async def test_replace_revives_a_finished_job_but_never_touches_a_running_one(po
 
 
 async def wait_until_result(scheduler, job_id, expected):
-    from conftest import wait_until
+    from tests.support.common import wait_until
 
     async def ready():
         job = await scheduler.get_job(job_id)
@@ -330,7 +330,7 @@ async def test_bulk_replace_overwrites(pool, make_scheduler):
     )
     assert ids == ["r1", "r2"]
     names = dict(await pool.fetch("SELECT job_id, task_name FROM scheduled_jobs"))
-    assert names == {"r1": "app_tasks:add", "r2": "app_tasks:add"}
+    assert names == {"r1": "tests.support.app_tasks:add", "r2": "tests.support.app_tasks:add"}
 
 
 async def test_schedule_job_low_level_form(pool, make_scheduler):
@@ -440,7 +440,7 @@ async def test_job_timeout_and_retry_schedule_visible(pool, make_scheduler):
         job = await scheduler.get_job(job_id)
         return job.retry_count == 1 and job.status == "pending"
 
-    from conftest import wait_until
+    from tests.support.common import wait_until
 
     await wait_until(retried)
     job = await scheduler.get_job(job_id)

@@ -10,10 +10,7 @@ import itertools
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
-import app_tasks
-import dedupe_tasks
 import pytest
-import queue_tasks
 
 from pg_scheduler import JobPriority, JobSpec, RetryPolicy
 from pg_scheduler.config import UNSET
@@ -21,6 +18,7 @@ from pg_scheduler.enqueue.producer import Enqueuer
 from pg_scheduler.enqueue.rows import spec_rows, spec_tuples
 from pg_scheduler.store import Store
 from pg_scheduler.tasks import TaskRegistry
+from tests.support import app_tasks, dedupe_tasks, queue_tasks
 
 TIMES = (
     datetime(2031, 1, 2, 3, 4, 5, tzinfo=UTC),

@@ -7,14 +7,14 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
-import results_tasks
-from conftest import wait_until
-
-# The schema tests' database (two migrated schemas), its owner and a bare role.
-from test_schema import db, owner, role  # noqa: F401
 
 from pg_scheduler import RetryPolicy, Scheduler
 from pg_scheduler.notify.events import JOB_KINDS
+
+# The schema tests' database (two migrated schemas), its owner and a bare role.
+from tests.integration.test_schema import db, owner, role  # noqa: F401
+from tests.support import results_tasks
+from tests.support.common import wait_until
 
 FAST_RETRY = RetryPolicy(base_delay=0.01, factor=1, max_delay=0.01, jitter=0)
 
@@ -133,7 +133,7 @@ async def _status_is(pool, job_id: str, status: str) -> bool:
 
 async def test_a_waiter_that_may_not_ask_for_events_polls(db, owner, role):  # noqa: F811
     """A role with SELECT only on scheduler_event_flags: wait_for() logs, then polls."""
-    from test_schema import A, as_role
+    from tests.integration.test_schema import A, as_role
 
     await owner.execute(
         f"GRANT USAGE ON SCHEMA {A} TO {role};"

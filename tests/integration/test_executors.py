@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sync_tasks
-from conftest import job_status, wait_for_status, wait_until
 from structlog.testing import capture_logs
 
 from pg_scheduler import RetryPolicy, Scheduler
 from pg_scheduler.tasks import TaskRegistry
+from tests.support import sync_tasks
+from tests.support.common import job_status, wait_for_status, wait_until
 
 started_at: dict[int, float] = {}
 

@@ -23,7 +23,7 @@ def data_home() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # An application that never configures logging: ten jobs, plus one job of a
 # task nobody runs, checked for three times.

@@ -12,9 +12,8 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
-from conftest import wait_until
-
 from pg_scheduler import JobSpec, task
+from tests.support.common import wait_until
 
 gate = asyncio.Event()
 runs: list[str] = []

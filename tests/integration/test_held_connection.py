@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
-import app_tasks
 import asyncpg
 import pytest
-from conftest import wait_for_status, wait_until
 
 from pg_scheduler.engine.held import MIN_POOL_SIZE_TO_HOLD, HeldConnection
 from pg_scheduler.support.reconnect import is_connection_error
+from tests.support import app_tasks
+from tests.support.common import wait_for_status, wait_until
 
 
 async def pid_of(db) -> int:

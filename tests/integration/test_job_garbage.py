@@ -11,11 +11,10 @@ import gc
 import uuid
 from datetime import UTC, datetime
 
-import app_tasks
-from conftest import wait_for_status, wait_until
-
 from pg_scheduler.context import JobContext
 from pg_scheduler.engine.job import ClaimedJob, RunningJob
+from tests.support import app_tasks
+from tests.support.common import wait_for_status, wait_until
 
 PER_JOB = (RunningJob, ClaimedJob, JobContext)
 

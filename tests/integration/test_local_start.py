@@ -7,11 +7,11 @@ import json
 import uuid
 from datetime import UTC, datetime, timedelta
 
-import app_tasks
 import asyncpg
-from conftest import wait_for_status, wait_until
 
 from pg_scheduler import Scheduler
+from tests.support import app_tasks
+from tests.support.common import wait_for_status, wait_until
 
 
 def key() -> str:

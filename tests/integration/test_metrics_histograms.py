@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-import dashboard_tasks
 import httpx
 import pytest
-from conftest import wait_for_status, wait_until
 from prometheus_client import CollectorRegistry
 
 from pg_scheduler import RetryPolicy
 from pg_scheduler.observe import instrument
 from pg_scheduler.observe.metrics import MetricsExporter, disable_job_metrics, enable_job_metrics
+from tests.support import dashboard_tasks
+from tests.support.common import wait_for_status, wait_until
 
 FAST_RETRY = RetryPolicy(base_delay=0.01, factor=1, max_delay=0.01, jitter=0)
 

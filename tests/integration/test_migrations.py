@@ -10,14 +10,14 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import app_tasks
 import asyncpg
 import pytest
-from conftest import _with_database, wait_until
 
 import pg_scheduler
 from pg_scheduler import MigrationError, Scheduler
 from pg_scheduler.store.migrate import current_version, load_migrations, migrate
+from tests.support import app_tasks
+from tests.support.common import wait_until, with_database
 
 # The table as pg-scheduler 0.2.x creates it (its documented columns and indexes).
 LEGACY_SCHEMA = """
@@ -50,7 +50,7 @@ async def fresh_db(server_dsn):
     admin = await asyncpg.connect(server_dsn)
     await admin.execute(f'CREATE DATABASE "{name}"')
     await admin.close()
-    yield _with_database(server_dsn, name)
+    yield with_database(server_dsn, name)
     admin = await asyncpg.connect(server_dsn)
     await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     await admin.close()

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-import dashboard_tasks
 import pytest
-from conftest import wait_for_status
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -15,6 +13,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from pg_scheduler import RetryPolicy
 from pg_scheduler.observe import instrument
 from pg_scheduler.observe.otel import TRACE_KEY, disable_tracing, enable_tracing
+from tests.support import dashboard_tasks
+from tests.support.common import wait_for_status
 
 
 def now() -> datetime:

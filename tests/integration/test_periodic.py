@@ -14,15 +14,15 @@ import time
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
-import periodic_tasks
 import pytest
-from conftest import wait_until
 
 from pg_scheduler import JobPriority, PeriodicJobConfig, periodic
 from pg_scheduler.config import UNSET
 from pg_scheduler.periodic import CoalescePolicy, window_job_id
 from pg_scheduler.periodic.cron import CronError
 from pg_scheduler.tasks import default_registry
+from tests.support import periodic_tasks
+from tests.support.common import wait_until
 
 # The package exports the decorator under the module's name.
 periodic_module = importlib.import_module("pg_scheduler.periodic")
@@ -520,17 +520,17 @@ async def _is(value, expected) -> bool:
 
 async def test_migration_retires_pending_windows_of_0_2_x(server_dsn):
     import asyncpg
-    from conftest import _with_database
-    from test_migrations import LEGACY_SCHEMA
 
     from pg_scheduler.store.migrate import migrate
+    from tests.integration.test_migrations import LEGACY_SCHEMA
+    from tests.support.common import with_database
 
     name = f"pgs_periodic_legacy_{os.getpid()}"
     admin = await asyncpg.connect(server_dsn)
     await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
     await admin.execute(f'CREATE DATABASE "{name}"')
     await admin.close()
-    conn = await asyncpg.connect(_with_database(server_dsn, name))
+    conn = await asyncpg.connect(with_database(server_dsn, name))
     try:
         await conn.execute(LEGACY_SCHEMA)
         # 0.2.x: the next window of a periodic job (routed to its wrapper

@@ -7,10 +7,9 @@ import asyncio
 import uuid
 from datetime import UTC, datetime
 
-import app_tasks
-from conftest import wait_for_status, wait_until
-
 from pg_scheduler.engine.slots import Permits
+from tests.support import app_tasks
+from tests.support.common import wait_for_status, wait_until
 
 
 async def test_take_is_synchronous_until_the_permits_run_out():

@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
-from conftest import job_status, wait_until
-
 from pg_scheduler import JobPriority, task
+from tests.support.common import job_status, wait_until
 
 STARTS: list[str] = []
 GATES: dict[str, asyncio.Event] = {}

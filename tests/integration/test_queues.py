@@ -9,13 +9,13 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
-import queue_tasks
-from conftest import _with_database, wait_for_status, wait_until
-from test_migrations import LEGACY_SCHEMA
 
 from pg_scheduler import JobSpec, PollingConfig, Scheduler, periodic, task
 from pg_scheduler.periodic.registry import PeriodicJobConfig
 from pg_scheduler.store.migrate import migrate
+from tests.integration.test_migrations import LEGACY_SCHEMA
+from tests.support import queue_tasks
+from tests.support.common import wait_for_status, wait_until, with_database
 
 
 def now() -> datetime:
@@ -329,7 +329,7 @@ async def test_a_migrated_023_table_lands_in_default(server_dsn):
     admin = await asyncpg.connect(server_dsn)
     await admin.execute(f'CREATE DATABASE "{name}"')
     await admin.close()
-    dsn = _with_database(server_dsn, name)
+    dsn = with_database(server_dsn, name)
     try:
         conn = await asyncpg.connect(dsn)
         try:
@@ -397,9 +397,8 @@ async def test_stats_status_and_metrics_show_queues(pool, capsys):
 
 async def test_prometheus_gauges_per_queue(pool):
     pytest.importorskip("prometheus_client")
-    from test_stats_metrics import scrape
-
     from pg_scheduler.observe.metrics import MetricsExporter
+    from tests.integration.test_stats_metrics import scrape
 
     producer = Scheduler(pool)
     await producer.schedule(queue_tasks.send_email, execution_time=now(), args=("m1",))

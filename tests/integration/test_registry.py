@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-import mail_tasks
-import sms_tasks
-from conftest import job_status, wait_for_status, wait_until
-
 import pg_scheduler
 from pg_scheduler.tasks import TaskRegistry, task_name_of
+from tests.support import mail_tasks, sms_tasks
+from tests.support.common import job_status, wait_for_status, wait_until
 
 
 def now() -> datetime:
@@ -25,7 +23,7 @@ async def test_same_function_name_in_two_modules_never_collides(pool, make_sched
     assert (await scheduler.get_job(mail)).result == "mail to ada"
     assert (await scheduler.get_job(sms)).result == "sms to ada"
     names = dict(await pool.fetch("SELECT job_id, task_name FROM scheduled_jobs"))
-    assert names == {mail: "mail_tasks:send", sms: "sms_tasks:send"}
+    assert names == {mail: "tests.support.mail_tasks:send", sms: "tests.support.sms_tasks:send"}
     # job_name keeps its 0.2.x meaning.
     assert {r["job_name"] for r in await pool.fetch("SELECT job_name FROM scheduled_jobs")} == {
         "send"
@@ -39,7 +37,7 @@ async def test_job_nobody_can_run_waits_visibly_until_someone_registers(pool, ma
 
     async def reported():
         inventory = await worker.load_task_functions()
-        return inventory.unknown.get("mail_tasks:send") == 1
+        return inventory.unknown.get("tests.support.mail_tasks:send") == 1
 
     await wait_until(reported)
     assert await job_status(pool, job_id) == "pending"  # never failed by a process lacking code
@@ -64,8 +62,9 @@ async def test_explicit_task_name_and_decorator_forms(pool, make_scheduler):
     async def module_level() -> str:
         return "ok"
 
-    assert "test_registry:test_explicit_task_name_and_decorator_forms.<locals>.module_level" in (
-        pg_scheduler.tasks.default_registry
+    assert (
+        "tests.integration.test_registry:test_explicit_task_name_and_decorator_forms.<locals>.module_level"
+        in (pg_scheduler.tasks.default_registry)
     )
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
-from conftest import wait_for_status, wait_until
-
 from pg_scheduler import task
+from tests.support.common import wait_for_status, wait_until
 
 attempts: list[int] = []
 

@@ -5,15 +5,14 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
-import results_tasks
-from conftest import wait_for_status
+from pg_scheduler import RetryPolicy
+from pg_scheduler.testing import run_eagerly, run_job, scheduler_for_tests
 
 # The autouse fixture keeps the in-process CLI from configuring structlog for
 # the rest of the session.
-from test_cli_ops import _keep_test_logging, cli  # noqa: F401
-
-from pg_scheduler import RetryPolicy
-from pg_scheduler.testing import run_eagerly, run_job, scheduler_for_tests
+from tests.integration.test_cli_ops import _keep_test_logging, cli  # noqa: F401
+from tests.support import results_tasks
+from tests.support.common import wait_for_status
 
 FAST_RETRY = RetryPolicy(base_delay=0.01, factor=1, max_delay=0.01, jitter=0)
 

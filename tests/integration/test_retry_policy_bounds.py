@@ -17,12 +17,12 @@ from datetime import UTC, datetime
 
 import asyncpg
 import pytest
-from conftest import wait_until
 
 from pg_scheduler import RetryPolicy, Scheduler, task
 from pg_scheduler.config import MAX_RETRY_DELAY
 from pg_scheduler.engine import write_failure
 from pg_scheduler.store import Store
+from tests.support.common import wait_until
 
 
 @task(name="retry_bounds.flaky")

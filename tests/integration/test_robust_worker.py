@@ -10,7 +10,6 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from conftest import wait_until
 
 from pg_scheduler import JobSpec, RetryPolicy, task
 from pg_scheduler.engine import Completer
@@ -21,6 +20,7 @@ from pg_scheduler.support.codec import (
     TRACEBACK_MAX_CHARS,
     TRUNCATED_MARKER,
 )
+from tests.support.common import wait_until
 
 runs: Counter[str] = Counter()
 gate = asyncio.Event()

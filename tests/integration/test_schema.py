@@ -13,13 +13,13 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit, urlunsplit
 
-import app_tasks
 import asyncpg
 import pytest
-from conftest import FAST, _with_database, wait_until
 
 from pg_scheduler import Scheduler
 from pg_scheduler.store.migrate import MigrationError, migrate
+from tests.support import app_tasks
+from tests.support.common import FAST, wait_until, with_database
 
 A, B = "sched_a", "sched_b"
 
@@ -43,7 +43,7 @@ async def db(server_dsn: str) -> AsyncIterator[str]:
     admin = await asyncpg.connect(server_dsn)
     await admin.execute(f'CREATE DATABASE "{name}"')
     await admin.close()
-    url = _with_database(server_dsn, name)
+    url = with_database(server_dsn, name)
     conn = await asyncpg.connect(url)
     try:
         for schema in (A, B):

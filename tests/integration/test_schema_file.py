@@ -10,7 +10,6 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from conftest import _with_database
 
 from pg_scheduler.store.dump_schema import (
     COMMAND,
@@ -22,8 +21,9 @@ from pg_scheduler.store.dump_schema import (
     server_major,
 )
 from pg_scheduler.store.migrate import migrate
+from tests.support.common import with_database
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _stale(committed: str, regenerated: str) -> str:
@@ -64,7 +64,7 @@ async def migrated_db(server_dsn: str):
     admin = await asyncpg.connect(server_dsn)
     name = f"pgs_schema_file_{uuid.uuid4().hex[:8]}"
     await admin.execute(f"CREATE DATABASE {name}")
-    url = _with_database(server_dsn, name)
+    url = with_database(server_dsn, name)
     conn = await asyncpg.connect(url)
     try:
         await migrate(conn)

@@ -10,9 +10,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 
-import app_tasks
 import asyncpg
-from conftest import wait_for_status, wait_until
+
+from tests.support import app_tasks
+from tests.support.common import wait_for_status, wait_until
 
 
 @asynccontextmanager

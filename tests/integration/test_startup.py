@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-import app_tasks
 import asyncpg
 import pytest
-from conftest import FAST, wait_until
-
-# The schema tests' database (two migrated schemas), its owner and a bare role.
-from test_schema import WORKER_GRANTS, A, as_role, db, owner, role  # noqa: F401
 
 from pg_scheduler import Scheduler
+
+# The schema tests' database (two migrated schemas), its owner and a bare role.
+from tests.integration.test_schema import WORKER_GRANTS, A, as_role, db, owner, role  # noqa: F401
+from tests.support import app_tasks
+from tests.support.common import FAST, wait_until
 
 
 async def test_a_failed_start_leaves_no_connection_held(owner, db, role):  # noqa: F811

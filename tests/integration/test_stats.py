@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-import app_tasks
 import pytest
-from conftest import wait_for_status
 
 from pg_scheduler import VacuumConfig, VacuumPolicy
 from pg_scheduler.observe.stats import QueueStats, collect_stats
+from tests.support import app_tasks
+from tests.support.common import wait_for_status
 
 
 async def add_rows(pool, count: int, status: str, task: str, **sql: str) -> None:

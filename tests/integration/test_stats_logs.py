@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-import app_tasks
-from conftest import wait_for_status, wait_until
 from structlog.testing import capture_logs
 
 from pg_scheduler import JobSpec, RetryPolicy, VacuumConfig, VacuumPolicy
+from tests.support import app_tasks
+from tests.support.common import wait_for_status, wait_until
 
 FIELDS = ("job_id", "task", "worker_id", "attempt")
 
@@ -56,7 +56,10 @@ async def test_transitions_carry_job_task_worker_attempt_duration(pool, make_sch
     assert all(failing["failed"][f] is not None for f in FIELDS)
 
     expired = events_of(logs, late)["expired"]
-    assert expired["worker_id"] == scheduler.worker_id and expired["task"] == "app_tasks:noop"
+    assert (
+        expired["worker_id"] == scheduler.worker_id
+        and expired["task"] == "tests.support.app_tasks:noop"
+    )
     assert events_of(logs, later)["cancelled"]["job_id"] == later
     assert any(e.get("event_type") == "scheduled" and e.get("bulk") for e in logs)
     vacuum = next(e for e in logs if e.get("event_type") == "vacuum")

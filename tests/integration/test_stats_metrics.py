@@ -6,11 +6,11 @@ import asyncio
 import urllib.request
 from datetime import UTC, datetime
 
-import app_tasks
 import pytest
-from conftest import wait_for_status, wait_until
 
 from pg_scheduler.observe.metrics import MetricsExporter
+from tests.support import app_tasks
+from tests.support.common import wait_for_status, wait_until
 
 
 def scrape(port: int) -> str:
@@ -27,8 +27,10 @@ async def test_exporter_serves_queue_figures(pool, make_scheduler):
     async with MetricsExporter(scheduler, port=0, addr="127.0.0.1", interval=0.1) as exporter:
         text = await asyncio.to_thread(scrape, exporter.port)
         assert "pg_scheduler_stats_up 1.0" in text
-        assert 'pg_scheduler_jobs{status="completed",task="app_tasks:add"} 1.0' in text
-        assert 'pg_scheduler_jobs{status="failed",task="app_tasks:boom"} 1.0' in text
+        assert (
+            'pg_scheduler_jobs{status="completed",task="tests.support.app_tasks:add"} 1.0' in text
+        )
+        assert 'pg_scheduler_jobs{status="failed",task="tests.support.app_tasks:boom"} 1.0' in text
         assert 'pg_scheduler_failure_rate{window_seconds="60"} 0.5' in text
         assert 'pg_scheduler_worker_alive{hostname="' in text
         assert f'worker_id="{scheduler.worker_id}"' in text

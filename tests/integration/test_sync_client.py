@@ -11,7 +11,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from conftest import job_status, wait_for_status
 
 from pg_scheduler import (
     ConflictResolution,
@@ -21,6 +20,7 @@ from pg_scheduler import (
     RetryPolicy,
     SyncClient,
 )
+from tests.support.common import job_status, wait_for_status
 
 ran: dict[str, float] = {}
 

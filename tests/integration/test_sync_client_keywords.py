@@ -12,7 +12,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from conftest import wait_for_status
 
 from pg_scheduler import (
     ConflictResolution,
@@ -23,6 +22,7 @@ from pg_scheduler import (
     SyncClient,
 )
 from pg_scheduler.enqueue.fields import JobFields
+from tests.support.common import wait_for_status
 
 psycopg = pytest.importorskip("psycopg")
 

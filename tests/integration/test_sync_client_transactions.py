@@ -16,9 +16,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from conftest import wait_for_status
 
 from pg_scheduler import JobSpec, PollingConfig, SyncClient
+from tests.support.common import wait_for_status
 
 psycopg = pytest.importorskip("psycopg")
 psycopg2 = pytest.importorskip("psycopg2")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
-import app_tasks
 import pytest
-from conftest import wait_for_status, wait_until
 
 from pg_scheduler import VacuumConfig, VacuumPolicy
 from pg_scheduler.store.housekeeping import VACUUM_LOCK_KEY
+from tests.support import app_tasks
+from tests.support.common import wait_for_status, wait_until
 
 NEVER = VacuumPolicy.never()
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
-import app_tasks
 import asyncpg
-from conftest import wait_for_status, wait_until
 
 from pg_scheduler import JobSpec, PollingConfig
+from tests.support import app_tasks
+from tests.support.common import wait_for_status, wait_until
 
 # Polling so slow that only a notification or the due-time timer can explain a quick start.
 SLOW_POLL = PollingConfig(min_interval=0.05, max_interval=30.0, idle_start_interval=30.0)

@@ -1,4 +1,4 @@
-"""Tasks shared by tests and their subprocess workers (importable as ``app_tasks``)."""
+"""Tasks shared by tests and their subprocess workers (``tests.support.app_tasks``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tasks for the dedupe-key tests (tests/test_dedupe.py): importable by a
+"""Tasks for the dedupe-key tests (tests/integration/test_dedupe.py): importable by a
 producer subprocess as well."""
 
 from __future__ import annotations

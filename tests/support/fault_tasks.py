@@ -21,7 +21,7 @@ import asyncpg
 from pg_scheduler import task
 from pg_scheduler.support.reconnect import retry_on_disconnect
 
-# Scheduler options for `pg-scheduler worker fault_tasks:CLI_OPTIONS`.
+# Scheduler options for `pg-scheduler worker tests.support.fault_tasks:CLI_OPTIONS`.
 CLI_OPTIONS: dict[str, Any] = {
     "heartbeat_interval": 0.3,
     "heartbeat_threshold": 2.0,

@@ -1,6 +1,7 @@
 """A worker in its own process, for fault injection, and the helpers tests drive it with.
 
-As a script: ``python fault_worker.py '{"heartbeat_threshold": 2, ...}'`` starts
+As a script, from the repository root:
+``python -m tests.support.fault_worker '{"heartbeat_threshold": 2, ...}'`` starts
 a Scheduler on ``$PG_SCHEDULER_TEST_DB_URL`` with those options (``polling``
 may hold PollingConfig fields), prints JSON lines on stdout (``ready``, and
 ``listener`` each time the LISTEN backend changes), and shuts down like the
@@ -44,7 +45,8 @@ def metric(name: str, value: float) -> None:
             out.write(line + "\n")
 
 
-TESTS_DIR = Path(__file__).resolve().parent
+# The repository root: the subprocess's working directory and PYTHONPATH.
+ROOT = Path(__file__).resolve().parents[2]
 
 # One row per execution phase of a fault task (see fault_tasks.record).
 RUNS_DDL = """
@@ -63,14 +65,14 @@ CREATE INDEX IF NOT EXISTS fault_runs_key_idx ON fault_runs (job_key, phase);
 
 async def _serve(options: dict[str, Any]) -> None:
     import asyncpg
-    import fault_tasks  # noqa: F401  (registers the tasks)
 
     from pg_scheduler import PollingConfig, Scheduler
+    from tests.support import fault_tasks  # noqa: F401  (registers the tasks)
 
     polling = options.pop("polling", None)
     pool_size = int(options.pop("pool_size", 10))
     # The scheduler's pool may take another path to the database than the
-    # tasks' records (tests/tcp_proxy.py); by default the same.
+    # tasks' records (tests/support/tcp_proxy.py); by default the same.
     url = os.environ.get("PG_SCHEDULER_WORKER_DB_URL") or os.environ["PG_SCHEDULER_TEST_DB_URL"]
     pool = await asyncpg.create_pool(url, min_size=2, max_size=pool_size)
     scheduler = Scheduler(
@@ -126,7 +128,7 @@ def subprocess_env(dsn: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PG_SCHEDULER_TEST_DB_URL"] = dsn
     env["PG_SCHEDULER_DSN"] = dsn
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS_DIR), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     return env
 
 
@@ -146,7 +148,7 @@ class WorkerProcess:
     async def start(
         cls, dsn: str, log_dir: Path, name: str, *, cli: bool = False, **options: Any
     ) -> WorkerProcess:
-        """Start ``fault_worker.py`` (or, with ``cli``, ``pg-scheduler worker``)."""
+        """Start this module as a script (or, with ``cli``, ``pg-scheduler worker``)."""
         log_path = Path(log_dir) / f"{name}.log"
         if cli:
             argv = [
@@ -156,18 +158,18 @@ class WorkerProcess:
                 "--log-level",
                 "debug",
                 "worker",
-                "fault_tasks:CLI_OPTIONS",
+                "tests.support.fault_tasks:CLI_OPTIONS",
                 *(str(a) for a in options.pop("cli_args", [])),
             ]
         else:
-            argv = [sys.executable, str(TESTS_DIR / "fault_worker.py"), json.dumps(options)]
+            argv = [sys.executable, "-m", "tests.support.fault_worker", json.dumps(options)]
         with log_path.open("wb") as log_file:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log_file,
                 env=subprocess_env(dsn),
-                cwd=str(TESTS_DIR),
+                cwd=str(ROOT),
                 start_new_session=True,
             )
         return cls(proc, log_path, name)

@@ -1,4 +1,4 @@
-"""Tasks for tests/test_dedupe_handback.py and tests/test_cancelled_schedule.py:
+"""Tasks for tests/system/test_dedupe_handback.py and tests/integration/test_cancelled_schedule.py:
 jobs held open by a named gate, and jobs that count their own runs."""
 
 from __future__ import annotations

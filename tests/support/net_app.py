@@ -1,11 +1,11 @@
-"""Scheduler options for ``pg-scheduler worker net_app:OPTIONS`` in the network
+"""Scheduler options for ``pg-scheduler worker tests.support.net_app:OPTIONS`` in the network
 fault tests (the fault tasks, short timings, a short statement bound)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import fault_tasks  # registers the tasks
+from tests.support import fault_tasks  # registers the tasks
 
 OPTIONS: dict[str, Any] = {
     **fault_tasks.CLI_OPTIONS,

@@ -1,5 +1,5 @@
 """Periodic-job bodies shared by tests and their subprocesses (importable as
-``periodic_tasks``). Nothing here is decorated at import: each test or
+``tests.support.periodic_tasks``). Nothing here is decorated at import: each test or
 subprocess declares the periodic jobs it needs, so other tests never see them."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """A Scheduler process for multi-process periodic tests.
 
-``python periodic_worker.py '<json>'`` with keys: ``declare`` ("tick" or
+``python -m tests.support.periodic_worker '<json>'`` (from the repository root)
+with keys: ``declare`` ("tick" or
 "locked"), ``dedup_key``, ``every`` (seconds, for tick), ``trigger`` (bool:
 trigger the job once at start). SIGUSR1 calls the synchronous
 ``disable_periodic_job``; SIGTERM shuts down. Prints JSON lines: ``ready``,
@@ -25,9 +26,9 @@ def say(**fields: Any) -> None:
 
 async def main(options: dict[str, Any]) -> None:
     import asyncpg
-    import periodic_tasks
 
     from pg_scheduler import Scheduler
+    from tests.support import periodic_tasks
 
     key = options["dedup_key"]
     if options["declare"] == "tick":

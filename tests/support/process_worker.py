@@ -1,6 +1,7 @@
-"""``pg-scheduler worker process_tasks:SETTINGS``, started as a script.
+"""``pg-scheduler worker tests.support.process_tasks:SETTINGS``, started as a script
+(``python -m tests.support.process_worker`` from the repository root).
 
-Run by path, this file is also imported (as ``__mp_main__``) by every job
+Run as the main module, this file is also imported (as ``__mp_main__``) by every job
 process the worker spawns, before the job's arguments reach it: the way a
 heavy main script slows each process start. With
 ``PROCESS_TASKS_START_GATE=<path>`` set, that import waits until the file
@@ -22,4 +23,4 @@ if __name__ == "__mp_main__":
 elif __name__ == "__main__":
     from pg_scheduler.cli import main
 
-    sys.exit(main(["--log-level", "warning", "worker", "process_tasks:SETTINGS"]))
+    sys.exit(main(["--log-level", "warning", "worker", "tests.support.process_tasks:SETTINGS"]))

@@ -1,4 +1,4 @@
-"""Tasks in named queues, for tests/test_queues.py and its worker subprocesses.
+"""Tasks in named queues, for tests/integration/test_queues.py and its worker subprocesses.
 
 In-process tests read ``starts`` and ``peak``; subprocess workers record each
 run in ``queue_runs`` (queue, pid, start time by the database's clock)."""

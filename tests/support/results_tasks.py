@@ -1,4 +1,4 @@
-"""Tasks for tests/test_results.py (imported by its worker subprocesses too)."""
+"""Tasks for tests/system/test_results.py (imported by its worker subprocesses too)."""
 
 from __future__ import annotations
 

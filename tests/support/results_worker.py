@@ -1,4 +1,5 @@
-"""A worker process for tests/test_results.py: runs results_tasks until stdin closes."""
+"""A worker process for tests/system/test_results.py: runs results_tasks until stdin
+closes. ``python -m tests.support.results_worker`` from the repository root."""
 
 from __future__ import annotations
 
@@ -8,11 +9,8 @@ import sys
 
 import asyncpg
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import results_tasks  # noqa: F401  (registers the tasks)
-
 from pg_scheduler import Scheduler
+from tests.support import results_tasks  # noqa: F401  (registers the tasks)
 
 
 async def main() -> None:

@@ -12,13 +12,13 @@ import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import dashboard_tasks
 import pytest
-from conftest import wait_for_status, wait_until
-from dashboard_support import Browser, browser_missing, chromium, serve
 
 from pg_scheduler import RetryPolicy
 from pg_scheduler.dashboard import dashboard_app
+from tests.support import dashboard_tasks
+from tests.support.common import wait_for_status, wait_until
+from tests.support.dashboard_support import Browser, browser_missing, chromium, serve
 
 pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
 

@@ -12,15 +12,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import asyncpg
-import handback_tasks as tasks
 import psycopg
 import pytest
-from conftest import wait_for_status, wait_until
 
 from pg_scheduler import ConflictResolution, SyncClient
+from tests.support import handback_tasks as tasks
+from tests.support.common import wait_for_status, wait_until
 
 KEY = "sync:42"
-MIGRATION_0013 = Path(__file__).resolve().parent.parent / "pg_scheduler" / "store" / "migrations"
+MIGRATION_0013 = Path(__file__).resolve().parents[2] / "pg_scheduler" / "store" / "migrations"
 
 
 def now() -> datetime:
@@ -223,7 +223,7 @@ async def test_rescued_from_a_killed_worker_before_it_started_it_keeps_its_key(
     back to pending still holding its key (it never started)."""
     import signal
 
-    from fault_worker import FAULT, RUNS_DDL, WorkerProcess
+    from tests.support.fault_worker import FAULT, RUNS_DDL, WorkerProcess
 
     await pool.execute(RUNS_DDL)
     await pool.execute("TRUNCATE fault_runs")

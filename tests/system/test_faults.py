@@ -18,8 +18,9 @@ from typing import Any
 
 import asyncpg
 import pytest
-from conftest import wait_for_status, wait_until
-from fault_worker import FAULT, RUNS_DDL, SLACK, WorkerProcess, metric
+
+from tests.support.common import wait_for_status, wait_until
+from tests.support.fault_worker import FAULT, RUNS_DDL, SLACK, WorkerProcess, metric
 
 pytestmark = pytest.mark.slow
 

@@ -18,10 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import fault_tasks
 import pytest
-from conftest import wait_until
-from fault_worker import (
+
+from pg_scheduler import JobSpec, PollingConfig, Scheduler
+from pg_scheduler.store.migrate import migrate
+from pg_scheduler.support.reconnect import is_connection_error
+from tests.support import fault_tasks
+from tests.support.common import wait_until
+from tests.support.fault_worker import (
     FAULT,
     RUNS_DDL,
     SLACK,
@@ -31,10 +35,6 @@ from fault_worker import (
     start_postgres,
     stop_postgres,
 )
-
-from pg_scheduler import JobSpec, PollingConfig, Scheduler
-from pg_scheduler.store.migrate import migrate
-from pg_scheduler.support.reconnect import is_connection_error
 
 pytestmark = pytest.mark.slow
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncpg
 import pytest
-from conftest import wait_for_status, wait_until
-from test_faults import enqueue, producer, runs, runs_table, spawn  # noqa: F401  (fixtures)
+
+from tests.support.common import wait_for_status, wait_until
+from tests.system.test_faults import enqueue, producer, runs, runs_table, spawn  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.slow
 

@@ -11,11 +11,11 @@ import json
 import signal
 from datetime import UTC, datetime
 
-import app_tasks
 import pytest
-from conftest import start_cli_worker, wait_for_status
 
 from pg_scheduler import Scheduler
+from tests.support import app_tasks
+from tests.support.common import start_cli_worker, wait_for_status
 
 
 @pytest.fixture(autouse=True)
@@ -57,8 +57,9 @@ async def test_false_leaves_the_collector_alone(pool, make_scheduler):
 
 
 async def worker_freeze_count(pool, dsn: str, *flags: str) -> int:
-    """Run ``pg-scheduler worker app_tasks`` with ``flags``; what a job there reports."""
-    worker = await start_cli_worker(dsn, "app_tasks", *flags)
+    """Run ``pg-scheduler worker tests.support.app_tasks`` with ``flags``; what a job
+    there reports."""
+    worker = await start_cli_worker(dsn, "tests.support.app_tasks", *flags)
     try:
         producer = Scheduler(pool)
         job_id = await producer.schedule(

@@ -8,10 +8,10 @@ import asyncio
 from datetime import UTC, datetime
 
 import asyncpg
-import limited_priority_tasks as lp
-from conftest import start_cli_worker, wait_until
 
 from pg_scheduler import JobPriority, JobSpec, Scheduler
+from tests.support import limited_priority_tasks as lp
+from tests.support.common import start_cli_worker, wait_until
 
 CRITICAL = JobPriority.CRITICAL
 
@@ -89,7 +89,10 @@ async def test_limited_critical_jobs_start_ahead_of_an_unlimited_backlog(pool, d
     setter = Scheduler(pool, run_periodic_jobs=False)
     await setter.initialize_db()
     await setter.configure_task("lp.rated", rate_limit="100/s")
-    workers = [await start_cli_worker(dsn, "limited_priority_tasks:SETTINGS") for _ in range(2)]
+    workers = [
+        await start_cli_worker(dsn, "tests.support.limited_priority_tasks:SETTINGS")
+        for _ in range(2)
+    ]
     sampled: list[int] = []
     stop_sampling = asyncio.Event()
 
@@ -200,7 +203,10 @@ async def test_a_limit_holds_across_a_worker_killed_mid_job(pool, dsn):
     await _tables(pool)
     setter = Scheduler(pool, run_periodic_jobs=False)
     await setter.initialize_db()
-    workers = [await start_cli_worker(dsn, "limited_priority_tasks:FAST_RESCUE") for _ in range(2)]
+    workers = [
+        await start_cli_worker(dsn, "tests.support.limited_priority_tasks:FAST_RESCUE")
+        for _ in range(2)
+    ]
     sampled: list[int] = []
     stop_sampling = asyncio.Event()
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
-import limit_tasks
 import pytest
-from conftest import start_cli_worker, wait_until
 
 from pg_scheduler import JobSpec, RateLimit, Scheduler, task
 from pg_scheduler.limits import parse_rate_limit
+from tests.support import limit_tasks
+from tests.support.common import start_cli_worker, wait_until
 
 
 async def _runs_table(pool) -> None:
@@ -42,7 +42,7 @@ def _most_starts_in(starts: list[float], window: float) -> int:
 
 
 async def _workers(dsn: str, count: int) -> list[asyncio.subprocess.Process]:
-    return [await start_cli_worker(dsn, "limit_tasks:SETTINGS") for _ in range(count)]
+    return [await start_cli_worker(dsn, "tests.support.limit_tasks:SETTINGS") for _ in range(count)]
 
 
 async def _stop(workers: list[asyncio.subprocess.Process]) -> None:
@@ -214,7 +214,7 @@ async def test_rate_limit_20_per_second_across_two_worker_processes(pool, dsn):
 
 
 async def test_cli_sets_lists_and_clears_limits(pool, dsn, make_scheduler):
-    from test_cli_ops import cli
+    from tests.integration.test_cli_ops import cli
 
     await (await make_scheduler(start=False)).initialize_db()
     done = await cli(dsn, "limits", "set", "task", "mail.send", "--rate-limit", "100/m", "--json")
@@ -236,7 +236,7 @@ async def test_cli_sets_lists_and_clears_limits(pool, dsn, make_scheduler):
 
 
 async def test_stats_and_status_show_limits(pool, dsn, make_scheduler):
-    from test_cli_ops import cli
+    from tests.integration.test_cli_ops import cli
 
     scheduler = await make_scheduler(start=False)
     await scheduler.initialize_db()

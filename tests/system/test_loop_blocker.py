@@ -17,8 +17,9 @@ from typing import Any
 
 import asyncpg
 import pytest
-from conftest import wait_until
-from fault_worker import FAULT, RUNS_DDL, WorkerProcess
+
+from tests.support.common import wait_until
+from tests.support.fault_worker import FAULT, RUNS_DDL, WorkerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,8 @@ import signal
 import sys
 
 import pytest
-from conftest import child_env, start_cli_worker, wait_until
+
+from tests.support.common import child_env, start_cli_worker, wait_until
 
 JOBS = 2000
 
@@ -17,7 +18,7 @@ import asyncio, os, sys
 from datetime import UTC, datetime
 import asyncpg
 from pg_scheduler import JobSpec, Scheduler
-import mp_tasks
+from tests.support import mp_tasks
 
 async def main():
     pool = await asyncpg.create_pool(os.environ["PG_SCHEDULER_DSN"], min_size=1, max_size=4)
@@ -40,7 +41,7 @@ async def explain_duplicates(pool, workers, logs: list[str], registered) -> str:
     who ran them, whether the producer wrote the row twice, and the workers'
     warnings. Once seen: 'handed_back' attempts of jobs that had run, after
     'completion not written' (a completion batch lost a deadlock with the
-    heartbeat; see tests/test_completion_deadlock.py)."""
+    heartbeat; see tests/integration/test_completion_deadlock.py)."""
     runs = await pool.fetchrow("SELECT count(*) AS runs, count(DISTINCT n) AS n FROM job_runs")
     lines = [f"{runs['runs']} runs of {runs['n']} distinct n (expected {JOBS} of {JOBS})"]
     lines.append(f"worker pids: {[p.pid for p in workers]}, test pid {os.getpid()}")
@@ -99,7 +100,7 @@ async def test_two_workers_and_a_producer_run_each_job_exactly_once(pool, dsn):
         "CREATE TABLE IF NOT EXISTS job_runs (n int, pid int, job_id text, attempt int,"
         " at timestamptz DEFAULT clock_timestamp())"
     )
-    workers = [await start_cli_worker(dsn, "mp_tasks:SETTINGS") for _ in range(2)]
+    workers = [await start_cli_worker(dsn, "tests.support.mp_tasks:SETTINGS") for _ in range(2)]
     try:
         producer = await asyncio.create_subprocess_exec(
             sys.executable,

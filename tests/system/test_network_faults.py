@@ -1,5 +1,5 @@
 """Half-open connections: the path between a worker and PostgreSQL black-holed
-(bytes dropped, nothing closed) through ``tests/tcp_proxy.py``, then healed with
+(bytes dropped, nothing closed) through ``tests/support/tcp_proxy.py``, then healed with
 the old connections still dead, as behind a NAT that lost its state.
 
 The worker (its own process) reaches the database only through the proxy;
@@ -20,10 +20,19 @@ from typing import Any
 
 import asyncpg
 import pytest
-from conftest import wait_until
-from fault_worker import FAULT, RUNS_DDL, SLACK, TESTS_DIR, WorkerProcess, metric, subprocess_env
-from net_app import OPTIONS as CLI_NET_OPTIONS
-from tcp_proxy import TcpProxy
+
+from tests.support.common import wait_until
+from tests.support.fault_worker import (
+    FAULT,
+    ROOT,
+    RUNS_DDL,
+    SLACK,
+    WorkerProcess,
+    metric,
+    subprocess_env,
+)
+from tests.support.net_app import OPTIONS as CLI_NET_OPTIONS
+from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
 
@@ -74,12 +83,12 @@ async def spawn(
                 "--log-level",
                 "debug",
                 "worker",
-                "net_app:OPTIONS",
+                "tests.support.net_app:OPTIONS",
                 *(str(a) for a in options.pop("cli_args", [])),
             ]
         else:
             env["PG_SCHEDULER_WORKER_DB_URL"] = proxy.dsn_for(dsn)
-            argv = [sys.executable, str(TESTS_DIR / "fault_worker.py"), json.dumps(options)]
+            argv = [sys.executable, "-m", "tests.support.fault_worker", json.dumps(options)]
         log_path = tmp_path / f"{name}.log"
         with log_path.open("wb") as log_file:
             proc = await asyncio.create_subprocess_exec(
@@ -87,7 +96,7 @@ async def spawn(
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log_file,
                 env=env,
-                cwd=str(TESTS_DIR),
+                cwd=str(ROOT),
                 start_new_session=True,
             )
         worker = WorkerProcess(proc, log_path, name)

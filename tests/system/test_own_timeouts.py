@@ -17,11 +17,11 @@ from datetime import UTC, datetime
 
 import asyncpg
 import pytest
-from conftest import wait_for_status, wait_until
-from tcp_proxy import TcpProxy
 
 from pg_scheduler import Scheduler, task
 from pg_scheduler.support.connections import KEEPALIVE_IDLE, USER_TIMEOUT, pool_options
+from tests.support.common import wait_for_status, wait_until
+from tests.support.tcp_proxy import TcpProxy
 
 USER_SETTINGS = {"statement_timeout": "300ms", "lock_timeout": "100ms"}
 release_job = asyncio.Event()

@@ -11,21 +11,18 @@ import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
-import periodic_tasks
 import pytest
-from conftest import wait_until
+
+from tests.support import periodic_tasks
+from tests.support.common import child_pythonpath, wait_until
 
 pytestmark = pytest.mark.slow
 
-TESTS_DIR = Path(__file__).resolve().parent
-WORKER = TESTS_DIR / "periodic_worker.py"
-
 
 class Replica:
-    """One ``periodic_worker.py`` process and the JSON lines it prints."""
+    """One ``tests.support.periodic_worker`` process and the JSON lines it prints."""
 
     def __init__(self, options: dict[str, Any]) -> None:
         self.options = options
@@ -35,11 +32,12 @@ class Replica:
 
     async def start(self, extra_env: dict[str, str] | None = None) -> None:
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), env.get("PYTHONPATH", "")])
+        env["PYTHONPATH"] = child_pythonpath()
         env.update(extra_env or {})
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
-            str(WORKER),
+            "-m",
+            "tests.support.periodic_worker",
             json.dumps(self.options),
             env=env,
             stdout=asyncio.subprocess.PIPE,

@@ -14,13 +14,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-import app_tasks
 import asyncpg
-import bouncer_tasks
 import pytest
-from conftest import FAST, start_cli_worker, wait_for_status, wait_until
 
 from pg_scheduler import JobSpec, PollingConfig, Scheduler
+from tests.support import app_tasks, bouncer_tasks
+from tests.support.common import FAST, start_cli_worker, wait_for_status, wait_until
 
 PGBOUNCER = shutil.which("pgbouncer") or (
     "/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None
@@ -132,7 +131,7 @@ async def test_two_cli_workers_through_pgbouncer_run_each_job_exactly_once(
     await pool.execute("CREATE TABLE IF NOT EXISTS bouncer_runs (n int, pid int)")
     await pool.execute("TRUNCATE bouncer_runs")
     workers = [
-        await start_cli_worker(bouncer_dsn, "bouncer_tasks:SETTINGS", "--pgbouncer")
+        await start_cli_worker(bouncer_dsn, "tests.support.bouncer_tasks:SETTINGS", "--pgbouncer")
         for _ in range(2)
     ]
     try:

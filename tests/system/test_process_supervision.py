@@ -1,7 +1,7 @@
 """Process jobs stay supervised: nothing a worker starts outlives it or its job.
 
-Each test runs a real worker (``process_worker.py``, the CLI worker started as
-a script) and reads ``/proc`` for what it leaves behind: children of the
+Each test runs a real worker (``tests.support.process_worker``, the CLI worker
+started as a script) and reads ``/proc`` for what it leaves behind: children of the
 worker (job processes, zombies among them) other than multiprocessing's own
 resource tracker, which is started once and ends with the worker. Job bodies
 record their own progress in files (``process_tasks``), so a test sees
@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-import process_tasks
 import pytest
-from conftest import TESTS_DIR, child_env, job_status, wait_for_status, wait_until
 
 from pg_scheduler import Scheduler
+from tests.support import process_tasks
+from tests.support.common import child_env, job_status, wait_for_status, wait_until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -141,7 +141,8 @@ async def worker(dsn: str, gate: Path | None = None) -> AsyncIterator[Worker]:
         env["PROCESS_TASKS_START_GATE"] = str(gate)
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
-        str(TESTS_DIR / "process_worker.py"),
+        "-m",
+        "tests.support.process_worker",
         env=env,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,

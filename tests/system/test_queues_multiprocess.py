@@ -6,16 +6,16 @@ import asyncio
 import sys
 
 import pytest
-from conftest import child_env, start_cli_worker, wait_until
 
 from pg_scheduler.store import QueueStore
+from tests.support.common import child_env, start_cli_worker, wait_until
 
 PRODUCER = """
 import asyncio, os, sys
 from datetime import UTC, datetime
 import asyncpg
 from pg_scheduler import JobSpec, Scheduler
-import queue_tasks
+from tests.support import queue_tasks
 
 async def main():
     pool = await asyncpg.create_pool(os.environ["PG_SCHEDULER_DSN"], min_size=1, max_size=4)
@@ -34,7 +34,7 @@ asyncio.run(main())
 
 
 async def start_worker(dsn: str, *extra: str) -> asyncio.subprocess.Process:
-    return await start_cli_worker(dsn, "queue_tasks:SETTINGS", *extra)
+    return await start_cli_worker(dsn, "tests.support.queue_tasks:SETTINGS", *extra)
 
 
 async def produce(dsn: str, total: int, seconds: float) -> None:

@@ -7,12 +7,9 @@ import os
 import sys
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import asyncpg
 import pytest
-import results_tasks
-from conftest import wait_for_status, wait_until
 
 from pg_scheduler import (
     JobCancelled,
@@ -22,8 +19,9 @@ from pg_scheduler import (
     RetryPolicy,
     current_job,
 )
+from tests.support import results_tasks
+from tests.support.common import ROOT, wait_for_status, wait_until
 
-TESTS_DIR = Path(__file__).resolve().parent
 FAST_RETRY = RetryPolicy(base_delay=0.01, factor=1, max_delay=0.01, jitter=0)
 
 
@@ -47,10 +45,11 @@ class Worker:
 
     @classmethod
     async def start(cls, dsn: str) -> Worker:
-        env = {**os.environ, "PG_SCHEDULER_DSN": dsn, "PYTHONPATH": str(TESTS_DIR)}
+        env = {**os.environ, "PG_SCHEDULER_DSN": dsn, "PYTHONPATH": str(ROOT)}
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
-            str(TESTS_DIR / "results_worker.py"),
+            "-m",
+            "tests.support.results_worker",
             env=env,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.DEVNULL,

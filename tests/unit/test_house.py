@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "pg_scheduler"
+PACKAGE = Path(__file__).resolve().parents[2] / "pg_scheduler"
 
 
 def _module_name(path: Path) -> str:
