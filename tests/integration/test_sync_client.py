@@ -77,7 +77,7 @@ async def test_own_connection_schedules_gets_and_cancels(pool, client):
         "SELECT task_name, task_data::text AS data, priority FROM scheduled_jobs WHERE job_id = $1",
         job_id,
     )
-    assert row["task_name"] == "test_sync_client:sync_client_note"
+    assert row["task_name"] == "tests.integration.test_sync_client:sync_client_note"
     assert '"later"' in row["data"]
     assert await in_thread(client.cancel_job, job_id) is True
     assert await job_status(pool, job_id) == "cancelled"
