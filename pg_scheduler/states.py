@@ -1,7 +1,7 @@
 """The job state machine: every transition of ``scheduled_jobs.status`` as a table.
 
 Each row names the statement (a constant of the ``store`` package, by module
-and name) that makes the transition and who calls it. ``tests/test_house.py``
+and name) that makes the transition and who calls it. ``tests/unit/test_house.py``
 checks that every statement of the store that writes ``status`` is listed here,
 so a new writer cannot appear without a row. ``None`` as a source: the row is
 written new (an INSERT).
