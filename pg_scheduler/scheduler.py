@@ -11,15 +11,10 @@ from typing import Any
 import asyncpg
 
 from .api.args import settings_of
-from .api.compat import Compat
 from .api.jobs import JobsAPI
-from .api.lifecycle import Lifecycle
-from .api.limits import GlobalLimits
-from .api.ops import Operations
-from .api.queues import Queues
 from .api.results import Results
 from .api.settings import Setting
-from .api.wiring import build
+from .api.wiring import build, lifecycle
 from .config import PollingConfig, RetryPolicy, VacuumConfig
 from .enums import ConflictResolution, JobPriority, JobStatus
 from .limits import RateLimit
@@ -167,20 +162,14 @@ class Scheduler(JobsAPI):
         self.periodic = parts.periodic
         self.watchdog = parts.watchdog
         self._channels = parts.channels
-        self._ops: Operations = parts.operations
-        self._limits: GlobalLimits = parts.limits
-        self._queues: Queues = parts.queues
-        self._compat: Compat = parts.compat
+        self._ops = parts.operations
+        self._limits = parts.limits
+        self._queues = parts.queues
+        self._compat = parts.compat
         self._results = Results(
             hub=parts.events_hub, settings=settings, get_job=self.get_job, schedule=self.schedule
         )
-        self._lifecycle = Lifecycle(
-            settings=settings,
-            parts=parts,
-            registry=self.registry,
-            worker_id=self.worker_id,
-            local=self,
-        )
+        self._lifecycle = lifecycle(settings, parts, self.registry, self.worker_id, local=self)
 
     # -- timings -----------------------------------------------------------------
 

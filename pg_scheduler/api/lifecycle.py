@@ -7,14 +7,22 @@ from __future__ import annotations
 import asyncio
 import contextvars
 
+from ..engine import Worker
 from ..engine import local as local_start
 from ..engine.local import LocalHost
+from ..notify.events import EventHub
+from ..notify.listener import Listener
+from ..periodic.runtime import PeriodicManager
+from ..services import HeartbeatService, RescuerService, VacuumService
+from ..services.watchdog import LoopWatchdog
+from ..store import Store
 from ..support.log import get_logger
 from ..support.process_gc import freeze_objects, thaw_objects
 from ..support.reconnect import retry_on_disconnect
 from ..tasks import TaskRegistry
+from .limits import GlobalLimits
+from .ops import Operations
 from .settings import Settings
-from .wiring import Parts
 
 # The lines logged here keep the Scheduler's logger name.
 log = get_logger("pg_scheduler.scheduler")
@@ -30,19 +38,39 @@ class Lifecycle:
         self,
         *,
         settings: Settings,
-        parts: Parts,
         registry: TaskRegistry,
         worker_id: str,
         local: LocalHost,
+        store: Store,
+        worker: Worker,
+        listener: Listener,
+        events_hub: EventHub,
+        heartbeat: HeartbeatService,
+        rescuer: RescuerService,
+        vacuum: VacuumService,
+        periodic: PeriodicManager,
+        watchdog: LoopWatchdog | None,
+        operations: Operations,
+        limits: GlobalLimits,
     ) -> None:
-        """``parts``: what it starts and stops; ``local``: the Scheduler as the
-        in-process start knows it (offered to this process's ``schedule()``
-        calls while running)."""
+        """``local``: the Scheduler as the in-process start knows it (offered to
+        this process's ``schedule()`` calls while running); the rest: what it
+        starts and stops, in order."""
         self.settings = settings
-        self.parts = parts
         self.registry = registry
         self.worker_id = worker_id
         self.local = local
+        self.store = store
+        self.worker = worker
+        self.listener = listener
+        self.events_hub = events_hub
+        self.heartbeat = heartbeat
+        self.rescuer = rescuer
+        self.vacuum = vacuum
+        self.periodic = periodic
+        self.watchdog = watchdog
+        self.operations = operations
+        self.limits = limits
         self.is_running = False
         self.is_shutting_down = False
         #: The claim loop's task while running.
@@ -52,8 +80,7 @@ class Lifecycle:
 
     async def start(self) -> None:
         """Migrate, register, then start claiming, heartbeats and housekeeping."""
-        settings, parts = self.settings, self.parts
-        worker, listener = parts.worker, parts.listener
+        settings, worker, listener = self.settings, self.worker, self.listener
         async with self._lock:
             if self.is_running:
                 return
@@ -62,19 +89,19 @@ class Lifecycle:
             warm = asyncio.create_task(worker.warm_up(), name="pg_scheduler.warm_up")
             listening_before = listener.started
             try:
-                await parts.operations.initialize_db()
+                await self.operations.initialize_db()
                 # Before the worker registers: a missing grant fails start() here,
                 # not halfway through with a worker row left behind.
-                await parts.operations.check_privileges()
+                await self.operations.check_privileges()
                 await warm
                 if settings.notifications:
                     listener.start()  # connects while the worker registers and claims
                 await retry_on_disconnect(
-                    parts.heartbeat.run_once, what="register worker", give_up_after=30
+                    self.heartbeat.run_once, what="register worker", give_up_after=30
                 )
                 if self.registry.all_limits():
                     await retry_on_disconnect(
-                        parts.limits.write_declared, what="write task limits", give_up_after=30
+                        self.limits.write_declared, what="write task limits", give_up_after=30
                     )
             except BaseException:
                 # Nothing started stays behind: the warm-up's connection, the listener.
@@ -97,15 +124,15 @@ class Lifecycle:
             # The heartbeat just ran (registering); its loop starts an interval
             # from now. The rescue pass (and the report of due jobs whose task
             # no live worker has) runs beside the first claim, not before it.
-            parts.heartbeat.start(first_after=parts.heartbeat.interval)
-            if parts.watchdog is not None:
-                parts.watchdog.start()
-            parts.rescuer.start()
+            self.heartbeat.start(first_after=self.heartbeat.interval)
+            if self.watchdog is not None:
+                self.watchdog.start()
+            self.rescuer.start()
             if settings.vacuum_enabled:
                 # Its first round a moment after the first claim rather than with it.
-                parts.vacuum.start(first_after=min(STARTUP_DEFER, parts.vacuum.interval))
+                self.vacuum.start(first_after=min(STARTUP_DEFER, self.vacuum.interval))
             if settings.run_periodic_jobs:
-                await parts.periodic.start()
+                await self.periodic.start()
             # Give the listener a moment so the first wake-ups are not missed.
             try:
                 if settings.notifications:
@@ -122,10 +149,9 @@ class Lifecycle:
     async def shutdown(self, grace_period: float | None = None) -> None:
         """Stop claiming, drain for ``grace_period`` (default: the setting), hand
         back what is left and every row held here that nothing here runs."""
-        settings, parts = self.settings, self.parts
-        worker = parts.worker
+        settings, worker = self.settings, self.worker
         async with self._lock:
-            await parts.events_hub.close()  # subscriptions, waiters, own listener
+            await self.events_hub.close()  # subscriptions, waiters, own listener
             if not self.is_running:
                 return
             self.is_shutting_down = True
@@ -134,7 +160,7 @@ class Lifecycle:
             worker.stop_claiming()
             if self.claim_task is not None:
                 await self.claim_task
-            await parts.periodic.stop()
+            await self.periodic.stop()
             await worker.drain(grace)
             # Then every row still held here that nothing here runs goes back
             # (an in-process start whose caller was cancelled mid-insert, a claim
@@ -142,15 +168,15 @@ class Lifecycle:
             await local_start.settled(worker, timeout=10.0)
             await worker.handback.hand_back_unowned()
             worker.executor.sync.close()
-            await parts.heartbeat.stop()
-            if parts.watchdog is not None:
-                await parts.watchdog.stop()
-            await parts.rescuer.stop()
-            await parts.vacuum.stop()
-            await parts.listener.stop()
+            await self.heartbeat.stop()
+            if self.watchdog is not None:
+                await self.watchdog.stop()
+            await self.rescuer.stop()
+            await self.vacuum.stop()
+            await self.listener.stop()
             try:
                 await retry_on_disconnect(
-                    lambda: parts.store.unregister_worker(self.worker_id),
+                    lambda: self.store.unregister_worker(self.worker_id),
                     what="unregister worker",
                     give_up_after=5,
                 )
@@ -165,4 +191,4 @@ class Lifecycle:
 
     def request_immediate_shutdown(self) -> None:
         """Running jobs are cancelled and handed back at once."""
-        self.parts.worker.handback.force_shutdown()
+        self.worker.handback.force_shutdown()

@@ -16,6 +16,7 @@ import asyncpg
 
 from ..engine import BLOCKED_LOOP, Worker
 from ..engine.channels import WorkerChannels
+from ..engine.local import LocalHost
 from ..enqueue.producer import Enqueuer
 from ..notify.events import EventHub
 from ..notify.listener import Listener
@@ -28,6 +29,7 @@ from ..store.bounded import BoundedPool
 from ..store.housekeeping import VacuumStore
 from ..tasks import TaskRegistry
 from .compat import Compat
+from .lifecycle import Lifecycle
 from .limits import GlobalLimits
 from .ops import Operations
 from .queues import Queues
@@ -164,4 +166,28 @@ def stall_guard(settings: Settings, store: Store, worker: Worker) -> StallGuard:
         limit=timings.loop_stall_limit,
         retry_delay=worker.executor.retry_delay,
         stop_blocker=lambda job_id: worker.cancel_local(job_id, BLOCKED_LOOP),
+    )
+
+
+def lifecycle(
+    settings: Settings, parts: Parts, registry: TaskRegistry, worker_id: str, local: LocalHost
+) -> Lifecycle:
+    """The start and shutdown of the Scheduler made of ``parts`` (``local``: that
+    Scheduler, as the in-process start knows it)."""
+    return Lifecycle(
+        settings=settings,
+        registry=registry,
+        worker_id=worker_id,
+        local=local,
+        store=parts.store,
+        worker=parts.worker,
+        listener=parts.listener,
+        events_hub=parts.events_hub,
+        heartbeat=parts.heartbeat,
+        rescuer=parts.rescuer,
+        vacuum=parts.vacuum,
+        periodic=parts.periodic,
+        watchdog=parts.watchdog,
+        operations=parts.operations,
+        limits=parts.limits,
     )
