@@ -140,7 +140,7 @@ async def test_the_shutdown_hand_back_spares_the_jobs_this_worker_runs(pool, mak
         " '{\"args\": [7], \"kwargs\": {}}', $1, 1, now(), now() + interval '1 minute')",
         worker.worker_id,
     )
-    assert await worker.worker.hand_back_unowned() == ["lost-answer"]
+    assert await worker.worker.handback.hand_back_unowned() == ["lost-answer"]
     mine = await pool.fetchrow(
         "SELECT status, worker_id, attempts FROM scheduled_jobs WHERE job_id = $1", job
     )

@@ -28,7 +28,7 @@ async def test_prefetched_job_is_handed_back_unstarted_at_shutdown(pool, make_sc
     )
     await scheduler.start()
     await asyncio.wait_for(app_tasks.event(key + ":started").wait(), 10)
-    await wait_until(lambda: second in scheduler.worker.owned, message="second claimed ahead")
+    await wait_until(lambda: second in scheduler.worker.state.owned, message="second claimed ahead")
     assert await job_status(pool, second) == "running"
 
     await scheduler.shutdown(grace_period=0.3)

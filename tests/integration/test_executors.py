@@ -14,6 +14,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from pg_scheduler import RetryPolicy, Scheduler
+from pg_scheduler.api.wiring import stall_guard
 from pg_scheduler.tasks import TaskRegistry
 from tests.support import sync_tasks
 from tests.support.common import job_status, wait_for_status, wait_until
@@ -350,7 +351,7 @@ async def test_stall_guard_renews_then_fails_the_blocker_then_gives_up(pool, mak
     blocker = await scheduler.schedule(exec_wait_stall_gate, execution_time=now())
     innocent = await scheduler.schedule(exec_wait_stall_gate, execution_time=now())
     await wait_until(lambda: {blocker, innocent} <= set(scheduler.worker.running))
-    guard = scheduler._stall_guard()
+    guard = stall_guard(scheduler.settings, scheduler.store, scheduler.worker)
     guard.main_loop = asyncio.get_running_loop()
     before = await lease_of(pool, innocent)
     await asyncio.to_thread(guard.tick, 0.1, None, "")  # shorter than heartbeat_interval

@@ -38,7 +38,7 @@ async def test_row_handed_back_and_claimed_again_is_not_released_as_a_ghost(
     # Not started: the test is the claim loop, and calls the heartbeat itself.
     scheduler = await make_scheduler(start=False, max_concurrent_jobs=1, batch_claim_limit=2)
     worker, store = scheduler.worker, scheduler.store
-    worker.max_buffer_wait = 3600.0
+    worker.handback.max_buffer_wait = 3600.0
     first, ahead = await scheduler.schedule_bulk(
         [
             JobSpec(blocked, _past() - timedelta(seconds=1), kwargs={"key": "first"}),
@@ -48,7 +48,7 @@ async def test_row_handed_back_and_claimed_again_is_not_released_as_a_ghost(
     names = scheduler.registry.names()
 
     async def claim() -> None:
-        worker.claims_sent += 1
+        worker.state.claims_sent += 1
         rows = await store.claim(
             worker.worker_id, names, 2, 60.0, start_now=worker.slots.start_now()
         )
@@ -60,14 +60,14 @@ async def test_row_handed_back_and_claimed_again_is_not_released_as_a_ghost(
         assert [row["job_id"] for _, row in worker.slots.buffer] == [ahead]
 
         real_heartbeat = store.heartbeat
-        real_reconcile = worker.reconcile
+        real_reconcile = worker.heartbeat_view.reconcile
 
         async def heartbeat(*args, **kwargs):
             rows = await real_heartbeat(*args, **kwargs)
             assert ahead in {r["job_id"] for r in rows}
             # While the answer is on its way, the claim loop hands the buffered
             # row back (it waited too long for a slot).
-            await worker.hand_back_buffer()
+            await worker.handback.hand_back_buffer()
             return rows
 
         def reconcile(*args, **kwargs):
@@ -78,7 +78,7 @@ async def test_row_handed_back_and_claimed_again_is_not_released_as_a_ghost(
 
         claimed: list[asyncio.Task[None]] = []
         monkeypatch.setattr(store, "heartbeat", heartbeat)
-        monkeypatch.setattr(worker, "reconcile", reconcile)
+        monkeypatch.setattr(worker.heartbeat_view, "reconcile", reconcile)
         # The re-claim commits before the release is sent: the release is the
         # heartbeat's next statement, the claim a task scheduled before it.
         real_release = store.release
@@ -93,7 +93,7 @@ async def test_row_handed_back_and_claimed_again_is_not_released_as_a_ghost(
         await scheduler.heartbeat.run_once()
         await asyncio.gather(*claimed)
 
-        assert ahead in worker.owned
+        assert ahead in worker.state.owned
         row = await pool.fetchrow(
             "SELECT status, worker_id FROM scheduled_jobs WHERE job_id = $1", ahead
         )

@@ -86,4 +86,4 @@ async def test_a_claimed_job_waits_for_a_permit_a_caller_holds(pool, make_schedu
     assert app_tasks.calls[key] == [1]
     worker = scheduler.worker
     await wait_until(lambda: worker.in_flight == 0, message="nothing in flight")
-    assert not worker.slots.taken and not worker.owned and worker.slots.semaphore.take()
+    assert not worker.slots.taken and not worker.state.owned and worker.slots.semaphore.take()

@@ -253,21 +253,21 @@ async def test_a_worker_wakes_only_for_queues_it_serves(pool):
     scheduler = Scheduler(pool, queues=["emails"])
     woken: list[int] = []
     scheduler.worker.wake = lambda: woken.append(1)  # type: ignore[method-assign]
-    scheduler._on_jobs_notify("reports")
+    scheduler._channels.on_jobs("reports")
     assert woken == []
-    scheduler._on_jobs_notify("")  # the "default" queue
+    scheduler._channels.on_jobs("")  # the "default" queue
     assert woken == []
-    scheduler._on_jobs_notify("emails")
-    scheduler._on_jobs_notify("*")  # hand-backs, rescues, retries: everyone
+    scheduler._channels.on_jobs("emails")
+    scheduler._channels.on_jobs("*")  # hand-backs, rescues, retries: everyone
     assert len(woken) == 2
     default = Scheduler(pool, queues=["default"])
     default.worker.wake = lambda: woken.append(1)  # type: ignore[method-assign]
-    default._on_jobs_notify("")
+    default._channels.on_jobs("")
     assert len(woken) == 3
     woken.clear()
     everyone = Scheduler(pool)
     everyone.worker.wake = lambda: woken.append(1)  # type: ignore[method-assign]
-    everyone._on_jobs_notify("reports")
+    everyone._channels.on_jobs("reports")
     assert len(woken) == 1
 
 

@@ -227,7 +227,7 @@ async def test_base_exception_fails_the_attempt_and_the_worker_keeps_serving(
         return latest is not None and latest > seen
 
     await wait_until(heartbeat_moved, timeout=10, message="a later heartbeat")
-    assert not scheduler._claim_task.done()
+    assert not scheduler._lifecycle.claim_task.done()
     await wait_until(lambda: scheduler.worker.in_flight == 0, message="slots freed")
 
 
@@ -265,7 +265,7 @@ async def test_a_worker_never_holds_more_than_concurrency_plus_one_batch(pool, m
     assert set(runs.values()) == {1} and len(runs) == 500
     worker = scheduler.worker
     await wait_until(lambda: worker.in_flight == 0, message="nothing in flight")
-    assert worker.slots.active == 0 and not worker.slots.taken and not worker.owned
+    assert worker.slots.active == 0 and not worker.slots.taken and not worker.state.owned
 
 
 async def test_a_second_worker_joining_a_busy_one_gets_work(pool, make_scheduler):
@@ -383,7 +383,7 @@ async def test_worker_marks_exactly_its_buffered_rows_claimed_ahead(pool, make_s
     runs.clear()
     gate.clear()
     scheduler = await make_scheduler(start=False, max_concurrent_jobs=2, batch_claim_limit=4)
-    scheduler.worker.max_buffer_wait = 60.0  # keep the buffer while the test looks at it
+    scheduler.worker.handback.max_buffer_wait = 60.0  # keep the buffer while the test looks at it
     ids = await scheduler.schedule_bulk(
         [JobSpec(blocked, now(), kwargs={"key": f"m{i}"}) for i in range(4)]
     )

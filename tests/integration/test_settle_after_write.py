@@ -43,25 +43,25 @@ async def test_a_row_is_held_until_its_completion_is_written(pool, make_schedule
     worker = scheduler.worker
     async with completion_blocked(pool, scheduler) as job_id:
         await wait_until(
-            lambda: not worker.tasks and job_id not in worker.running,
+            lambda: not worker.state.tasks and job_id not in worker.running,
             message="the job's task to end",
         )
         assert worker.completer.pending == 1
-        assert job_id in worker.owned and worker.in_flight == 1
+        assert job_id in worker.state.owned and worker.in_flight == 1
         assert worker.slots.active == 0  # the slot is free, the row still held
     await wait_for_status(pool, job_id, "completed")
     await wait_until(lambda: worker.in_flight == 0, message="the row to be let go")
-    assert job_id not in worker.owned and worker.completer.pending == 0
+    assert job_id not in worker.state.owned and worker.completer.pending == 0
 
 
 async def test_shutdown_waits_for_a_queued_completion(pool, make_scheduler):
     scheduler = await make_scheduler()
     worker = scheduler.worker
     async with completion_blocked(pool, scheduler) as job_id:
-        await wait_until(lambda: not worker.tasks, message="the job's task to end")
+        await wait_until(lambda: not worker.state.tasks, message="the job's task to end")
         stopping = asyncio.create_task(scheduler.shutdown())
-        await wait_until(lambda: not worker.claiming, message="shutdown to begin")
+        await wait_until(lambda: not worker.state.claiming, message="shutdown to begin")
         assert not stopping.done()
     await stopping
     await wait_for_status(pool, job_id, "completed")
-    assert worker.in_flight == 0 and job_id not in worker.owned
+    assert worker.in_flight == 0 and job_id not in worker.state.owned

@@ -106,7 +106,7 @@ async def test_a_row_claimed_ahead_holds_its_key_and_still_does_after_its_queue_
     pool, dsn, other_pool, make_scheduler
 ):
     worker = await make_scheduler(max_concurrent_jobs=1, batch_claim_limit=1)
-    worker.worker.max_buffer_wait = 3600.0  # only the pause hands it back here
+    worker.worker.handback.max_buffer_wait = 3600.0  # only the pause hands it back here
     producer = await make_scheduler(start=False, db_pool=other_pool)
     holder = await claimed_ahead_behind_a_blocker(pool, worker)
     await assert_held_by(pool, producer, dsn, holder)
@@ -156,7 +156,7 @@ async def test_started_from_the_buffer_it_lets_the_key_go_at_the_next_heartbeat(
     pool, dsn, other_pool, make_scheduler
 ):
     worker = await make_scheduler(max_concurrent_jobs=1, batch_claim_limit=1)
-    worker.worker.max_buffer_wait = 3600.0
+    worker.worker.handback.max_buffer_wait = 3600.0
     producer = await make_scheduler(start=False, db_pool=other_pool)
     holder = await claimed_ahead_behind_a_blocker(pool, worker)
     tasks.gate("blocker").set()  # its slot frees: the buffered job starts
@@ -177,7 +177,7 @@ async def test_handed_back_at_shutdown_it_keeps_its_key_until_another_worker_sta
     pool, dsn, make_scheduler
 ):
     worker = await make_scheduler(max_concurrent_jobs=1, batch_claim_limit=1, lease_duration=60)
-    worker.worker.max_buffer_wait = 3600.0
+    worker.worker.handback.max_buffer_wait = 3600.0
     holder = await claimed_ahead_behind_a_blocker(pool, worker)
     down = asyncio.create_task(worker.shutdown(grace_period=30))
     # The buffer goes back first, while the blocker still runs in its grace.
