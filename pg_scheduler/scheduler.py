@@ -169,7 +169,9 @@ class Scheduler(JobsAPI):
         self._results = Results(
             hub=parts.events_hub, settings=settings, get_job=self.get_job, schedule=self.schedule
         )
-        self._lifecycle = lifecycle(settings, parts, self.registry, self.worker_id, local=self)
+        self._lifecycle = lifecycle(
+            settings, parts, self.registry, self.worker_id, local=self, prepare=self._prepare
+        )
 
     # -- timings -----------------------------------------------------------------
 
@@ -236,6 +238,11 @@ class Scheduler(JobsAPI):
         await self.shutdown()
 
     # -- schema, grants, rescue -------------------------------------------------
+
+    async def _prepare(self) -> None:
+        # Through the methods, so that a subclass's override runs as in 0.2.x.
+        await self.initialize_db()
+        await self.check_privileges()
 
     async def initialize_db(self) -> None:
         """Apply pending migrations (serialized across processes by an advisory lock)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from collections.abc import Awaitable, Callable
 
 from ..engine import Worker
 from ..engine import local as local_start
@@ -21,7 +22,6 @@ from ..support.process_gc import freeze_objects, thaw_objects
 from ..support.reconnect import retry_on_disconnect
 from ..tasks import TaskRegistry
 from .limits import GlobalLimits
-from .ops import Operations
 from .settings import Settings
 
 # The lines logged here keep the Scheduler's logger name.
@@ -50,12 +50,15 @@ class Lifecycle:
         vacuum: VacuumService,
         periodic: PeriodicManager,
         watchdog: LoopWatchdog | None,
-        operations: Operations,
         limits: GlobalLimits,
+        prepare: Callable[[], Awaitable[None]],
     ) -> None:
         """``local``: the Scheduler as the in-process start knows it (offered to
-        this process's ``schedule()`` calls while running); the rest: what it
-        starts and stops, in order."""
+        this process's ``schedule()`` calls while running); ``prepare``: the
+        migrations, then the grant check (the Scheduler's ``initialize_db`` and
+        ``check_privileges``, which a 0.2.x subclass may override); the rest:
+        what it starts and stops, in order."""
+        self.prepare = prepare
         self.settings = settings
         self.registry = registry
         self.worker_id = worker_id
@@ -69,7 +72,6 @@ class Lifecycle:
         self.vacuum = vacuum
         self.periodic = periodic
         self.watchdog = watchdog
-        self.operations = operations
         self.limits = limits
         self.is_running = False
         self.is_shutting_down = False
@@ -89,10 +91,9 @@ class Lifecycle:
             warm = asyncio.create_task(worker.warm_up(), name="pg_scheduler.warm_up")
             listening_before = listener.started
             try:
-                await self.operations.initialize_db()
                 # Before the worker registers: a missing grant fails start() here,
                 # not halfway through with a worker row left behind.
-                await self.operations.check_privileges()
+                await self.prepare()
                 await warm
                 if settings.notifications:
                     listener.start()  # connects while the worker registers and claims

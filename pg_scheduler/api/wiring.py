@@ -9,6 +9,7 @@ used.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -170,12 +171,19 @@ def stall_guard(settings: Settings, store: Store, worker: Worker) -> StallGuard:
 
 
 def lifecycle(
-    settings: Settings, parts: Parts, registry: TaskRegistry, worker_id: str, local: LocalHost
+    settings: Settings,
+    parts: Parts,
+    registry: TaskRegistry,
+    worker_id: str,
+    local: LocalHost,
+    prepare: Callable[[], Awaitable[None]],
 ) -> Lifecycle:
     """The start and shutdown of the Scheduler made of ``parts`` (``local``: that
-    Scheduler, as the in-process start knows it)."""
+    Scheduler, as the in-process start knows it; ``prepare``: its migrations and
+    grant check, run first by ``start()``)."""
     return Lifecycle(
         settings=settings,
+        prepare=prepare,
         registry=registry,
         worker_id=worker_id,
         local=local,
@@ -188,6 +196,5 @@ def lifecycle(
         vacuum=parts.vacuum,
         periodic=parts.periodic,
         watchdog=parts.watchdog,
-        operations=parts.operations,
         limits=parts.limits,
     )

@@ -456,3 +456,26 @@ async def test_jobs_due_together_start_in_priority_order(pool, make_scheduler, m
     await wait_until(lambda: len(started) == len(order), timeout=30, message="all jobs started")
     levels = [label.split("-")[0] for label in started]
     assert levels == ["CRITICAL"] * 3 + ["HIGH"] * 3 + ["NORMAL"] * 3 + ["LOW"] * 3
+
+
+async def test_start_calls_a_subclass_s_initialize_db_and_check_privileges(pool):
+    """0.2.x's start() migrates through ``self.initialize_db()``: a subclass that
+    overrides it (or the grant check) is called by start(), in that order."""
+    calls: list[str] = []
+
+    class Audited(Scheduler):
+        async def initialize_db(self) -> None:
+            calls.append("initialize_db")
+            await super().initialize_db()
+
+        async def check_privileges(self) -> None:
+            calls.append("check_privileges")
+            await super().check_privileges()
+
+    scheduler = Audited(pool, **FAST)
+    await scheduler.start()
+    try:
+        assert calls == ["initialize_db", "check_privileges"]
+        assert scheduler.is_running
+    finally:
+        await scheduler.shutdown(grace_period=1.0)
