@@ -13,8 +13,9 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
 
 from .enqueue.dedupe import mark_task
+from .enums import DEFAULT_QUEUE
 from .limits import Limits, RateLimit
-from .support.validation import DEFAULT_QUEUE, check_name, check_queue
+from .support.validation import check_name, check_queue
 
 F = TypeVar("F", bound=Callable[..., Any])
 

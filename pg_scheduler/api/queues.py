@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..support.validation import DEFAULT_QUEUE, check_queue
+from ..enums import DEFAULT_QUEUE
+from ..support.validation import check_queue
 
 if TYPE_CHECKING:
     from ..engine import Worker

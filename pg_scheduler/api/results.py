@@ -14,15 +14,12 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from ..enums import JobStatus
+from ..enums import FINAL_STATUSES, JobStatus
 from ..models import Job
 
 if TYPE_CHECKING:
     from ..notify.events import Event, EventHub, Subscription
 
-FINAL_STATUSES = frozenset(
-    {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED}
-)
 POLL_LIVE = 5.0
 POLL_DOWN = 0.5
 

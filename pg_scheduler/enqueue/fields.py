@@ -14,11 +14,10 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from ..config import UNSET, RetryPolicy
-from ..enums import PRIORITY_DB_VALUE_OF, JobPriority
+from ..enums import DEFAULT_QUEUE, PRIORITY_DB_VALUE_OF, JobPriority
 from ..store import NewJob
 from ..support.codec import encode_retry_policy
 from ..support.timeutil import to_aware
-from ..support.validation import DEFAULT_QUEUE
 from .checks import check_job_fields
 
 
