@@ -37,7 +37,7 @@ from .store import (
     QueueStore,
     Store,
 )
-from .store.bounded import BoundedPool
+from .store.bounded import DEFAULT_STATEMENT_TIMEOUT, BoundedPool
 from .store.housekeeping import VacuumStore
 from .support.log import get_logger
 from .support.process_gc import freeze_objects, thaw_objects
@@ -52,8 +52,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # Start-up work that is not on the path to the first claim waits this long.
 STARTUP_DEFER = 1.0
-# Seconds any one of the scheduler's own statements may take (README: failure model).
-DEFAULT_STATEMENT_TIMEOUT = 10.0
 
 
 class Scheduler(JobsAPI, SchedulerOps, LimitsAPI, QueueOps, ResultsAPI, SchedulerCompat):

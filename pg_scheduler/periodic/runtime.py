@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import asyncpg
 
 from ..config import UNSET
-from ..enqueue.fields import JobFields, row_of
+from ..enqueue.fields import JobFields, JobOptions, row_of
+from ..enums import ConflictResolution
 from ..store import NewJob
 from ..store.periodic import MANUAL_ID_PREFIX, PeriodicStore
 from ..support.codec import encode_json
@@ -35,6 +36,7 @@ from .windows import CoalescePolicy, coalesced_reason
 
 if TYPE_CHECKING:
     from ..engine import Worker
+    from ..enqueue.producer import Enqueuer
     from ..store import Store
 
 # The logger name of before the split out of periodic.py: log filters keep matching.
@@ -61,6 +63,9 @@ class PeriodicHost(Protocol):
     def misfire_grace_time(self) -> int | None: ...
 
     @property
+    def enqueuer(self) -> Enqueuer: ...
+
+    @property
     def worker(self) -> Worker: ...
 
 
@@ -78,7 +83,8 @@ class PeriodicManager:
     def __init__(self, scheduler: PeriodicHost) -> None:
         self.scheduler = scheduler
         self.store = PeriodicStore(scheduler.db_pool, scheduler.schema)
-        self.jobs_store = scheduler.store
+        #: The one producer's writer: every periodic run's row goes in through it.
+        self.jobs = scheduler.enqueuer
         #: Last state read from ``periodic_jobs``, by dedup key.
         self.state: dict[str, dict[str, Any]] = {}
         self.state_read_at: datetime | None = None
@@ -260,16 +266,20 @@ class PeriodicManager:
         kwargs: dict[str, Any] = {"job_id": job_id}
         if window is not None:
             kwargs["window"] = window.isoformat()
-        fields = JobFields(
-            job_name=config.job_name,  # type: ignore[arg-type]
-            task_name=config.task_name,
-            execution_time=execution_time,
-            task_data=encode_json({"args": [], "kwargs": kwargs}),
+        options = JobOptions(
             priority=config.priority,
             max_retries=config.max_retries,
             job_id=job_id,
             misfire_grace_time=None if grace is None else math.ceil(grace),
             queue=queue_of(config.func, config.queue),
+        )
+        task_data = encode_json({"args": [], "kwargs": kwargs})
+        fields = JobFields(
+            config.job_name,  # type: ignore[arg-type]
+            config.task_name,
+            execution_time,
+            task_data,
+            options,
         )
         return row_of(fields, job_id, _no_default_grace)
 
@@ -281,7 +291,7 @@ class PeriodicManager:
             return None
         job_id = f"{MANUAL_ID_PREFIX}{dedup_key}:{uuid.uuid4().hex}"
         row = self.new_row(config, job_id, datetime.now(UTC), None)
-        await self.jobs_store.insert(self.scheduler.db_pool, [row])
+        await self.jobs.insert(self.scheduler.db_pool, [row], ConflictResolution.RAISE)
         log.info("periodic job triggered", dedup_key=dedup_key, job_id=job_id)
         return job_id
 
