@@ -57,7 +57,7 @@ def test_constructor_defaults_match_the_schedulers():
 
 
 def test_one_declaration_of_a_jobs_fields_serves_every_entry_point():
-    """schedule()'s per-job keywords are JobFields' fields and JobSpec's, with
+    """schedule()'s per-job keywords are JobOptions' fields and JobSpec's, with
     JobSpec's defaults; the rest say how to write (conflict, connection)."""
     schedule = {name: default for name, _, default in parameters(Scheduler.schedule)}
     spec = {name: default for name, _, default in parameters(JobSpec.__init__)}
