@@ -90,14 +90,16 @@ def check_job(execution_time: Any, options: Any) -> None:
 
 class JobFields(NamedTuple):
     """A job as it will be written: checked, its names and arguments encoded,
-    its options resolved (``queue`` always a name; the task's dedupe key and
-    scope applied)."""
+    and what its task decides where the call named nothing resolved."""
 
     job_name: str
     task_name: str
     execution_time: datetime  # aware
     task_data: str  # {"args": [...], "kwargs": {...}} as JSON text
-    options: JobOptions
+    options: JobOptions  # as the call gave them
+    dedupe_key: str | None  # the call's, else the task's
+    dedupe_scope: str | None  # with a key: the call's, else the task's, else "active"
+    queue: str  # the call's, else the task's, else enums.DEFAULT_QUEUE
 
 
 def row_of(fields: JobFields, job_id: str, default_grace: Callable[[], int | None]) -> NewJob:
@@ -107,7 +109,6 @@ def row_of(fields: JobFields, job_id: str, default_grace: Callable[[], int | Non
     if grace is UNSET:
         grace = default_grace()
     timeout, policy = options.timeout, options.retry_policy
-    assert options.queue is not None  # resolved
     return NewJob(
         job_id,
         fields.job_name,
@@ -119,7 +120,7 @@ def row_of(fields: JobFields, job_id: str, default_grace: Callable[[], int | Non
         grace,
         None if timeout is None else float(timeout),
         None if policy is None else encode_retry_policy(policy),
-        options.dedupe_key,
-        options.dedupe_scope,
-        options.queue,
+        fields.dedupe_key,
+        fields.dedupe_scope,
+        fields.queue,
     )

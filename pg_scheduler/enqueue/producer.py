@@ -117,8 +117,8 @@ class Producer:
         if instrument.trace_injector is not None:  # the caller's trace context
             task_data = instrument.trace_injector(task_data)
         check_job(execution_time, options)
-        resolved = dataclasses.replace(options, dedupe_key=key, dedupe_scope=scope, queue=queue)
-        return JobFields(func.__name__, task_name, to_aware(execution_time), task_data, resolved)
+        aware = to_aware(execution_time)
+        return JobFields(func.__name__, task_name, aware, task_data, options, key, scope, queue)
 
     def name_fields(
         self, job_name: Any, execution_time: Any, task_data: Any, options: JobOptions
@@ -133,8 +133,8 @@ class Producer:
             task_data.get("args") or (), task_data.get("kwargs") or {}, job_name
         )
         check_job(execution_time, options)
-        resolved = dataclasses.replace(options, dedupe_key=key, dedupe_scope=scope, queue=queue)
-        return JobFields(job_name, job_name, to_aware(execution_time), encoded, resolved)
+        aware = to_aware(execution_time)
+        return JobFields(job_name, job_name, aware, encoded, options, key, scope, queue)
 
     def new_row(self, fields: JobFields, job_id: str | None = None) -> NewJob:
         """The row of checked ``fields``; ``job_id``: one generated beforehand."""

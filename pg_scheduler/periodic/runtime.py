@@ -271,7 +271,7 @@ class PeriodicManager:
             max_retries=config.max_retries,
             job_id=job_id,
             misfire_grace_time=None if grace is None else math.ceil(grace),
-            queue=queue_of(config.func, config.queue),
+            queue=config.queue,
         )
         task_data = encode_json({"args": [], "kwargs": kwargs})
         fields = JobFields(
@@ -280,6 +280,9 @@ class PeriodicManager:
             execution_time,
             task_data,
             options,
+            None,
+            None,
+            queue_of(config.func, config.queue),
         )
         return row_of(fields, job_id, _no_default_grace)
 
