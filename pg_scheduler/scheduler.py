@@ -16,6 +16,7 @@ from .api.results import Results
 from .api.settings import Setting
 from .api.wiring import build, lifecycle
 from .config import PollingConfig, RetryPolicy, VacuumConfig
+from .enqueue.fields import JobOptions
 from .enums import ConflictResolution, JobPriority, JobStatus
 from .limits import RateLimit
 from .models import Job
@@ -23,10 +24,8 @@ from .notify.events import Event, Subscription
 from .observe.stats import QueueStats
 from .periodic import PeriodicJobConfig
 from .store import DEFAULT_SCHEMA
+from .store.bounded import DEFAULT_STATEMENT_TIMEOUT
 from .tasks import TaskRegistry, default_registry
-
-# Seconds any one of the scheduler's own statements may take (README: failure model).
-DEFAULT_STATEMENT_TIMEOUT = 10.0
 
 
 class Scheduler(JobsAPI):
@@ -419,18 +418,9 @@ class Scheduler(JobsAPI):
         the job's queue (default: the queue of the task registered here under
         that name, else "default").
         """
-        return await self._compat.schedule_job(
-            job_name,
-            execution_time,
-            task_data,
-            priority,
-            max_retries,
-            job_id,
-            conflict_resolution,
-            misfire_grace_time,
-            dedupe_key=dedupe_key,
-            dedupe_scope=dedupe_scope,
-            queue=queue,
+        options = JobOptions.of(locals())
+        return await self.enqueuer.schedule_by_name(
+            job_name, execution_time, task_data, options, conflict_resolution
         )
 
     async def update_job_status(self, job_id: str, status: JobStatus | str) -> bool:

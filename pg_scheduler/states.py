@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .enums import JobStatus
+from .enums import FINAL_STATUS_VALUES, JobStatus
 
 PENDING, RUNNING = JobStatus.PENDING, JobStatus.RUNNING
 COMPLETED, FAILED = JobStatus.COMPLETED, JobStatus.FAILED
 CANCELLED, EXPIRED = JobStatus.CANCELLED, JobStatus.EXPIRED
-FINAL = (COMPLETED, FAILED, CANCELLED, EXPIRED)
+FINAL = tuple(JobStatus(value) for value in FINAL_STATUS_VALUES)
 
 
 class Transition(NamedTuple):

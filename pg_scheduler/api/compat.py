@@ -13,24 +13,13 @@ the tiny modules of those names.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
-from ..config import UNSET
-from ..enqueue.conflicts import check_conflict_resolution
-from ..enqueue.dedupe import resolve as resolve_dedupe
-from ..enqueue.fields import JobFields
 from ..enqueue.producer import Enqueuer
-from ..enums import ConflictResolution, JobPriority, JobStatus
+from ..enums import JobStatus
 from ..store import Store
-from ..support.codec import encode_task_data
-from ..support.log import get_logger
-from ..support.validation import check_name
-from ..tasks import TaskRegistry, queue_of
+from ..tasks import TaskRegistry
 from .settings import Timings
-
-# The lines these methods log keep the Scheduler's logger name.
-log = get_logger("pg_scheduler.scheduler")
 
 
 class Compat:
@@ -54,60 +43,6 @@ class Compat:
     def task_map(self) -> dict[str, Callable[..., Any]]:
         """Task name -> function for every task this scheduler can run."""
         return {name: self.registry.resolve(name) for name in self.registry}  # type: ignore[misc]
-
-    async def schedule_job(
-        self,
-        job_name: str,
-        execution_time: datetime,
-        task_data: dict[str, Any],
-        priority: JobPriority = JobPriority.NORMAL,
-        max_retries: int = 0,
-        job_id: str | None = None,
-        conflict_resolution: ConflictResolution = ConflictResolution.RAISE,
-        misfire_grace_time: int | None = None,
-        *,
-        dedupe_key: str | None = None,
-        dedupe_scope: str | None = None,
-        queue: str | None = None,
-    ) -> str:
-        """Insert a job by task name (``task_data``: ``{"args": [...], "kwargs": {...}}``)."""
-        if not isinstance(job_name, str) or not job_name:
-            raise ValueError("job_name must be a non-empty string")
-        check_name("job_name", job_name)
-        if not isinstance(task_data, dict):
-            raise TypeError(f"task_data must be a dict, got {type(task_data).__name__}")
-        unknown_keys = set(task_data) - {"args", "kwargs"}
-        if unknown_keys:
-            raise ValueError(f"task_data may hold only 'args' and 'kwargs', got {unknown_keys}")
-        check_conflict_resolution(conflict_resolution)
-        key, scope = resolve_dedupe(None, dedupe_key, dedupe_scope)
-        job_queue = queue_of(self.registry.resolve(job_name), queue)
-        encoded = encode_task_data(
-            task_data.get("args") or (), task_data.get("kwargs") or {}, job_name
-        )
-        fields = JobFields.checked(
-            job_name=job_name,
-            task_name=job_name,
-            execution_time=execution_time,
-            task_data=encoded,
-            priority=priority,
-            max_retries=max_retries,
-            job_id=job_id,
-            misfire_grace_time=UNSET if misfire_grace_time is None else misfire_grace_time,
-            timeout=None,
-            retry_policy=None,
-            dedupe_key=key,
-            dedupe_scope=scope,
-            queue=job_queue,
-        )
-        row = self.enqueuer.new_row(fields)
-        if key is not None:
-            return await self.enqueuer.write_keyed_one(
-                row, conflict_resolution, None, job_id is not None
-            )
-        await self.enqueuer.write([row], conflict_resolution, None, user_ids=job_id is not None)
-        log.debug("job scheduled", event_type="scheduled", job_id=row.job_id, task=job_name)
-        return row.job_id
 
     async def update_job_status(self, job_id: str, status: JobStatus | str) -> bool:
         """Force a job's status (an operator's tool; bypasses the lease guard)."""

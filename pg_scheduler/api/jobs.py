@@ -1,9 +1,15 @@
 """The Scheduler's job methods: register tasks, schedule one or many jobs, read
-and cancel a job. Mixed into :class:`~pg_scheduler.Scheduler`; no SQL here."""
+and cancel a job. Mixed into :class:`~pg_scheduler.Scheduler`; no SQL here.
+
+The signatures list their keywords for users; the bodies hand them to the one
+declaration (:class:`~pg_scheduler.tasks.TaskOptions`,
+:class:`~pg_scheduler.enqueue.fields.JobOptions`) and the one producer
+(``enqueue/producer.py``). ``tests/unit/test_job_options.py`` holds the signatures
+to the declarations."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -12,20 +18,21 @@ import asyncpg
 from ..config import UNSET, RetryPolicy
 from ..engine import CANCELLED_REMOTELY
 from ..engine import local as local_start
-from ..enqueue.conflicts import check_conflict_resolution
+from ..enqueue.fields import JobOptions
 from ..enums import ConflictResolution, JobPriority
 from ..job_spec import JobSpec
 from ..limits import RateLimit
 from ..models import Job, TaskInventory
+from ..store import NewJob
 from ..support.log import get_logger
 from ..support.reconnect import retry_on_disconnect
+from ..tasks import TaskOptions, TaskRegistry
 
 if TYPE_CHECKING:
     from ..engine import Worker
     from ..enqueue.producer import Enqueuer
     from ..services import RescuerService
     from ..store import Store
-    from ..tasks import TaskRegistry
 
 # The lines these methods log keep the Scheduler's logger name.
 log = get_logger("pg_scheduler.scheduler")
@@ -60,16 +67,7 @@ class JobsAPI:
         queue: str | None = None,
     ) -> Any:
         """Decorator: register a function this scheduler can run (see :func:`pg_scheduler.task`)."""
-        return self.registry.decorator(
-            func,
-            name=name,
-            executor=executor,
-            dedupe_key=dedupe_key,
-            dedupe_scope=dedupe_scope,
-            max_running=max_running,
-            rate_limit=rate_limit,
-            queue=queue,
-        )
+        return self.registry.decorator(func, TaskOptions.of(locals()))
 
     def register_task(self, func: F, name: str | None = None) -> F:
         """Register ``func`` so this worker claims its jobs."""
@@ -116,55 +114,25 @@ class JobsAPI:
         ``conflict_resolution`` decides, and IGNORE/REPLACE return the id of
         the job that holds it. See the README's Dedupe keys.
         """
-        check_conflict_resolution(conflict_resolution)
-        fields = self.enqueuer.fields_for_call(
+        options = JobOptions.of(locals())
+        return await self.enqueuer.schedule(
             func,
+            execution_time,
             args,
             kwargs,
-            execution_time=execution_time,
-            priority=priority,
-            max_retries=max_retries,
-            job_id=job_id,
-            misfire_grace_time=misfire_grace_time,
-            timeout=timeout,
-            retry_policy=retry_policy,
-            dedupe_key=dedupe_key,
-            dedupe_scope=dedupe_scope,
-            queue=queue,
+            options,
+            conflict_resolution,
+            connection,
+            self._start_here,
         )
-        row = self.enqueuer.new_row(fields)
-        if row.dedupe_key is not None:
-            # Not started in process: the key's conflict policy settles it first.
-            return await self.enqueuer.write_keyed_one(
-                row, conflict_resolution, connection, job_id is not None
-            )
-        # Due now, autocommitted, and a worker of this process has a free slot:
-        # written already claimed by it and started at once. (Not inside the
-        # caller's transaction: the job must not start before that commits.)
-        local = None
-        if connection is None and job_id is None:
-            local = local_start.local_worker(cast(Any, self), row)
-        written = (
-            None
-            if local is None
-            else await local_start.write_started(self.db_pool, self.store, row, local)
-        )
-        if not written:
-            await self.enqueuer.write(
-                [row],
-                conflict_resolution,
-                connection,
-                user_ids=job_id is not None,
-                retried=written is None and local is not None,
-            )
-        log.debug(
-            "job scheduled",
-            event_type="scheduled",
-            job_id=row.job_id,
-            task=row.task_name,
-            execution_time=row.execution_time.isoformat(),
-        )
-        return row.job_id
+
+    def _start_here(self, row: NewJob) -> Awaitable[bool | None] | None:
+        """A due row written already claimed by a worker of this process with a
+        free slot, which starts it at once; None if no worker here takes it."""
+        local = local_start.local_worker(cast(Any, self), row)
+        if local is None:
+            return None
+        return local_start.write_started(self.db_pool, self.store, row, local)
 
     async def schedule_bulk(
         self,
@@ -186,14 +154,9 @@ class JobsAPI:
         caller's transaction when ``connection`` is given). Caller-chosen ids
         go in statements of ``batch_size`` rows; generated ids in one COPY.
         """
-        if not isinstance(positional, bool):
-            raise TypeError(f"positional must be True or False, got {positional!r}")
-        ids, written = await self.enqueuer.bulk(jobs, conflict_resolution, batch_size, connection)
-        # One line per call, not per job: a bulk call may carry a million rows.
-        log.debug("jobs scheduled", event_type="scheduled", count=written, bulk=True)
-        if positional:
-            return ids
-        return [job_id for job_id in ids if job_id is not None]
+        return await self.enqueuer.schedule_bulk(
+            jobs, conflict_resolution, batch_size, connection, positional
+        )
 
     # -- jobs ------------------------------------------------------------------------
 

@@ -15,14 +15,11 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from ..enums import JobStatus
+from ..enums import FINAL_STATUSES, JobStatus
 from ..models import Job
 from ..notify.events import Event, EventHub, Subscription
 from .settings import Settings
 
-FINAL_STATUSES = frozenset(
-    {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED}
-)
 POLL_LIVE = 5.0
 POLL_DOWN = 0.5
 

@@ -136,7 +136,7 @@ def build(settings: Settings, worker_id: str, registry: TaskRegistry) -> Parts:
         rescuer=rescuer,
         vacuum=vacuum,
         periodic=PeriodicManager(
-            pool, schema, store, lambda: settings.misfire_grace_time, worker.running
+            pool, schema, enqueuer, lambda: settings.misfire_grace_time, worker.running
         ),
         watchdog=watchdog,
         operations=Operations(

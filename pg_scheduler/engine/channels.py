@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..enums import DEFAULT_QUEUE
 from ..store import CANCEL_CHANNEL, JOBS_CHANNEL, QUEUES_CHANNEL, Qualifier
 from ..support.log import get_logger
-from ..support.validation import DEFAULT_QUEUE
 from .claimer import Worker
 from .executor import CANCELLED_REMOTELY
 

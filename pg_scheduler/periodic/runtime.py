@@ -19,8 +19,10 @@ import asyncpg
 
 from ..config import UNSET
 from ..engine.job import RunningJob
-from ..enqueue.fields import JobFields, row_of
-from ..store import NewJob, Store
+from ..enqueue.fields import JobFields, JobOptions, row_of
+from ..enqueue.producer import Enqueuer
+from ..enums import ConflictResolution
+from ..store import NewJob
 from ..store.periodic import MANUAL_ID_PREFIX, PeriodicStore
 from ..support.codec import encode_json
 from ..support.log import get_logger
@@ -58,15 +60,17 @@ class PeriodicManager:
         self,
         pool: asyncpg.Pool,
         schema: str,
-        jobs_store: Store,
+        enqueuer: Enqueuer,
         misfire_grace_time: Callable[[], int | None],
         running: Mapping[str, RunningJob],
     ) -> None:
-        """``misfire_grace_time``: the Scheduler's default, read when a window is
-        planned; ``running``: the worker's running jobs by id (the executor's)."""
+        """``enqueuer``: the one producer's writer, which every periodic run's row
+        goes in through; ``misfire_grace_time``: the Scheduler's default, read when
+        a window is planned; ``running``: the worker's running jobs by id (the
+        executor's)."""
         self._pool = pool
         self.store = PeriodicStore(pool, schema)
-        self.jobs_store = jobs_store
+        self.jobs = enqueuer
         self._default_grace = misfire_grace_time
         self._running = running
         #: Last state read from ``periodic_jobs``, by dedup key.
@@ -250,16 +254,23 @@ class PeriodicManager:
         kwargs: dict[str, Any] = {"job_id": job_id}
         if window is not None:
             kwargs["window"] = window.isoformat()
-        fields = JobFields(
-            job_name=config.job_name,  # type: ignore[arg-type]
-            task_name=config.task_name,
-            execution_time=execution_time,
-            task_data=encode_json({"args": [], "kwargs": kwargs}),
+        options = JobOptions(
             priority=config.priority,
             max_retries=config.max_retries,
             job_id=job_id,
             misfire_grace_time=None if grace is None else math.ceil(grace),
-            queue=queue_of(config.func, config.queue),
+            queue=config.queue,
+        )
+        task_data = encode_json({"args": [], "kwargs": kwargs})
+        fields = JobFields(
+            config.job_name,  # type: ignore[arg-type]
+            config.task_name,
+            execution_time,
+            task_data,
+            options,
+            None,
+            None,
+            queue_of(config.func, config.queue),
         )
         return row_of(fields, job_id, _no_default_grace)
 
@@ -271,7 +282,7 @@ class PeriodicManager:
             return None
         job_id = f"{MANUAL_ID_PREFIX}{dedup_key}:{uuid.uuid4().hex}"
         row = self.new_row(config, job_id, datetime.now(UTC), None)
-        await self.jobs_store.insert(self._pool, [row])
+        await self.jobs.insert(self._pool, [row], ConflictResolution.RAISE)
         log.info("periodic job triggered", dedup_key=dedup_key, job_id=job_id)
         return job_id
 

@@ -14,9 +14,9 @@ import pytest
 
 from pg_scheduler import JobPriority, JobSpec, RetryPolicy
 from pg_scheduler.config import UNSET
-from pg_scheduler.enqueue.producer import Enqueuer
+from pg_scheduler.enqueue.fields import JobOptions
+from pg_scheduler.enqueue.producer import Producer
 from pg_scheduler.enqueue.rows import spec_rows, spec_tuples
-from pg_scheduler.store import Store
 from pg_scheduler.tasks import TaskRegistry
 from tests.support import app_tasks, dedupe_tasks, queue_tasks
 
@@ -65,19 +65,20 @@ def varied_specs() -> list[dict[str, Any]]:
     return specs
 
 
-def enqueuer() -> Enqueuer:
-    return Enqueuer(Store(None), None, TaskRegistry(), lambda: 42)  # type: ignore[arg-type]
+def producer() -> Producer:
+    return Producer(TaskRegistry(), lambda: 42)
 
 
 def test_bulk_rows_are_the_rows_schedule_builds() -> None:
     options = varied_specs()
-    bulk = list(spec_rows([JobSpec(**o) for o in options], enqueuer().register, lambda: 42))
-    single = enqueuer()
+    bulk = list(spec_rows([JobSpec(**o) for o in options], producer().register, lambda: 42))
+    single = producer()
     assert len(bulk) == len(options) > 1000
     for o, row in zip(options, bulk, strict=True):
         fields = dict(o)
         func, args, kwargs = fields.pop("func"), fields.pop("args"), fields.pop("kwargs")
-        expected = single.new_row(single.fields_for_call(func, args, kwargs, **fields))
+        when = fields.pop("execution_time")
+        expected = single.call_row(func, when, args, kwargs, JobOptions(**fields))
         if o["job_id"] is None:
             expected = expected._replace(job_id=row.job_id)
         assert row == expected
@@ -86,9 +87,9 @@ def test_bulk_rows_are_the_rows_schedule_builds() -> None:
 
 def test_streamed_tuples_are_the_same_rows() -> None:
     specs = [JobSpec(**o) for o in varied_specs()]
-    named = list(spec_rows(specs, enqueuer().register, lambda: 42))
+    named = list(spec_rows(specs, producer().register, lambda: 42))
     kept: list[tuple[Any, ...]] = []
-    plain = list(spec_tuples(specs, enqueuer().register, lambda: 42, kept))
+    plain = list(spec_tuples(specs, producer().register, lambda: 42, kept))
     assert kept == plain
     assert all(type(row) is tuple for row in plain)
     assert [row[1:] for row in plain] == [tuple(row)[1:] for row in named]
@@ -100,11 +101,11 @@ def test_a_bad_value_after_good_ones_of_the_same_kind_raises() -> None:
     specs = [JobSpec(app_tasks.record, when, args=("k",), max_retries=3) for _ in range(200)]
     specs[150].max_retries = -1
     with pytest.raises(ValueError, match="max_retries"):
-        list(spec_rows(specs, enqueuer().register, lambda: None))
+        list(spec_rows(specs, producer().register, lambda: None))
     specs[150].max_retries = 3
     specs[199].queue = "no spaces"
     with pytest.raises(ValueError, match="queue"):
-        list(spec_rows(specs, enqueuer().register, lambda: None))
+        list(spec_rows(specs, producer().register, lambda: None))
 
 
 async def test_bulk_ids_ascend_in_input_order(pool, make_scheduler) -> None:

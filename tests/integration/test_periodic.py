@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from pg_scheduler import JobPriority, PeriodicJobConfig, periodic
+from pg_scheduler import ConflictResolution, JobPriority, PeriodicJobConfig, periodic
 from pg_scheduler.config import UNSET
 from pg_scheduler.periodic import CoalescePolicy, window_job_id
 from pg_scheduler.periodic.cron import CronError
@@ -352,7 +352,7 @@ async def test_outage_follows_misfire_grace_and_coalesce(
     for name in ("F-3h", "F-6h"):
         window = label[name]
         row = setup.periodic.new_row(config, window_job_id("outage", window), window, window)
-        await setup.periodic.jobs_store.insert(pool, [row])
+        await setup.periodic.jobs.insert(pool, [row], ConflictResolution.RAISE)
 
     await make_scheduler(**REPLICA)
 

@@ -21,7 +21,7 @@ from pg_scheduler import (
     Scheduler,
     SyncClient,
 )
-from pg_scheduler.enqueue.fields import JobFields
+from pg_scheduler.enqueue.fields import OPTION_NAMES
 from tests.support.common import wait_for_status
 
 psycopg = pytest.importorskip("psycopg")
@@ -57,7 +57,7 @@ def test_constructor_defaults_match_the_schedulers():
 
 
 def test_one_declaration_of_a_jobs_fields_serves_every_entry_point():
-    """schedule()'s per-job keywords are JobFields' fields and JobSpec's, with
+    """schedule()'s per-job keywords are JobOptions' fields and JobSpec's, with
     JobSpec's defaults; the rest say how to write (conflict, connection)."""
     schedule = {name: default for name, _, default in parameters(Scheduler.schedule)}
     spec = {name: default for name, _, default in parameters(JobSpec.__init__)}
@@ -65,8 +65,7 @@ def test_one_declaration_of_a_jobs_fields_serves_every_entry_point():
     assert set(schedule) - how == set(spec)
     for name in set(spec) - {"func", "execution_time"}:
         assert spec[name] == schedule[name], name
-    described = set(JobFields._fields) - {"job_name", "task_name", "task_data"}
-    assert set(schedule) - how - {"func", "args", "kwargs"} == described
+    assert set(schedule) - how - {"func", "execution_time", "args", "kwargs"} == set(OPTION_NAMES)
 
 
 @pytest.fixture

@@ -162,23 +162,28 @@ def test_support_imports_nothing_above_it() -> None:
     assert _imports_outside("pg_scheduler.support", ("pg_scheduler.support",)) == []
 
 
-def test_the_enqueue_wing_never_imports_the_engine() -> None:
+def test_the_enqueue_wing_never_imports_the_engine_nor_the_scheduler() -> None:
+    """The producer serves the Scheduler and the sync client alike: it never
+    reaches into the engine or the Scheduler (a Scheduler hands it what it
+    needs, such as the in-process start, as a function)."""
     graph = _import_graph(everywhere=True)
     assert "pg_scheduler.store" in graph["pg_scheduler.enqueue.producer"]  # the graph sees it
+    banned = ("pg_scheduler.engine", "pg_scheduler.scheduler")
     arrows = [
         f"{name} -> {target}"
         for name, targets in graph.items()
         if name.startswith("pg_scheduler.enqueue")
         for target in targets
-        if target == "pg_scheduler.engine" or target.startswith("pg_scheduler.engine.")
+        if any(target == b or target.startswith(b + ".") for b in banned)
     ]
     assert arrows == []
 
 
 def test_only_the_faces_and_the_tools_import_the_scheduler() -> None:
     """The parts see the Scheduler through small protocols, never by importing
-    scheduler.py (TYPE_CHECKING and function-level imports included)."""
-    allowed = ("pg_scheduler", "pg_scheduler.testing", "pg_scheduler.sync_client")
+    scheduler.py (TYPE_CHECKING and function-level imports included). The sync
+    client holds the producer, not a Scheduler."""
+    allowed = ("pg_scheduler", "pg_scheduler.testing")
     tools = ("pg_scheduler.cli", "pg_scheduler.dashboard")
     importers = sorted(
         name
@@ -387,3 +392,87 @@ def test_every_statement_that_writes_status_is_in_the_transition_table() -> None
     assert "job_sql._CLAIM" in writers and "workers._RESCUE" in writers  # the parser works
     assert writers - listed == set(), "status writers missing from states.TRANSITIONS"
     assert listed - writers == set(), "TRANSITIONS names statements that do not exist"
+
+
+def test_the_vocabulary_module_imports_nothing_from_the_package() -> None:
+    """enums.py (statuses, priorities, the default queue) sits below every layer,
+    store/ and support/ included: it imports only the standard library."""
+    imports = _all_imports(ast.parse((PACKAGE / "enums.py").read_text()))
+    assert imports  # the parser sees its imports
+
+    def names(node: ast.Import | ast.ImportFrom) -> list[str]:
+        if isinstance(node, ast.Import):
+            return [alias.name for alias in node.names]
+        return ["." if node.level else node.module or ""]
+
+    inside = [
+        ast.unparse(node)
+        for node in imports
+        if any(n == "." or n.split(".")[0] == "pg_scheduler" for n in names(node))
+    ]
+    assert inside == []
+
+
+# Modules whose text is the one declaration of the shared vocabulary.
+_VOCABULARY = PACKAGE / "enums.py"
+_FINAL_STATUS_TEXT = ("completed", "failed", "cancelled", "expired")
+
+
+def _python_sources() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if p != _VOCABULARY)
+
+
+def _literal_strings(node: ast.AST) -> set[str]:
+    """The elements of a tuple, list or set literal, or a dict's keys, that name
+    a status: a string (lower-cased) or a member (``JobStatus.FAILED``, ``FAILED``)."""
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        items: list[ast.expr | None] = list(node.elts)
+    elif isinstance(node, ast.Dict):
+        items = list(node.keys)
+    else:
+        return set()
+    found = set()
+    for item in items:
+        if isinstance(item, ast.Constant) and isinstance(item.value, str):
+            found.add(item.value)
+        elif isinstance(item, ast.Attribute) and item.attr.isupper():
+            found.add(item.attr.lower())
+        elif isinstance(item, ast.Name) and item.id.isupper():
+            found.add(item.id.lower())
+    return found
+
+
+def test_the_final_statuses_are_declared_once() -> None:
+    """enums.FINAL_STATUSES is the one list of final statuses: no other module
+    spells all four in a literal collection, or as an SQL list of them; derive
+    from FINAL_STATUSES / FINAL_STATUS_VALUES instead."""
+    from pg_scheduler.enums import FINAL_STATUS_VALUES, FINAL_STATUSES
+
+    assert set(FINAL_STATUS_VALUES) == set(FINAL_STATUSES) == set(_FINAL_STATUS_TEXT)
+    found = []
+    for path in _python_sources():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            where = f"{path.relative_to(PACKAGE)}:{getattr(node, 'lineno', 0)}"
+            if set(_FINAL_STATUS_TEXT) <= _literal_strings(node):
+                found.append(where)
+            elif (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and all(f"'{status}'" in node.value for status in _FINAL_STATUS_TEXT)
+            ):
+                found.append(f"{where} (SQL)")
+    assert found == [], "final statuses spelled out again: " + ", ".join(found)
+
+
+def test_the_default_queue_is_named_once() -> None:
+    """enums.DEFAULT_QUEUE is the default queue's one spelling: no other module
+    has the string "default" as a value, or as an SQL literal ('default')."""
+    found = [
+        f"{path.relative_to(PACKAGE)}:{node.lineno}"
+        for path in _python_sources()
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and (node.value == "default" or "'default'" in node.value)
+    ]
+    assert found == [], 'the default queue spelled "default" again: ' + ", ".join(found)
