@@ -474,3 +474,19 @@ def test_the_default_queue_is_named_once() -> None:
         and (node.value == "default" or "'default'" in node.value)
     ]
     assert found == [], 'the default queue spelled "default" again: ' + ", ".join(found)
+
+
+def test_the_readme_architecture_names_every_wing_once() -> None:
+    """The README's Architecture tree has one line for each folder of the package,
+    and names no folder that is gone."""
+    readme = (PACKAGE.parent / "README.md").read_text()
+    section = readme.split("## Architecture", 1)[1].split("\n## ", 1)[0]
+    tree = section.split("```text", 1)[1].split("```", 1)[0]
+    # The wings: the indented lines that open with a folder ("  api/   ...").
+    listed = [
+        line.split()[0].rstrip("/")
+        for line in tree.splitlines()
+        if line.startswith("  ") and line.split()[0].endswith("/")
+    ]
+    wings = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
+    assert sorted(listed) == wings
