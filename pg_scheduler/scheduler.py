@@ -6,29 +6,32 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 
 from .api.args import settings_of
-from .api.jobs import JobsAPI
+from .api.jobs import Jobs
 from .api.results import Results
 from .api.settings import Setting
 from .api.wiring import build, lifecycle
-from .config import PollingConfig, RetryPolicy, VacuumConfig
+from .config import UNSET, PollingConfig, RetryPolicy, VacuumConfig
 from .enqueue.fields import JobOptions
 from .enums import ConflictResolution, JobPriority, JobStatus
+from .job_spec import JobSpec
 from .limits import RateLimit
-from .models import Job
+from .models import Job, TaskInventory
 from .notify.events import Event, Subscription
 from .observe.stats import QueueStats
 from .periodic import PeriodicJobConfig
 from .store import DEFAULT_SCHEMA
 from .store.bounded import DEFAULT_STATEMENT_TIMEOUT
-from .tasks import TaskRegistry, default_registry
+from .tasks import TaskOptions, TaskRegistry, default_registry
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Scheduler(JobsAPI):
+class Scheduler:
     """Claims and runs due jobs from ``scheduled_jobs``; any number may share one database.
 
     The positional parameters and their defaults are those of pg-scheduler
@@ -165,12 +168,121 @@ class Scheduler(JobsAPI):
         self._limits = parts.limits
         self._queues = parts.queues
         self._compat = parts.compat
+        self._jobs = Jobs(
+            local=self,
+            settings=settings,
+            store=parts.store,
+            enqueuer=parts.enqueuer,
+            registry=self.registry,
+            rescuer=parts.rescuer,
+            cancel_local=parts.worker.cancel_local,
+        )
         self._results = Results(
             hub=parts.events_hub, settings=settings, get_job=self.get_job, schedule=self.schedule
         )
         self._lifecycle = lifecycle(
             settings, parts, self.registry, self.worker_id, local=self, prepare=self._prepare
         )
+
+    # -- tasks and jobs: what an application calls most ------------------------------
+    # The signatures list their keywords for users; the bodies hand them to the one
+    # declaration (TaskOptions, JobOptions) and the one producer (enqueue/).
+    # tests/unit/test_job_options.py holds the signatures to the declarations.
+
+    def task(
+        self,
+        func: F | None = None,
+        *,
+        name: str | None = None,
+        executor: str | None = None,
+        dedupe_key: str | Callable[..., str] | None = None,
+        dedupe_scope: str | None = None,
+        max_running: int | None = None,
+        rate_limit: str | RateLimit | None = None,
+        queue: str | None = None,
+    ) -> Any:
+        """Decorator: register a function this scheduler can run (see :func:`pg_scheduler.task`)."""
+        return self.registry.decorator(func, TaskOptions.of(locals()))
+
+    def register_task(self, func: F, name: str | None = None) -> F:
+        """Register ``func`` so this worker claims its jobs."""
+        return self.registry.register(func, name=name)
+
+    async def load_task_functions(self) -> TaskInventory:
+        """What this scheduler can run, and due jobs whose task no live worker has."""
+        return await self._jobs.load_task_functions()
+
+    async def schedule(
+        self,
+        func: Callable[..., Any],
+        *,
+        execution_time: datetime,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+        priority: JobPriority = JobPriority.NORMAL,
+        max_retries: int = 0,
+        job_id: str | None = None,
+        conflict_resolution: ConflictResolution = ConflictResolution.RAISE,
+        misfire_grace_time: int | Any | None = UNSET,
+        timeout: float | None = None,
+        retry_policy: RetryPolicy | None = None,
+        connection: asyncpg.Connection | None = None,
+        dedupe_key: str | None = None,
+        dedupe_scope: str | None = None,
+        queue: str | None = None,
+    ) -> str:
+        """Schedule ``func(*args, **kwargs)`` to run at ``execution_time``; returns the job id.
+
+        ``queue``: the job's queue (default: the task's, ``@task(queue=...)``,
+        else "default").
+
+        With ``connection``, the row is written through the caller's connection
+        (inside its transaction, if one is open): it exists, and wakes workers,
+        only if that transaction commits.
+
+        ``dedupe_key`` (or the task's): at most one job per key and
+        ``dedupe_scope`` ("active", the default, or "pending"); on a held key
+        ``conflict_resolution`` decides, and IGNORE/REPLACE return the id of
+        the job that holds it. See the README's Dedupe keys.
+        """
+        options = JobOptions.of(locals())
+        return await self._jobs.schedule(
+            func, execution_time, args, kwargs, options, conflict_resolution, connection
+        )
+
+    async def schedule_bulk(
+        self,
+        jobs: list[JobSpec],
+        *,
+        conflict_resolution: ConflictResolution = ConflictResolution.IGNORE,
+        batch_size: int = 1000,
+        connection: asyncpg.Connection | None = None,
+        positional: bool = False,
+    ) -> list[str] | list[str | None]:
+        """Schedule many jobs; returns their ids in input order.
+
+        With IGNORE, ids that already existed are left out, as pg-scheduler
+        0.2.3 does (a second identical call returns ``[]``). ``positional=True``
+        returns one entry per spec instead, None where IGNORE skipped one.
+
+        All or nothing: every spec is validated before anything is written,
+        and all rows are written in one transaction (a savepoint inside the
+        caller's transaction when ``connection`` is given). Caller-chosen ids
+        go in statements of ``batch_size`` rows; generated ids in one COPY.
+        """
+        return await self._jobs.schedule_bulk(
+            jobs, conflict_resolution, batch_size, connection, positional
+        )
+
+    async def get_job(self, job_id: str) -> Job | None:
+        """The stored job (status, attempts, timestamps, result, error), or None."""
+        return await self._jobs.get_job(job_id)
+
+    async def cancel_job(self, job_id: str) -> bool:
+        """Cancel a pending or running job. A running job's coroutine is cancelled on
+        whichever worker runs it (NOTIFY, with the heartbeat as the fallback).
+        Returns False if the job does not exist or has already finished."""
+        return await self._jobs.cancel_job(job_id)
 
     # -- timings -----------------------------------------------------------------
 

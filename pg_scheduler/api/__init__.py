@@ -4,6 +4,5 @@
 built from the settings), ``lifecycle`` (start and shutdown), ``ops`` (schema,
 grants, rescue, vacuum, statistics), ``limits`` (global limits), ``queues``,
 ``results`` (awaiting jobs, events), ``compat`` (the 0.2.x pass-through methods
-with logic of their own), and ``jobs`` (tasks, schedule, read and cancel a job:
-still a mixin of the Scheduler). Each part receives what it needs, never the
-Scheduler."""
+with logic of their own), and ``jobs`` (schedule, read and cancel a job). Each
+part receives what it needs, never the Scheduler."""

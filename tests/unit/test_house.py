@@ -233,7 +233,6 @@ def test_nothing_below_the_scheduler_names_it_even_for_type_checking() -> None:
 
 # Mixins not yet turned into parts: (class, its mixin base). May only shrink.
 KNOWN_MIXINS = {
-    ("pg_scheduler.scheduler.Scheduler", "pg_scheduler.api.jobs.JobsAPI"),
     # The store's two halves of statements: Store and the workers' statements.
     ("pg_scheduler.store.jobs.Store", "pg_scheduler.store.workers.WorkerStatements"),
 }
@@ -274,17 +273,16 @@ def test_no_class_of_the_package_derives_from_a_mixin() -> None:
             if "__init__" in vars(base) or issubclass(base, BaseException):
                 continue
             found.add((_qualified(cls), _qualified(base)))
-    assert ("pg_scheduler.scheduler.Scheduler", "pg_scheduler.api.jobs.JobsAPI") in found
+    assert ("pg_scheduler.store.jobs.Store", "pg_scheduler.store.workers.WorkerStatements") in found
     assert found - KNOWN_MIXINS == set(), "a class of the package derives from a mixin"
     assert KNOWN_MIXINS - found == set(), "a known mixin is gone: take it off KNOWN_MIXINS"
 
 
 def test_the_scheduler_and_the_worker_are_composed_not_mixed() -> None:
     from pg_scheduler import Scheduler
-    from pg_scheduler.api.jobs import JobsAPI
     from pg_scheduler.engine import Worker
 
-    assert Scheduler.__bases__ == (JobsAPI,)
+    assert Scheduler.__bases__ == (object,)
     assert Worker.__bases__ == (object,)
 
 
@@ -298,7 +296,7 @@ def test_no_class_body_declares_its_hosts_attributes() -> None:
                 isinstance(stmt, ast.If) and _is_type_checking(stmt.test) for stmt in node.body
             ):
                 declaring.append(f"{_module_name(path)}.{node.name}")
-    assert sorted(declaring) == ["pg_scheduler.api.jobs.JobsAPI"]
+    assert declaring == []
 
 
 _DOCUMENTED_IMPORT = re.compile(r"^\s*from (pg_scheduler(?:\.\w+)*) import ([\w, ]+)", re.M)
@@ -476,3 +474,19 @@ def test_the_default_queue_is_named_once() -> None:
         and (node.value == "default" or "'default'" in node.value)
     ]
     assert found == [], 'the default queue spelled "default" again: ' + ", ".join(found)
+
+
+def test_the_readme_architecture_names_every_wing_once() -> None:
+    """The README's Architecture tree has one line for each folder of the package,
+    and names no folder that is gone."""
+    readme = (PACKAGE.parent / "README.md").read_text()
+    section = readme.split("## Architecture", 1)[1].split("\n## ", 1)[0]
+    tree = section.split("```text", 1)[1].split("```", 1)[0]
+    # The wings: the indented lines that open with a folder ("  api/   ...").
+    listed = [
+        line.split()[0].rstrip("/")
+        for line in tree.splitlines()
+        if line.startswith("  ") and line.split()[0].endswith("/")
+    ]
+    wings = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())
+    assert sorted(listed) == wings

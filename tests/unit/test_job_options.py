@@ -214,9 +214,9 @@ WHEN = datetime(2031, 1, 2, tzinfo=UTC)
 
 
 async def test_scheduler_schedule_hands_over_every_option() -> None:
-    host = SimpleNamespace(enqueuer=AsyncRecorder(), _start_here=None)
+    host = SimpleNamespace(_jobs=AsyncRecorder())
     await Scheduler.schedule(host, deliver, execution_time=WHEN, **OTHER)  # type: ignore[arg-type]
-    assert handed_options(host.enqueuer) == JobOptions(**OTHER)
+    assert handed_options(host._jobs) == JobOptions(**OTHER)
 
 
 async def test_schedule_job_hands_over_every_option_it_takes() -> None:
@@ -292,7 +292,7 @@ def test_jobspec_keeps_every_option() -> None:
 #: Modules and names that may list four or more of a job's options, and why.
 MAY_LIST_JOB_OPTIONS = {
     "enqueue/fields.py:JobOptions": "the declaration",
-    "api/jobs.py:schedule": "public signature, tested above",
+    "scheduler.py:schedule": "public signature, tested above",
     "sync_client.py:schedule": "public signature, tested above",
     "job_spec.py:__init__": "public signature, tested above",
     "scheduler.py:schedule_job": "0.2.x public signature, tested above",
@@ -306,7 +306,7 @@ MAY_LIST_JOB_OPTIONS = {
 MAY_LIST_TASK_OPTIONS = {
     "tasks.py:TaskOptions": "the declaration",
     "tasks.py:task": "public signature (and its overloads), tested above",
-    "api/jobs.py:task": "public signature, tested above",
+    "scheduler.py:task": "public signature, tested above",
 }
 
 
