@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
-from .enums import VacuumTrigger
+from .enums import FINAL_STATUS_VALUES, VacuumTrigger
 
 
 class _Unset:
@@ -198,11 +198,6 @@ class VacuumConfig:
 
     def policies(self) -> dict[str, VacuumPolicy]:
         """Status name -> policy, for every final status."""
-        policies = {
-            "completed": self.completed,
-            "failed": self.failed,
-            "cancelled": self.cancelled,
-            "expired": self.expired,
-        }
+        policies = {status: getattr(self, status) for status in FINAL_STATUS_VALUES}
         # __post_init__ filled every None with its default.
         return {status: p for status, p in policies.items() if p is not None}

@@ -13,6 +13,7 @@ from contextvars import ContextVar, Token
 from datetime import datetime
 from typing import Any
 
+from .enums import DEFAULT_QUEUE
 from .store import Store
 from .store.events import EventStore
 from .support.codec import clip_text
@@ -60,7 +61,7 @@ class JobContext:
     @property
     def queue(self) -> str:
         """The job's queue ("default" unless the task or the call named one)."""
-        return self._row.get("queue") or "default"
+        return self._row.get("queue") or DEFAULT_QUEUE
 
     @property
     def scheduled_at(self) -> datetime | None:

@@ -1,8 +1,17 @@
-"""Enumerations shared by the public API and the store."""
+"""The shared vocabulary of the public API and the store: the enumerations, the
+final statuses and the default queue's name, each declared once here.
+
+It imports nothing from the package (``tests/unit/test_house.py``), so any layer may
+import it.
+"""
 
 from __future__ import annotations
 
 from enum import Enum, StrEnum
+
+#: The queue of a job whose task and call name none: every other spelling of
+#: "default" (stores, events, metrics, the CLI, SQL text) is built from this.
+DEFAULT_QUEUE = "default"
 
 _PRIORITY_DB_VALUES = {"critical": 1, "high": 3, "normal": 5, "low": 8}
 
@@ -69,9 +78,13 @@ class JobStatus(StrEnum):
         return self in FINAL_STATUSES
 
 
+#: The statuses a job ends in: the one declaration (states, the stores' SQL,
+#: events, results, metrics and the CLI derive theirs from it).
 FINAL_STATUSES = frozenset(
     {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED}
 )
+#: The same as the text the database stores, in JobStatus order.
+FINAL_STATUS_VALUES: tuple[str, ...] = tuple(s.value for s in JobStatus if s in FINAL_STATUSES)
 
 
 class VacuumTrigger(Enum):

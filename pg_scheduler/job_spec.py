@@ -7,10 +7,10 @@ from datetime import datetime
 from typing import Any
 
 from .config import UNSET, RetryPolicy
-from .enqueue.checks import check_execution_time, check_job_fields
-from .enqueue.dedupe import check_dedupe_key, check_dedupe_scope
+from .enqueue.checks import check_execution_time
+from .enqueue.fields import OPTION_NAMES, check_job
 from .enums import JobPriority
-from .support.validation import as_args, as_kwargs, check_queue
+from .support.validation import as_args, as_kwargs
 
 __all__ = ["JobSpec"]
 
@@ -32,23 +32,14 @@ class JobSpec:
     ``func`` need only be callable here, as in 0.2.x: ``schedule_bulk`` is
     where a function that cannot run as a task (not ``async def``) raises
     TypeError, before anything is written.
+
+    Its fields after ``kwargs`` are the options of
+    :class:`~pg_scheduler.enqueue.fields.JobOptions`, in their order and with
+    their defaults (``tests/unit/test_job_options.py``), checked by the same
+    :func:`~pg_scheduler.enqueue.fields.check_job`.
     """
 
-    __slots__ = (
-        "args",
-        "dedupe_key",
-        "dedupe_scope",
-        "execution_time",
-        "func",
-        "job_id",
-        "kwargs",
-        "max_retries",
-        "misfire_grace_time",
-        "priority",
-        "queue",
-        "retry_policy",
-        "timeout",
-    )
+    __slots__ = ("func", "execution_time", "args", "kwargs", *OPTION_NAMES)
 
     def __init__(
         self,
@@ -68,34 +59,8 @@ class JobSpec:
     ) -> None:
         if not callable(func):
             raise TypeError(f"func must be a callable (an async function), got {func!r}")
-        if (
-            priority is _NORMAL
-            and type(max_retries) is int
-            and max_retries == 0
-            and job_id is None
-            and misfire_grace_time is UNSET
-            and timeout is None
-            and retry_policy is None
-        ):
-            # Every other field at its default, which is valid: a bulk's common case.
-            check_execution_time(execution_time)
-        else:
-            check_job_fields(
-                execution_time,
-                priority,
-                max_retries,
-                job_id,
-                misfire_grace_time,
-                timeout,
-                retry_policy,
-            )
-        if dedupe_key is not None or dedupe_scope is not None:
-            check_dedupe_key(dedupe_key)
-            check_dedupe_scope(dedupe_scope)
         self.func = func
         self.execution_time = execution_time
-        self.args = args if type(args) is tuple else as_args(args)
-        self.kwargs = {} if kwargs is None else as_kwargs(kwargs)
         self.priority = priority
         self.max_retries = max_retries
         self.job_id = job_id
@@ -105,7 +70,25 @@ class JobSpec:
         self.dedupe_key = dedupe_key
         self.dedupe_scope = dedupe_scope
         # None: the task's queue (``@task(queue=...)``), else "default".
-        self.queue = None if queue is None else check_queue(queue)
+        self.queue = queue
+        if (
+            priority is _NORMAL
+            and type(max_retries) is int
+            and max_retries == 0
+            and job_id is None
+            and misfire_grace_time is UNSET
+            and timeout is None
+            and retry_policy is None
+            and dedupe_key is None
+            and dedupe_scope is None
+            and queue is None
+        ):
+            # Every option at its default, which is valid: a bulk's common case.
+            check_execution_time(execution_time)
+        else:
+            check_job(execution_time, self)
+        self.args = args if type(args) is tuple else as_args(args)
+        self.kwargs = {} if kwargs is None else as_kwargs(kwargs)
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in _FIELD_ORDER)
@@ -120,18 +103,4 @@ class JobSpec:
 
 
 # The constructor's parameter order, for repr.
-_FIELD_ORDER = (
-    "func",
-    "execution_time",
-    "args",
-    "kwargs",
-    "priority",
-    "max_retries",
-    "job_id",
-    "misfire_grace_time",
-    "timeout",
-    "retry_policy",
-    "dedupe_key",
-    "dedupe_scope",
-    "queue",
-)
+_FIELD_ORDER = ("func", "execution_time", "args", "kwargs", *OPTION_NAMES)

@@ -1,65 +1,39 @@
-"""The Scheduler: lifecycle and public API. It wires the parts and holds no SQL."""
+"""The Scheduler: the public face. Each method is a call into the part that does
+the work (``api/``); the parts are built from the settings in ``api/wiring.py``."""
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
-import math
 import uuid
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from datetime import datetime
+from typing import Any, TypeVar
 
 import asyncpg
 
-from .api.args import check_arguments
-from .api.compat import SchedulerCompat
-from .api.jobs import JobsAPI
-from .api.limits import LimitsAPI
-from .api.ops import SchedulerOps
-from .api.queues import QueueOps, check_queues
-from .api.results import ResultsAPI
-from .config import PollingConfig, RetryPolicy, VacuumConfig
-from .engine import BLOCKED_LOOP, CANCELLED_REMOTELY, Worker
-from .engine import local as local_start
-from .engine.sync import default_process_pool_size
-from .enqueue.producer import Enqueuer
-from .notify.events import EventHub
-from .notify.listener import Listener
-from .periodic.runtime import PeriodicManager
-from .services import HeartbeatService, RescuerService, VacuumService, WorkflowTimerService
-from .services.stall import StallGuard, default_stall_limit
-from .services.watchdog import LoopWatchdog
-from .store import (
-    CANCEL_CHANNEL,
-    DEFAULT_SCHEMA,
-    JOBS_CHANNEL,
-    QUEUES_CHANNEL,
-    QueueStore,
-    Store,
-)
-from .store.bounded import BoundedPool
-from .store.housekeeping import VacuumStore
-from .support.log import get_logger
-from .support.process_gc import freeze_objects, thaw_objects
-from .support.reconnect import retry_on_disconnect
-from .support.validation import check_bool, check_int, check_seconds
-from .tasks import TaskRegistry, default_registry
-from .workflows import is_workflow
-from .workflows.runner import WAKE_LOOKAHEAD, workflow_store
+from .api.args import settings_of
+from .api.jobs import Jobs
+from .api.results import Results
+from .api.settings import Setting
+from .api.wiring import build, lifecycle
+from .config import UNSET, PollingConfig, RetryPolicy, VacuumConfig
+from .enqueue.fields import JobOptions
+from .enums import ConflictResolution, JobPriority, JobStatus
+from .job_spec import JobSpec
+from .limits import RateLimit
+from .models import Job, TaskInventory
+from .notify.events import Event, Subscription
+from .observe.stats import QueueStats
+from .periodic import PeriodicJobConfig
+from .store import DEFAULT_SCHEMA
+from .store.bounded import DEFAULT_STATEMENT_TIMEOUT
+from .tasks import TaskOptions, TaskRegistry, default_registry
+from .workflows.runner import workflow_store
 from .workflows.signals import send_signal
-
-log = get_logger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-# Start-up work that is not on the path to the first claim waits this long.
-STARTUP_DEFER = 1.0
-# Seconds any one of the scheduler's own statements may take (README: failure model).
-DEFAULT_STATEMENT_TIMEOUT = 10.0
-
-
-class Scheduler(JobsAPI, SchedulerOps, LimitsAPI, QueueOps, ResultsAPI, SchedulerCompat):
+class Scheduler:
     """Claims and runs due jobs from ``scheduled_jobs``; any number may share one database.
 
     The positional parameters and their defaults are those of pg-scheduler
@@ -80,6 +54,34 @@ class Scheduler(JobsAPI, SchedulerOps, LimitsAPI, QueueOps, ResultsAPI, Schedule
     HEARTBEAT_THRESHOLD = 120
     LEASE_DURATION = 60
     WORKER_ID_LENGTH = 8
+
+    # The settings, as given (defaults filled in). Each is a view of the
+    # ``settings`` object the parts share: assigning one here changes theirs.
+    db_pool = Setting[asyncpg.Pool]()
+    max_concurrent_jobs = Setting[int]()
+    misfire_grace_time = Setting[int | None]()
+    vacuum_config = Setting[VacuumConfig]()
+    vacuum_enabled = Setting[bool]()
+    batch_claim_limit = Setting[int]()
+    polling_config = Setting[PollingConfig]()
+    job_timeout = Setting[float | None]()
+    retry_policy = Setting[RetryPolicy]()
+    shutdown_grace_period = Setting[float]()
+    max_rescues = Setting[int]()
+    run_periodic_jobs = Setting[bool]()
+    start_due_jobs_locally = Setting[bool]()
+    schema = Setting[str]()
+    pgbouncer = Setting[bool]()
+    listen_dsn = Setting[str | None]()
+    #: False behind pgbouncer without ``listen_dsn``: no LISTEN, workers poll.
+    notifications = Setting[bool]()
+    statement_timeout = Setting[float]()
+    served_queues = Setting[list[str] | None]()
+    queue_limits = Setting[dict[str, int] | None]()
+    thread_pool_size = Setting[int]()
+    process_pool_size = Setting[int]()
+    loop_stall_warning = Setting[float | None]()
+    gc_freeze = Setting[bool]()
 
     def __init__(
         self,
@@ -114,296 +116,356 @@ class Scheduler(JobsAPI, SchedulerOps, LimitsAPI, QueueOps, ResultsAPI, Schedule
         gc_freeze: bool = True,
         statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT,
     ) -> None:
-        check_arguments(
+        # Checked first, all of them (api/args.py): bad input writes nothing.
+        self.settings = settings = settings_of(
             db_pool=db_pool,
-            schema=schema,
-            pgbouncer=pgbouncer,
-            listen_dsn=listen_dsn,
             max_concurrent_jobs=max_concurrent_jobs,
             misfire_grace_time=misfire_grace_time,
+            vacuum_config=vacuum_config,
+            vacuum_enabled=vacuum_enabled,
             batch_claim_limit=batch_claim_limit,
-            max_rescues=max_rescues,
+            polling_config=polling_config,
             job_timeout=job_timeout,
+            retry_policy=retry_policy,
             shutdown_grace_period=shutdown_grace_period,
             heartbeat_interval=heartbeat_interval,
             heartbeat_threshold=heartbeat_threshold,
             lease_duration=lease_duration,
             rescue_interval=rescue_interval,
+            max_rescues=max_rescues,
             listener_health_interval=listener_health_interval,
-            vacuum_config=vacuum_config,
-            polling_config=polling_config,
-            retry_policy=retry_policy,
+            run_periodic_jobs=run_periodic_jobs,
+            start_due_jobs_locally=start_due_jobs_locally,
+            schema=schema,
+            pgbouncer=pgbouncer,
+            listen_dsn=listen_dsn,
+            thread_pool_size=thread_pool_size,
+            process_pool_size=process_pool_size,
+            loop_stall_warning=loop_stall_warning,
+            loop_stall_limit=loop_stall_limit,
+            queues=queues,
+            gc_freeze=gc_freeze,
+            statement_timeout=statement_timeout,
+            default_heartbeat_threshold=self.HEARTBEAT_THRESHOLD,
+            default_lease_duration=self.LEASE_DURATION,
         )
-        check_int("thread_pool_size", thread_pool_size, 1, allow_none=True)
-        check_int("process_pool_size", process_pool_size, 1, allow_none=True)
-        check_seconds("loop_stall_warning", loop_stall_warning)
-        check_seconds("loop_stall_limit", loop_stall_limit)
-        check_bool("gc_freeze", gc_freeze)
-        check_seconds("statement_timeout", statement_timeout, allow_none=False)
-        if not math.isfinite(statement_timeout):
-            raise ValueError(f"statement_timeout must be finite, got {statement_timeout!r}")
-        # None: every queue; a list; or queue -> local concurrency.
-        self.served_queues, self.queue_limits = check_queues(queues, max_concurrent_jobs)
-        # One thread per slot by default: a thread job never waits for a thread.
-        self.thread_pool_size = thread_pool_size or max_concurrent_jobs
-        self.process_pool_size = process_pool_size or default_process_pool_size()
-        self.loop_stall_warning = loop_stall_warning
-        self._loop_stall_limit = loop_stall_limit
-        # Freeze the objects alive at start() out of Python's full collections
-        # while running (see process_gc); gc_freeze=False leaves gc alone.
-        self.gc_freeze = gc_freeze
-        self._froze = False
-
-        self.db_pool = db_pool
-        self.max_concurrent_jobs = max_concurrent_jobs
-        self.misfire_grace_time = misfire_grace_time
-        self.vacuum_enabled = vacuum_enabled
-        self.vacuum_config = vacuum_config or VacuumConfig()
-        self.batch_claim_limit = batch_claim_limit
-        self.polling_config = polling_config or PollingConfig()
-        self.job_timeout = job_timeout
-        self.retry_policy = retry_policy or RetryPolicy()
-        self.shutdown_grace_period = shutdown_grace_period
-        self.max_rescues = max_rescues
-        self._heartbeat_interval = heartbeat_interval
-        self._heartbeat_threshold = heartbeat_threshold
-        self._lease_duration = lease_duration
-        self._rescue_interval = rescue_interval
-        self.run_periodic_jobs = run_periodic_jobs
-        self.start_due_jobs_locally = start_due_jobs_locally
-        self.schema = schema
-        self.pgbouncer = pgbouncer
-        self.listen_dsn = listen_dsn
-        # Behind a transaction pooler LISTEN needs a direct connection; without
-        # one, workers poll every min_interval instead of backing off.
-        self.notifications = listen_dsn is not None or not pgbouncer
-        if polling_config is None and not self.notifications:
-            fast = self.polling_config.min_interval
-            self.polling_config = PollingConfig(idle_start_interval=fast, max_interval=fast)
-
         self.worker_id = uuid.uuid4().hex[: self.WORKER_ID_LENGTH]
         self.registry = TaskRegistry(parent=tasks or default_registry)
-        self.statement_timeout = statement_timeout
-        # The scheduler's own statements go through this: each one bounded, a
-        # connection that does not answer closed (store/bounded.py). The pool
-        # itself is left as the application made it.
-        bounded = cast(
-            asyncpg.Pool,
-            BoundedPool(db_pool, statement_timeout, session_settings=not pgbouncer),
-        )
-        self.store = Store(bounded, schema)
-        self.queue_store = QueueStore(bounded, schema)
-        self.enqueuer = Enqueuer(
-            self.store, db_pool, self.registry, lambda: self.misfire_grace_time
-        )
-        self.vacuum_store = VacuumStore(bounded, schema)
-        self.listener = Listener(
-            db_pool,
-            {
-                self.store.qualify.channel(JOBS_CHANNEL): self._on_jobs_notify,
-                self.store.qualify.channel(CANCEL_CHANNEL): self._on_cancel_notify,
-                self.store.qualify.channel(QUEUES_CHANNEL): self._on_queues_notify,
-            },
-            health_interval=listener_health_interval,
-            on_reconnect=self._on_listener_reconnect,
-            dsn=listen_dsn,
-            statement_timeout=statement_timeout,
-        )
-        self.events_hub = EventHub(self.listener, db_pool, schema, enabled=self.notifications)
-        self.worker = Worker(
-            store=self.store,
+        parts = build(settings, self.worker_id, self.registry)
+        self.store = parts.store
+        self.queue_store = parts.queue_store
+        self.vacuum_store = parts.vacuum_store
+        self.enqueuer = parts.enqueuer
+        self.listener = parts.listener
+        self.events_hub = parts.events_hub
+        self.worker = parts.worker
+        self.job_semaphore = parts.worker.semaphore
+        self.heartbeat = parts.heartbeat
+        self.rescuer = parts.rescuer
+        self.vacuum = parts.vacuum
+        self.periodic = parts.periodic
+        self.watchdog = parts.watchdog
+        self._channels = parts.channels
+        self._ops = parts.operations
+        self._limits = parts.limits
+        self._queues = parts.queues
+        self._compat = parts.compat
+        self._jobs = Jobs(
+            local=self,
+            settings=settings,
+            store=parts.store,
+            enqueuer=parts.enqueuer,
             registry=self.registry,
-            worker_id=self.worker_id,
-            max_concurrent_jobs=max_concurrent_jobs,
-            batch_claim_limit=batch_claim_limit,
-            polling=self.polling_config,
-            lease_seconds=lambda: self.lease_duration,
-            job_timeout=job_timeout,
-            retry_policy=self.retry_policy,
-            delete_completed=self._delete_on_complete,
-            notifications_live=lambda: self.listener.live,
-            asynchronous_commit=not pgbouncer,
-            thread_pool_size=self.thread_pool_size,
-            process_pool_size=self.process_pool_size,
-            served=self.served_queues,
-            queue_limits=self.queue_limits,
+            rescuer=parts.rescuer,
+            cancel_local=parts.worker.cancel_local,
         )
-        self.job_semaphore = self.worker.semaphore
-        self.heartbeat = HeartbeatService(
-            self.store, self.worker, self.heartbeat_interval, lambda: self.lease_duration
+        self._results = Results(
+            hub=parts.events_hub, settings=settings, get_job=self.get_job, schedule=self.schedule
         )
-        self.rescuer = RescuerService(
-            self.store,
-            self.rescue_interval,
-            lambda: self.heartbeat_threshold,
-            max_rescues,
-            self.registry.names,
+        self._lifecycle = lifecycle(
+            settings, parts, self.registry, self.worker_id, local=self, prepare=self._prepare
         )
-        self.vacuum = VacuumService(
-            self.vacuum_store, self.vacuum_config, self.worker_id, transaction_locks=pgbouncer
-        )
-        self.periodic = PeriodicManager(self)
-        # Wakes parked workflows at their time; runs once a workflow is registered.
-        self.workflow_timer = WorkflowTimerService(
-            workflow_store(self.store), interval=WAKE_LOOKAHEAD / 2, lookahead=WAKE_LOOKAHEAD
-        )
-        self.watchdog = (
-            None
-            if loop_stall_warning is None
-            else LoopWatchdog(loop_stall_warning, lambda: self.worker.running, self._stall_guard())
-        )
-        self.registry.add_listener(lambda _name: self.worker.wake())
-        self.registry.add_listener(self._start_workflow_timer)
 
-        self.is_running = False
-        self.is_shutting_down = False
-        self._claim_task: asyncio.Task[None] | None = None
-        self._lifecycle = asyncio.Lock()
+    # -- tasks and jobs: what an application calls most ------------------------------
+    # The signatures list their keywords for users; the bodies hand them to the one
+    # declaration (TaskOptions, JobOptions) and the one producer (enqueue/).
+    # tests/unit/test_job_options.py holds the signatures to the declarations.
+
+    def task(
+        self,
+        func: F | None = None,
+        *,
+        name: str | None = None,
+        executor: str | None = None,
+        dedupe_key: str | Callable[..., str] | None = None,
+        dedupe_scope: str | None = None,
+        max_running: int | None = None,
+        rate_limit: str | RateLimit | None = None,
+        queue: str | None = None,
+    ) -> Any:
+        """Decorator: register a function this scheduler can run (see :func:`pg_scheduler.task`)."""
+        return self.registry.decorator(func, TaskOptions.of(locals()))
+
+    def register_task(self, func: F, name: str | None = None) -> F:
+        """Register ``func`` so this worker claims its jobs."""
+        return self.registry.register(func, name=name)
+
+    async def load_task_functions(self) -> TaskInventory:
+        """What this scheduler can run, and due jobs whose task no live worker has."""
+        return await self._jobs.load_task_functions()
+
+    async def schedule(
+        self,
+        func: Callable[..., Any],
+        *,
+        execution_time: datetime,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+        priority: JobPriority = JobPriority.NORMAL,
+        max_retries: int = 0,
+        job_id: str | None = None,
+        conflict_resolution: ConflictResolution = ConflictResolution.RAISE,
+        misfire_grace_time: int | Any | None = UNSET,
+        timeout: float | None = None,
+        retry_policy: RetryPolicy | None = None,
+        connection: asyncpg.Connection | None = None,
+        dedupe_key: str | None = None,
+        dedupe_scope: str | None = None,
+        queue: str | None = None,
+    ) -> str:
+        """Schedule ``func(*args, **kwargs)`` to run at ``execution_time``; returns the job id.
+
+        ``queue``: the job's queue (default: the task's, ``@task(queue=...)``,
+        else "default").
+
+        With ``connection``, the row is written through the caller's connection
+        (inside its transaction, if one is open): it exists, and wakes workers,
+        only if that transaction commits.
+
+        ``dedupe_key`` (or the task's): at most one job per key and
+        ``dedupe_scope`` ("active", the default, or "pending"); on a held key
+        ``conflict_resolution`` decides, and IGNORE/REPLACE return the id of
+        the job that holds it. See the README's Dedupe keys.
+        """
+        options = JobOptions.of(locals())
+        return await self._jobs.schedule(
+            func, execution_time, args, kwargs, options, conflict_resolution, connection
+        )
+
+    async def schedule_bulk(
+        self,
+        jobs: list[JobSpec],
+        *,
+        conflict_resolution: ConflictResolution = ConflictResolution.IGNORE,
+        batch_size: int = 1000,
+        connection: asyncpg.Connection | None = None,
+        positional: bool = False,
+    ) -> list[str] | list[str | None]:
+        """Schedule many jobs; returns their ids in input order.
+
+        With IGNORE, ids that already existed are left out, as pg-scheduler
+        0.2.3 does (a second identical call returns ``[]``). ``positional=True``
+        returns one entry per spec instead, None where IGNORE skipped one.
+
+        All or nothing: every spec is validated before anything is written,
+        and all rows are written in one transaction (a savepoint inside the
+        caller's transaction when ``connection`` is given). Caller-chosen ids
+        go in statements of ``batch_size`` rows; generated ids in one COPY.
+        """
+        return await self._jobs.schedule_bulk(
+            jobs, conflict_resolution, batch_size, connection, positional
+        )
+
+    async def get_job(self, job_id: str) -> Job | None:
+        """The stored job (status, attempts, timestamps, result, error), or None."""
+        return await self._jobs.get_job(job_id)
+
+    async def cancel_job(self, job_id: str) -> bool:
+        """Cancel a pending or running job. A running job's coroutine is cancelled on
+        whichever worker runs it (NOTIFY, with the heartbeat as the fallback).
+        Returns False if the job does not exist or has already finished."""
+        return await self._jobs.cancel_job(job_id)
+
+    # -- timings -----------------------------------------------------------------
+
+    @property
+    def heartbeat_threshold(self) -> float:
+        """Seconds without a heartbeat after which a worker counts as dead."""
+        return self.settings.timings.heartbeat_threshold
+
+    @property
+    def lease_duration(self) -> float:
+        """Seconds a claimed job's lease lasts between renewals."""
+        return self.settings.timings.lease_duration
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """Seconds between heartbeats (default: a sixth of the shorter of the two above)."""
+        return self.settings.timings.heartbeat_interval
+
+    @property
+    def rescue_interval(self) -> float:
+        """Seconds between rescue passes (default: a quarter of the shorter of the two)."""
+        return self.settings.timings.rescue_interval
 
     @property
     def loop_stall_limit(self) -> float:
         """Seconds a job may block the event loop before it is failed (see the
         failure model); default ``max(60, min(lease_duration, heartbeat_threshold))``."""
-        if self._loop_stall_limit is not None:
-            return self._loop_stall_limit
-        return default_stall_limit(self.lease_duration, self.heartbeat_threshold)
-
-    def _stall_guard(self) -> StallGuard:
-        executor = self.worker.executor
-        return StallGuard(
-            pool=self.db_pool,
-            store=self.store,
-            worker_id=self.worker_id,
-            lease_seconds=lambda: self.lease_duration,
-            interval=self.heartbeat_interval,
-            limit=self.loop_stall_limit,
-            retry_delay=executor.retry_delay,
-            stop_blocker=lambda job_id: self.worker.cancel_local(job_id, BLOCKED_LOOP),
-        )
+        return self.settings.timings.loop_stall_limit
 
     # -- lifecycle -------------------------------------------------------------
+
+    @property
+    def is_running(self) -> bool:
+        """True between a completed :meth:`start` and the end of :meth:`shutdown`."""
+        return self._lifecycle.is_running
+
+    @property
+    def is_shutting_down(self) -> bool:
+        """True while :meth:`shutdown` runs."""
+        return self._lifecycle.is_shutting_down
 
     async def start(self) -> None:
         """Migrate, register, then start claiming, heartbeats and housekeeping (the
         first rescue pass runs beside the first claim)."""
-        async with self._lifecycle:
-            if self.is_running:
-                return
-            # Start-up is on the path to the first job: each step is one
-            # statement, independent ones run together (README: Benchmarks).
-            warm = asyncio.create_task(self.worker.warm_up(), name="pg_scheduler.warm_up")
-            listening_before = self.listener.started
-            try:
-                await self.initialize_db()
-                # Before the worker registers: a missing grant fails start() here,
-                # not halfway through with a worker row left behind.
-                await self.check_privileges()
-                await warm
-                if self.notifications:
-                    self.listener.start()  # connects while the worker registers and claims
-                await retry_on_disconnect(
-                    self.heartbeat.run_once, what="register worker", give_up_after=30
-                )
-                if self.registry.all_limits():
-                    await retry_on_disconnect(
-                        self._write_declared_limits, what="write task limits", give_up_after=30
-                    )
-            except BaseException:
-                # Nothing started stays behind: the warm-up's connection, the listener.
-                warm.cancel()
-                await asyncio.gather(warm, return_exceptions=True)
-                await self.worker.connection.release()
-                if self.listener.started and not listening_before:
-                    await self.listener.stop()
-                raise
-            self.is_running = True
-            self.is_shutting_down = False
-            if self.gc_freeze:  # before the first job runs
-                freeze_objects()
-                self._froze = True
-            # Jobs run in a copy of this context, not their caller's (starts.py).
-            self.worker.job_context = contextvars.copy_context()
-            local_start.offer(self)
-            self._claim_task = asyncio.create_task(self.worker.run(), name="pg_scheduler.claim")
-            await asyncio.sleep(0)  # the first claim goes out before the services' rounds
-            # The heartbeat just ran (registering); its loop starts an interval
-            # from now. The rescue pass (and the report of due jobs whose task
-            # no live worker has) runs beside the first claim, not before it.
-            self.heartbeat.start(first_after=self.heartbeat.interval)
-            if self.watchdog is not None:
-                self.watchdog.start()
-            self.rescuer.start()
-            self._start_workflow_timer()
-            if self.vacuum_enabled:
-                # Its first round a moment after the first claim rather than with it.
-                self.vacuum.start(first_after=min(STARTUP_DEFER, self.vacuum.interval))
-            if self.run_periodic_jobs:
-                await self.periodic.start()
-            # Give the listener a moment so the first wake-ups are not missed.
-            try:
-                if self.notifications:
-                    await asyncio.wait_for(self.listener.connected.wait(), 5)
-            except TimeoutError:
-                log.warning("listener not connected yet; polling until it is")
-            log.info(
-                "scheduler started",
-                worker_id=self.worker_id,
-                max_concurrent=self.max_concurrent_jobs,
-                tasks=len(self.registry.names()),
-            )
+        await self._lifecycle.start()
 
     async def shutdown(self, grace_period: float | None = None) -> None:
         """Stop claiming, let running jobs finish for ``grace_period`` seconds
         (default ``shutdown_grace_period``), cancel and hand back the rest, hand
         back every row held here that this process does not run, and return
         once everything this worker owned is released."""
-        async with self._lifecycle:
-            await self.events_hub.close()  # subscriptions, waiters, own listener
-            if not self.is_running:
-                return
-            self.is_shutting_down = True
-            local_start.withdraw(self)
-            grace = self.shutdown_grace_period if grace_period is None else grace_period
-            self.worker.stop_claiming()
-            if self._claim_task is not None:
-                await self._claim_task
-            await self.periodic.stop()
-            await self.worker.drain(grace)
-            # Then every row still held here that nothing here runs goes back
-            # (an in-process start whose caller was cancelled mid-insert, a claim
-            # whose answer was lost), once the in-process inserts in flight answered.
-            await local_start.settled(self.worker, timeout=10.0)
-            await self.worker.hand_back_unowned()
-            self.worker.executor.sync.close()
-            await self.heartbeat.stop()
-            if self.watchdog is not None:
-                await self.watchdog.stop()
-            await self.rescuer.stop()
-            await self.workflow_timer.stop()
-            await self.vacuum.stop()
-            await self.listener.stop()
-            try:
-                await retry_on_disconnect(
-                    lambda: self.store.unregister_worker(self.worker_id),
-                    what="unregister worker",
-                    give_up_after=5,
-                )
-            except Exception as exc:
-                log.warning("could not unregister worker; it will age out", error=repr(exc))
-            self.is_running = False
-            self.is_shutting_down = False
-            if self._froze:
-                self._froze = False
-                thaw_objects()
-            log.info("scheduler stopped", worker_id=self.worker_id)
+        await self._lifecycle.shutdown(grace_period)
 
-    def _start_workflow_timer(self, task_name: str | None = None) -> None:
-        # Once this scheduler runs and has a workflow to run (registered now or later).
-        if not self.is_running or self.workflow_timer.running:
-            return
-        names = [task_name] if task_name is not None else self.registry.names()
-        if any(is_workflow(self.registry.resolve(name)) for name in names):
-            self.workflow_timer.start()
+    def request_immediate_shutdown(self) -> None:
+        """Make a shutdown in progress (or the next one) skip the grace period:
+        running jobs are cancelled and handed back at once."""
+        self._lifecycle.request_immediate_shutdown()
+
+    async def __aenter__(self) -> Scheduler:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.shutdown()
+
+    # -- schema, grants, rescue -------------------------------------------------
+
+    async def _prepare(self) -> None:
+        # Through the methods, so that a subclass's override runs as in 0.2.x.
+        await self.initialize_db()
+        await self.check_privileges()
+
+    async def initialize_db(self) -> None:
+        """Apply pending migrations (serialized across processes by an advisory lock)."""
+        await self._ops.initialize_db()
+
+    def required_privileges(self) -> dict[str, str]:
+        """Table -> the privileges this worker needs on it (README: schemas and privileges)."""
+        return self._ops.required_privileges()
+
+    async def check_privileges(self) -> None:
+        """Raise PermissionError naming every grant this worker lacks."""
+        await self._ops.check_privileges()
+
+    async def recover_orphaned_jobs(self) -> int:
+        """One rescue pass: jobs of dead workers go back to pending. Returns how many."""
+        return await self._ops.recover_orphaned_jobs()
+
+    # -- vacuum and statistics -----------------------------------------------------
+
+    async def run_vacuum(self) -> dict[str, int]:
+        """Apply the vacuum policies now; deleted counts by status ({} if another
+        replica is vacuuming at this moment)."""
+        return await self._ops.run_vacuum()
+
+    async def get_vacuum_stats(self, days: int = 7) -> list[dict[str, Any]]:
+        """Per-day vacuum counts for the last ``days`` days (needs ``track_metrics=True``)."""
+        return await self._ops.get_vacuum_stats(days)
+
+    async def get_total_vacuum_stats(self) -> dict[str, Any]:
+        """Totals across all days and workers (needs ``track_metrics=True``)."""
+        return await self._ops.get_total_vacuum_stats()
+
+    async def stats(self) -> QueueStats:
+        """Counts by status and task, running jobs per worker, oldest due job's wait,
+        recent throughput and failure rate, and workers (see :mod:`pg_scheduler.observe.stats`)."""
+        return await self._ops.stats()
+
+    # -- global limits -------------------------------------------------------------
+
+    async def configure_task(
+        self,
+        name: str,
+        *,
+        max_running: int | None = None,
+        rate_limit: str | RateLimit | None = None,
+    ) -> None:
+        """Set (or, with both None, remove) the global limits of task ``name``."""
+        await self._limits.configure_task(name, max_running=max_running, rate_limit=rate_limit)
+
+    async def configure_queue(
+        self,
+        name: str,
+        *,
+        max_running: int | None = None,
+        rate_limit: str | RateLimit | None = None,
+    ) -> None:
+        """Set (or, with both None, remove) the global limits of queue ``name``."""
+        await self._limits.configure_queue(name, max_running=max_running, rate_limit=rate_limit)
+
+    async def list_limits(self) -> list[dict[str, Any]]:
+        """Every limit, with what runs now and what started in its rate window."""
+        return await self._limits.list_limits()
+
+    # -- queues --------------------------------------------------------------------
+
+    async def pause_queue(self, name: str) -> None:
+        """Stop every worker claiming from ``name``, at once: the claim statement
+        skips paused queues. Running jobs finish; scheduling into it still works."""
+        await self._queues.pause_queue(name)
+
+    async def resume_queue(self, name: str) -> None:
+        """Let workers claim from ``name`` again (they are woken at once)."""
+        await self._queues.resume_queue(name)
+
+    async def list_queues(self) -> list[dict[str, Any]]:
+        """Every known queue (configured, or with pending or running jobs):
+        ``name``, ``paused``, ``pending``, ``due``, ``running``."""
+        return await self._queues.list_queues()
+
+    # -- results and events ------------------------------------------------------
+
+    async def wait_for(self, job_id: str, timeout: float | None = None) -> Job:
+        """The job once final (completed, failed, cancelled, expired); JobNotFound
+        for an unknown id, TimeoutError after ``timeout`` seconds."""
+        return await self._results.wait_for(job_id, timeout)
+
+    async def result(self, job_id: str, timeout: float | None = None) -> Any:
+        """The job's result, or JobFailed / JobCancelled / JobExpired."""
+        return await self._results.result(job_id, timeout)
+
+    async def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Schedule ``func(*args, **kwargs)`` now and return its result."""
+        return await self._results.run(func, *args, **kwargs)
+
+    def events(
+        self,
+        kinds: Any = None,
+        *,
+        task: str | None = None,
+        queue: str | None = None,
+        maxsize: int = 10_000,
+    ) -> Subscription:
+        """Subscribe to events from every process; see events.Subscription."""
+        return self._results.events(kinds, task=task, queue=queue, maxsize=maxsize)
+
+    def on(self, kind: Any, callback: Callable[[Event], Any], **filters: Any) -> Subscription:
+        """Call ``callback(event)`` for each event of ``kind``; see events.EventHub.on."""
+        return self._results.on(kind, callback, **filters)
+
+    # -- workflows (workflows/) --------------------------------------------------------
 
     async def signal(
         self,
@@ -419,24 +481,99 @@ class Scheduler(JobsAPI, SchedulerOps, LimitsAPI, QueueOps, ResultsAPI, Schedule
         ValueError for a finished one (README: Durable workflows)."""
         await send_signal(workflow_store(self.store), job_id, name, payload, connection)
 
-    def request_immediate_shutdown(self) -> None:
-        """Make a shutdown in progress (or the next one) skip the grace period:
-        running jobs are cancelled and handed back at once."""
-        self.worker.force_shutdown()
+    # -- periodic jobs -------------------------------------------------------------
 
-    async def __aenter__(self) -> Scheduler:
-        await self.start()
-        return self
+    def get_periodic_jobs(self) -> dict[str, PeriodicJobConfig]:
+        """Every registered periodic job, by dedup key."""
+        return self.periodic.get_jobs()
 
-    async def __aexit__(self, *_exc: object) -> None:
-        await self.shutdown()
+    def enable_periodic_job(self, dedup_key: str) -> bool:
+        """Enable a periodic job here at once and in the database (and so on every replica)
+        shortly after; False if no such job is registered."""
+        return self.periodic.set_enabled_soon(dedup_key, True)
 
-    # -- notifications -----------------------------------------------------------
+    def disable_periodic_job(self, dedup_key: str) -> bool:
+        """Disable a periodic job here at once and on every replica shortly after."""
+        return self.periodic.set_enabled_soon(dedup_key, False)
 
-    def _on_cancel_notify(self, job_id: str) -> None:
-        if self.worker.cancel_local(job_id, CANCELLED_REMOTELY):
-            log.info("cancelling running job", job_id=job_id, worker_id=self.worker_id)
+    async def set_periodic_job_enabled(self, dedup_key: str, enabled: bool) -> bool:
+        """Awaitable form of enable/disable: returns once the change is stored."""
+        return await self.periodic.set_enabled(dedup_key, enabled)
 
-    def _on_listener_reconnect(self) -> None:
-        # Notifications sent while we were disconnected are lost: look now.
-        self.worker.wake()
+    async def trigger_periodic_job(self, dedup_key: str) -> str | None:
+        """Run a periodic job once now, outside its windows; the new job id or None."""
+        return await self.periodic.trigger(dedup_key)
+
+    async def fetch_periodic_job_status(self, dedup_key: str) -> dict[str, Any] | None:
+        """Awaitable form of :meth:`get_periodic_job_status`, read from the database now."""
+        return await self.periodic.fetch_status(dedup_key)
+
+    def get_periodic_job_status(self, dedup_key: str) -> dict[str, Any] | None:
+        """Configuration and state (enabled, next and last run, last outcome) of one job."""
+        return self.periodic.status(dedup_key)
+
+    # -- the 0.2.x pass-through methods (api/compat.py) --------------------------
+
+    @property
+    def task_map(self) -> dict[str, Callable[..., Any]]:
+        """Task name -> function for every task this scheduler can run."""
+        return self._compat.task_map()
+
+    async def listen_for_jobs(self) -> None:
+        """The claim loop: runs until shutdown, woken by NOTIFY, due times and polling."""
+        await self.worker.run()
+
+    async def schedule_job(
+        self,
+        job_name: str,
+        execution_time: datetime,
+        task_data: dict[str, Any],
+        priority: JobPriority = JobPriority.NORMAL,
+        max_retries: int = 0,
+        job_id: str | None = None,
+        conflict_resolution: ConflictResolution = ConflictResolution.RAISE,
+        misfire_grace_time: int | None = None,
+        *,
+        dedupe_key: str | None = None,
+        dedupe_scope: str | None = None,
+        queue: str | None = None,
+    ) -> str:
+        """Low-level insert by name (0.2.x): ``task_data`` is ``{"args": [...], "kwargs": {...}}``.
+
+        The job runs on a worker that registered a task named ``job_name``
+        (its ``module:qualname``, or its bare ``__name__`` when unambiguous).
+        ``misfire_grace_time=None`` means the scheduler default.
+        ``dedupe_key``: as for ``schedule()`` (a task's own key does not apply here).
+        ``queue``:
+        the job's queue (default: the queue of the task registered here under
+        that name, else "default").
+        """
+        options = JobOptions.of(locals())
+        return await self.enqueuer.schedule_by_name(
+            job_name, execution_time, task_data, options, conflict_resolution
+        )
+
+    async def update_job_status(self, job_id: str, status: JobStatus | str) -> bool:
+        """Force a job's status (an operator's tool; bypasses the lease guard)."""
+        return await self._compat.update_job_status(job_id, status)
+
+    async def send_heartbeat(self, job_id: str) -> bool:
+        """Renew the lease of one job this worker holds; False if it holds no such job."""
+        return await self._compat.send_heartbeat(job_id)
+
+    async def monitor_heartbeats(self) -> None:
+        """Run the heartbeat loop (started by :meth:`start`): renew this worker's
+        row and all its leases each ``heartbeat_interval``."""
+        await self.heartbeat.run_forever()
+
+    async def periodic_orphan_recovery(self) -> None:
+        """Run the rescue loop (started by :meth:`start`) every ``rescue_interval``."""
+        await self.rescuer.run_forever()
+
+    async def execute_job_with_concurrency_control(self, job_row: Any) -> None:
+        """Run one claimed job row under the ``max_concurrent_jobs`` semaphore."""
+        await self.worker.starts.execute_job_with_concurrency_control(job_row)
+
+    async def execute_job(self, job_row: Any) -> None:
+        """Run one claimed job row, then complete it (or write its failure), lease-guarded."""
+        await self.worker.executor.execute_job(job_row)

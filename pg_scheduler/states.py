@@ -2,7 +2,7 @@
 
 Each row names the statement (a constant of the ``store`` package, by module
 and name, or ``function:<name>``: a function the migrations define, run by a
-trigger) that makes the transition and who calls it. ``tests/test_house.py``
+trigger) that makes the transition and who calls it. ``tests/unit/test_house.py``
 checks that every statement of the store and every migration function that
 writes ``status`` is listed here, so a new writer cannot appear without a row.
 ``None`` as a source: the row is written new (an INSERT).
@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .enums import JobStatus
+from .enums import FINAL_STATUS_VALUES, JobStatus
 
 PENDING, RUNNING, WAITING = JobStatus.PENDING, JobStatus.RUNNING, JobStatus.WAITING
 COMPLETED, FAILED = JobStatus.COMPLETED, JobStatus.FAILED
 CANCELLED, EXPIRED = JobStatus.CANCELLED, JobStatus.EXPIRED
-FINAL = (COMPLETED, FAILED, CANCELLED, EXPIRED)
+FINAL = tuple(JobStatus(value) for value in FINAL_STATUS_VALUES)
 
 
 class Transition(NamedTuple):

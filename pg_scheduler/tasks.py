@@ -9,12 +9,14 @@ it has registered, so a job nobody here can run waits for a worker that can.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, fields
 from typing import Any, TypeVar, overload
 
 from .enqueue.dedupe import mark_task
+from .enums import DEFAULT_QUEUE
 from .limits import Limits, RateLimit
-from .support.validation import DEFAULT_QUEUE, check_name, check_queue
+from .support.validation import check_name, check_queue
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -26,6 +28,31 @@ QUEUE_ATTR = "__pg_scheduler_queue__"
 #: executor reads it once per job (absent on async functions).
 EXECUTOR_ATTR = "__pg_scheduler_executor__"
 EXECUTORS = ("async", "thread", "process")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOptions:
+    """The keywords of ``@task(...)`` and ``Scheduler.task(...)`` and their
+    defaults: the one declaration. Both signatures list them for their users
+    and hand them over with :meth:`of`; ``tests/unit/test_job_options.py`` holds
+    them to this. Checked when registered (:meth:`TaskRegistry.decorator`)."""
+
+    name: str | None = None
+    executor: str | None = None
+    dedupe_key: str | Callable[..., str] | None = None
+    dedupe_scope: str | None = None
+    max_running: int | None = None
+    rate_limit: str | RateLimit | None = None
+    queue: str | None = None
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> TaskOptions:
+        """The options among ``values``: a decorator's ``locals()``, taken before
+        it assigns any, hands over the keywords its signature lists."""
+        return cls(**{name: values[name] for name in TASK_OPTION_NAMES if name in values})
+
+
+TASK_OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in fields(TaskOptions))
 
 
 def queue_of(func: Any, queue: Any = None) -> str:
@@ -126,26 +153,17 @@ class TaskRegistry:
         self._notify(task_name)
         return func
 
-    def decorator(
-        self,
-        func: Any,
-        *,
-        name: str | None,
-        executor: str | None,
-        dedupe_key: Any,
-        dedupe_scope: str | None,
-        max_running: int | None,
-        rate_limit: str | RateLimit | None,
-        queue: str | None,
-    ) -> Any:
+    def decorator(self, func: Any, options: TaskOptions) -> Any:
         """What ``@task(...)`` and ``Scheduler.task(...)`` return: ``func``
         registered here, or a decorator that registers its function (limits
         checked at once, before any function is given)."""
-        limits = Limits.of(max_running, rate_limit)
+        limits = Limits.of(options.max_running, options.rate_limit)
 
         def decorate(f: F) -> F:
-            mark_task(f, dedupe_key, dedupe_scope)
-            return self.register(f, name=name, executor=executor, limits=limits, queue=queue)
+            mark_task(f, options.dedupe_key, options.dedupe_scope)
+            return self.register(
+                f, name=options.name, executor=options.executor, limits=limits, queue=options.queue
+            )
 
         return decorate(func) if func is not None else decorate
 
@@ -246,13 +264,4 @@ def task(
     ``@task(queue="emails")`` puts its jobs in queue ``emails`` (unless the
     call that schedules one names a queue; the default queue is ``"default"``).
     """
-    return default_registry.decorator(
-        func,
-        name=name,
-        executor=executor,
-        dedupe_key=dedupe_key,
-        dedupe_scope=dedupe_scope,
-        max_running=max_running,
-        rate_limit=rate_limit,
-        queue=queue,
-    )
+    return default_registry.decorator(func, TaskOptions.of(locals()))

@@ -1,13 +1,13 @@
 """Chaos run: many jobs over several worker processes, repeated kill -9s, a PostgreSQL restart,
 and poison jobs.
 
-    python scripts/chaos.py                # 10,000 jobs, 3 workers
-    python scripts/chaos.py --jobs 2000    # quicker
+    python -m scripts.chaos                # 10,000 jobs, 3 workers (from the repository root)
+    python -m scripts.chaos --jobs 2000    # quicker
 
 It starts a private embedded PostgreSQL (nothing shared is touched), enqueues
 ``--jobs`` ordinary jobs plus ``--poison`` poison jobs (a NUL or a lone
 surrogate in the result, a result over the size limit, a NUL in the error,
-``SystemExit``), starts ``--workers`` worker processes (tests/fault_worker.py),
+``SystemExit``), starts ``--workers`` worker processes (tests/support/fault_worker.py),
 kills a random one with SIGKILL every ``--kill-every`` seconds (a random
 value in that range) and starts a replacement, restarts PostgreSQL
 (``pg_ctl restart -m fast``) at half way, and waits until no job is pending
@@ -33,16 +33,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-TESTS_DIR = Path(__file__).resolve().parent.parent / "tests"
-sys.path.insert(0, str(TESTS_DIR))
+import asyncpg
 
-import asyncpg  # noqa: E402
-import fault_tasks  # noqa: E402
-from fault_worker import RUNS_DDL, WorkerProcess, restart_postgres  # noqa: E402
-
-from pg_scheduler import JobSpec, Scheduler  # noqa: E402
-from pg_scheduler.store.migrate import migrate  # noqa: E402
-from pg_scheduler.support.reconnect import retry_on_disconnect  # noqa: E402
+from pg_scheduler import JobSpec, Scheduler
+from pg_scheduler.store.migrate import migrate
+from pg_scheduler.support.reconnect import retry_on_disconnect
+from tests.support import fault_tasks
+from tests.support.fault_worker import RUNS_DDL, WorkerProcess, restart_postgres
 
 TIMINGS: dict[str, Any] = dict(
     heartbeat_interval=0.3,

@@ -1,4 +1,5 @@
-"""The checks of :class:`~pg_scheduler.Scheduler`'s constructor arguments.
+"""The checks of :class:`~pg_scheduler.Scheduler`'s constructor arguments, and
+the :class:`~.settings.Settings` made of them.
 
 Bad settings raise at construction (TypeError/ValueError naming the argument),
 before anything touches the database.
@@ -6,13 +7,17 @@ before anything touches the database.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import asyncpg
 
 from ..config import PollingConfig, RetryPolicy, VacuumConfig
+from ..engine.sync import default_process_pool_size
 from ..store import check_schema
 from ..support.validation import INT4_MAX, check_bool, check_int, check_seconds
+from .queues import check_queues
+from .settings import Settings, Timings
 
 
 def _statement_cache_size(pool: asyncpg.Pool) -> int | None:
@@ -43,6 +48,12 @@ def check_arguments(
     vacuum_config: Any,
     polling_config: Any,
     retry_policy: Any,
+    thread_pool_size: Any,
+    process_pool_size: Any,
+    loop_stall_warning: Any,
+    loop_stall_limit: Any,
+    gc_freeze: Any,
+    statement_timeout: Any,
 ) -> None:
     """Checked in a fixed order, the pool first; raises on the first bad one."""
     if not isinstance(db_pool, asyncpg.Pool):
@@ -78,3 +89,122 @@ def check_arguments(
         raise TypeError("polling_config must be a PollingConfig")
     if retry_policy is not None and not isinstance(retry_policy, RetryPolicy):
         raise TypeError("retry_policy must be a RetryPolicy")
+    check_int("thread_pool_size", thread_pool_size, 1, allow_none=True)
+    check_int("process_pool_size", process_pool_size, 1, allow_none=True)
+    check_seconds("loop_stall_warning", loop_stall_warning)
+    check_seconds("loop_stall_limit", loop_stall_limit)
+    check_bool("gc_freeze", gc_freeze)
+    check_seconds("statement_timeout", statement_timeout, allow_none=False)
+    if not math.isfinite(statement_timeout):
+        raise ValueError(f"statement_timeout must be finite, got {statement_timeout!r}")
+
+
+def settings_of(
+    *,
+    db_pool: asyncpg.Pool,
+    max_concurrent_jobs: int,
+    misfire_grace_time: int | None,
+    vacuum_config: VacuumConfig | None,
+    vacuum_enabled: bool,
+    batch_claim_limit: int,
+    polling_config: PollingConfig | None,
+    job_timeout: float | None,
+    retry_policy: RetryPolicy | None,
+    shutdown_grace_period: float,
+    heartbeat_interval: float | None,
+    heartbeat_threshold: float | None,
+    lease_duration: float | None,
+    rescue_interval: float | None,
+    max_rescues: int,
+    listener_health_interval: float,
+    run_periodic_jobs: bool,
+    start_due_jobs_locally: bool,
+    schema: str,
+    pgbouncer: bool,
+    listen_dsn: str | None,
+    thread_pool_size: int | None,
+    process_pool_size: int | None,
+    loop_stall_warning: float | None,
+    loop_stall_limit: float | None,
+    queues: list[str] | dict[str, int] | None,
+    gc_freeze: bool,
+    statement_timeout: float,
+    default_heartbeat_threshold: float,
+    default_lease_duration: float,
+) -> Settings:
+    """The arguments of ``Scheduler(...)`` checked (:func:`check_arguments`, then
+    ``queues``), as :class:`~.settings.Settings` with the defaults filled in."""
+    check_arguments(
+        db_pool=db_pool,
+        schema=schema,
+        pgbouncer=pgbouncer,
+        listen_dsn=listen_dsn,
+        max_concurrent_jobs=max_concurrent_jobs,
+        misfire_grace_time=misfire_grace_time,
+        batch_claim_limit=batch_claim_limit,
+        max_rescues=max_rescues,
+        job_timeout=job_timeout,
+        shutdown_grace_period=shutdown_grace_period,
+        heartbeat_interval=heartbeat_interval,
+        heartbeat_threshold=heartbeat_threshold,
+        lease_duration=lease_duration,
+        rescue_interval=rescue_interval,
+        listener_health_interval=listener_health_interval,
+        vacuum_config=vacuum_config,
+        polling_config=polling_config,
+        retry_policy=retry_policy,
+        thread_pool_size=thread_pool_size,
+        process_pool_size=process_pool_size,
+        loop_stall_warning=loop_stall_warning,
+        loop_stall_limit=loop_stall_limit,
+        gc_freeze=gc_freeze,
+        statement_timeout=statement_timeout,
+    )
+    # None: every queue; a list; or queue -> local concurrency.
+    served_queues, queue_limits = check_queues(queues, max_concurrent_jobs)
+    # Behind a transaction pooler LISTEN needs a direct connection; without
+    # one, workers poll every min_interval instead of backing off.
+    notifications = listen_dsn is not None or not pgbouncer
+    polling = polling_config or PollingConfig()
+    if polling_config is None and not notifications:
+        fast = polling.min_interval
+        polling = PollingConfig(idle_start_interval=fast, max_interval=fast)
+    return Settings(
+        db_pool=db_pool,
+        max_concurrent_jobs=max_concurrent_jobs,
+        misfire_grace_time=misfire_grace_time,
+        vacuum_config=vacuum_config or VacuumConfig(),
+        vacuum_enabled=vacuum_enabled,
+        batch_claim_limit=batch_claim_limit,
+        polling_config=polling,
+        job_timeout=job_timeout,
+        retry_policy=retry_policy or RetryPolicy(),
+        shutdown_grace_period=shutdown_grace_period,
+        max_rescues=max_rescues,
+        listener_health_interval=listener_health_interval,
+        run_periodic_jobs=run_periodic_jobs,
+        start_due_jobs_locally=start_due_jobs_locally,
+        schema=schema,
+        pgbouncer=pgbouncer,
+        listen_dsn=listen_dsn,
+        notifications=notifications,
+        # One thread per slot by default: a thread job never waits for a thread.
+        thread_pool_size=thread_pool_size or max_concurrent_jobs,
+        process_pool_size=process_pool_size or default_process_pool_size(),
+        loop_stall_warning=loop_stall_warning,
+        served_queues=served_queues,
+        queue_limits=queue_limits,
+        # Freeze the objects alive at start() out of Python's full collections
+        # while running (see process_gc); gc_freeze=False leaves gc alone.
+        gc_freeze=gc_freeze,
+        statement_timeout=statement_timeout,
+        timings=Timings(
+            default_heartbeat_threshold=default_heartbeat_threshold,
+            default_lease_duration=default_lease_duration,
+            given_heartbeat_interval=heartbeat_interval,
+            given_heartbeat_threshold=heartbeat_threshold,
+            given_lease_duration=lease_duration,
+            given_rescue_interval=rescue_interval,
+            given_loop_stall_limit=loop_stall_limit,
+        ),
+    )

@@ -1,17 +1,15 @@
 """Named queues on the Scheduler: which queues a worker serves (``queues=``,
-checked here), and the operator's pause, resume and listing. Mixed into
-:class:`~pg_scheduler.Scheduler`; the SQL is in ``store/queues.py``."""
+checked here), and the operator's pause, resume and listing (:class:`Queues`, a
+part of :class:`~pg_scheduler.Scheduler`; a worker's side of a pause is
+``engine/channels.py``). The SQL is in ``store/queues.py``."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..support.validation import DEFAULT_QUEUE, check_queue
-
-if TYPE_CHECKING:
-    from ..engine import Worker
-    from ..store import QueueStore
+from ..store import QueueStore
+from ..support.validation import check_queue
 
 
 def check_queues(
@@ -75,41 +73,20 @@ def parse_queues_option(text: str) -> list[str] | dict[str, int]:
     return limits
 
 
-class QueueOps:
-    """Pause, resume and list queues (stored in ``scheduler_queues``), and the
-    worker's side of their notifications."""
+class Queues:
+    """Pause, resume and list queues (stored in ``scheduler_queues``)."""
 
-    if TYPE_CHECKING:
-        queue_store: QueueStore
-        served_queues: list[str] | None
-        worker: Worker
-
-    def _on_jobs_notify(self, payload: str) -> None:
-        # The payload names the queue of new rows ('' for "default", as 0.2.x
-        # sent); '*' (hand-backs, rescues, retries) concerns every queue;
-        # '!events': a subscriber changed the event flags (engine.claim_events).
-        if payload == "!events":
-            self.worker.claim_events.flags_changed()
-            return
-        served = self.served_queues
-        if served is None or payload == "*" or (payload or DEFAULT_QUEUE) in served:
-            self.worker.wake()
-
-    def _on_queues_notify(self, payload: str) -> None:
-        # "pause NAME" or "resume NAME" (pause_queue / resume_queue, any process).
-        action, _, queue = payload.partition(" ")
-        self.worker.queue_paused(queue, action == "pause")
+    def __init__(self, store: QueueStore) -> None:
+        self.store = store
 
     async def pause_queue(self, name: str) -> None:
-        """Stop every worker claiming from ``name``, at once: the claim statement
-        skips paused queues. Running jobs finish; scheduling into it still works."""
-        await self.queue_store.set_paused(check_queue(name), True)
+        """Stop every worker claiming from ``name`` (the claim skips paused queues)."""
+        await self.store.set_paused(check_queue(name), True)
 
     async def resume_queue(self, name: str) -> None:
-        """Let workers claim from ``name`` again (they are woken at once)."""
-        await self.queue_store.set_paused(check_queue(name), False)
+        """Let every worker claim from ``name`` again (they are woken)."""
+        await self.store.set_paused(check_queue(name), False)
 
     async def list_queues(self) -> list[dict[str, Any]]:
-        """Every known queue (configured, or with pending or running jobs):
-        ``name``, ``paused``, ``pending``, ``due``, ``running``."""
-        return [dict(r) for r in await self.queue_store.queues()]
+        """Every known queue, with its counts."""
+        return [dict(r) for r in await self.store.queues()]

@@ -1,4 +1,5 @@
-"""Awaiting a job from any process: wait_for(), result(), run().
+"""Awaiting a job from any process: wait_for(), result(), run(); and subscribing
+to events. A part of :class:`~pg_scheduler.Scheduler` (:class:`Results`).
 
 A waiter registers with the Scheduler's :class:`~pg_scheduler.notify.events.EventHub`
 (no connection of its own: every waiter shares the one LISTEN connection),
@@ -10,42 +11,17 @@ safety net for a notification that was lost.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import Any
 
-from ..enums import JobStatus
+from ..enums import FINAL_STATUSES, JobStatus
 from ..models import Job
+from ..notify.events import Event, EventHub, Subscription
+from .settings import Settings
 
-if TYPE_CHECKING:
-    from ..notify.events import Event, EventHub, Subscription
-
-FINAL_STATUSES = frozenset(
-    {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED}
-)
 POLL_LIVE = 5.0
 POLL_DOWN = 0.5
-
-
-class ResultsHost(Protocol):
-    """What awaiting a job uses of a :class:`~pg_scheduler.Scheduler`."""
-
-    @property
-    def events_hub(self) -> EventHub: ...
-
-    @property
-    def notifications(self) -> bool: ...
-
-    async def get_job(self, job_id: str) -> Job | None: ...
-
-    async def schedule(
-        self,
-        func: Callable[..., Any],
-        *,
-        execution_time: datetime,
-        args: tuple = ...,
-        kwargs: dict[str, Any] | None = ...,
-    ) -> str: ...
 
 
 class JobNotFound(LookupError):
@@ -85,47 +61,6 @@ class JobExpired(JobError):
         super().__init__(job, f"job {job.job_id} expired: {job.error}")
 
 
-async def wait_for(scheduler: ResultsHost, job_id: str, timeout: float | None = None) -> Job:
-    """The job once it is completed, failed, cancelled or expired.
-
-    Raises :class:`JobNotFound` at once for an unknown id (or if the row
-    disappears while waiting), TimeoutError after ``timeout`` seconds.
-    """
-    if not isinstance(job_id, str):
-        raise TypeError(f"job_id must be a str, got {type(job_id).__name__}")
-    loop = asyncio.get_running_loop()
-    deadline = None if timeout is None else loop.time() + timeout
-    hub = scheduler.events_hub
-    # A listener still connecting delays the first read by at most this.
-    notified = scheduler.notifications and await hub.listening(
-        10.0 if timeout is None else min(10.0, timeout)
-    )
-    future = hub.watch(job_id)
-    try:
-        if notified:  # completions are sent only while someone waits for them
-            await hub.want_quietly(("completed",))
-        while True:
-            job = await scheduler.get_job(job_id)
-            if job is None:
-                raise JobNotFound(job_id)
-            if job.status in FINAL_STATUSES:
-                return job
-            # Events end the wait early; just after a new completion flag, one
-            # may not come (the statement began before it): poll sooner.
-            events = notified and hub.live and not hub.flags_settling()
-            wait = POLL_LIVE if events else POLL_DOWN
-            if deadline is not None:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    raise TimeoutError(f"job {job_id} not finished after {timeout} s")
-                wait = min(wait, remaining)
-            await asyncio.wait({future}, timeout=wait)
-            if future.done():
-                future = hub.watch(job_id)
-    finally:
-        hub.unwatch(job_id, future)
-
-
 def outcome(job: Job) -> Any:
     """The stored result of a completed job; raises for any other final state."""
     if job.status is JobStatus.COMPLETED:
@@ -137,36 +72,74 @@ def outcome(job: Job) -> Any:
     raise JobExpired(job)
 
 
-async def result(scheduler: ResultsHost, job_id: str, timeout: float | None = None) -> Any:
-    return outcome(await wait_for(scheduler, job_id, timeout))
+class Results:
+    """Awaiting jobs and subscribing to events, through the Scheduler's event hub."""
 
-
-async def run(scheduler: ResultsHost, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Schedule ``func(*args, **kwargs)`` now and return its result (see result())."""
-    job_id = await scheduler.schedule(
-        func, execution_time=datetime.now(UTC), args=args, kwargs=kwargs
-    )
-    return await result(scheduler, job_id)
-
-
-class ResultsAPI:
-    """The Scheduler's awaiting and event methods (mixed into
-    :class:`~pg_scheduler.Scheduler`)."""
-
-    if TYPE_CHECKING:
-        events_hub: EventHub
+    def __init__(
+        self,
+        *,
+        hub: EventHub,
+        settings: Settings,
+        get_job: Callable[[str], Awaitable[Job | None]],
+        schedule: Callable[..., Awaitable[str]],
+    ) -> None:
+        """``get_job`` and ``schedule``: the Scheduler's (``settings`` tells
+        whether notifications can work at all)."""
+        self.hub = hub
+        self.settings = settings
+        self._get_job = get_job
+        self._schedule = schedule
 
     async def wait_for(self, job_id: str, timeout: float | None = None) -> Job:
-        """The job once final (completed, failed, cancelled, expired) (see results.wait_for)."""
-        return await wait_for(cast("ResultsHost", self), job_id, timeout)
+        """The job once it is completed, failed, cancelled or expired.
+
+        Raises :class:`JobNotFound` at once for an unknown id (or if the row
+        disappears while waiting), TimeoutError after ``timeout`` seconds.
+        """
+        if not isinstance(job_id, str):
+            raise TypeError(f"job_id must be a str, got {type(job_id).__name__}")
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        hub = self.hub
+        # A listener still connecting delays the first read by at most this.
+        notified = self.settings.notifications and await hub.listening(
+            10.0 if timeout is None else min(10.0, timeout)
+        )
+        future = hub.watch(job_id)
+        try:
+            if notified:  # completions are sent only while someone waits for them
+                await hub.want_quietly(("completed",))
+            while True:
+                job = await self._get_job(job_id)
+                if job is None:
+                    raise JobNotFound(job_id)
+                if job.status in FINAL_STATUSES:
+                    return job
+                # Events end the wait early; just after a new completion flag, one
+                # may not come (the statement began before it): poll sooner.
+                events = notified and hub.live and not hub.flags_settling()
+                wait = POLL_LIVE if events else POLL_DOWN
+                if deadline is not None:
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        raise TimeoutError(f"job {job_id} not finished after {timeout} s")
+                    wait = min(wait, remaining)
+                await asyncio.wait({future}, timeout=wait)
+                if future.done():
+                    future = hub.watch(job_id)
+        finally:
+            hub.unwatch(job_id, future)
 
     async def result(self, job_id: str, timeout: float | None = None) -> Any:
-        """The job's result, or JobFailed / JobCancelled / JobExpired (see results.result)."""
-        return await result(cast("ResultsHost", self), job_id, timeout)
+        """The job's result once final (see :func:`outcome`)."""
+        return outcome(await self.wait_for(job_id, timeout))
 
     async def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Schedule ``func(*args, **kwargs)`` now and return its result."""
-        return await run(cast("ResultsHost", self), func, *args, **kwargs)
+        job_id = await self._schedule(
+            func, execution_time=datetime.now(UTC), args=args, kwargs=kwargs
+        )
+        return await self.result(job_id)
 
     def events(
         self,
@@ -176,9 +149,9 @@ class ResultsAPI:
         queue: str | None = None,
         maxsize: int = 10_000,
     ) -> Subscription:
-        """Subscribe to events from every process; see events.Subscription."""
-        return self.events_hub.subscribe(kinds, task=task, queue=queue, maxsize=maxsize)
+        """A subscription to events from every process (EventHub.subscribe)."""
+        return self.hub.subscribe(kinds, task=task, queue=queue, maxsize=maxsize)
 
     def on(self, kind: Any, callback: Callable[[Event], Any], **filters: Any) -> Subscription:
-        """Call ``callback(event)`` for each event of ``kind``; see events.EventHub.on."""
-        return self.events_hub.on(kind, callback, **filters)
+        """Call ``callback(event)`` for each event of ``kind`` (EventHub.on)."""
+        return self.hub.on(kind, callback, **filters)

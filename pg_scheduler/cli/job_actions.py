@@ -10,6 +10,7 @@ import sys
 import asyncpg
 
 from ..config import VacuumConfig
+from ..enums import FINAL_STATUS_VALUES
 from ..store import Store
 from ..store.cli import CliStore
 from ..store.housekeeping import RETRYABLE_STATUSES, OpsStore, VacuumStore
@@ -93,9 +94,7 @@ async def cmd_vacuum(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
     from ..services.vacuum import VacuumService
 
     chosen = {
-        name: getattr(args, name)
-        for name in ("completed", "failed", "cancelled", "expired")
-        if getattr(args, name) is not None
+        name: getattr(args, name) for name in FINAL_STATUS_VALUES if getattr(args, name) is not None
     }
     config = VacuumConfig(**chosen, batch_size=args.batch_size, track_metrics=args.track_metrics)
     preview = await CliStore(pool, args.schema).vacuum_preview(config.policies())

@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 
 from ..config import VacuumPolicy
-from ..enums import JobStatus
+from ..enums import FINAL_STATUS_VALUES, JobStatus
 from .common import configure_logging, open_pool, run_async
 from .job_actions import cmd_cancel, cmd_retry, cmd_vacuum
 from .limits import cmd_limits_clear, cmd_limits_list, cmd_limits_set
@@ -183,7 +183,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "(keep the newest N per job name). Asks for confirmation (refuses without a "
         "terminal) unless --yes. Exits 3 if another process is vacuuming.",
     )
-    for status_name in ("completed", "failed", "cancelled", "expired"):
+    for status_name in FINAL_STATUS_VALUES:
         vacuum.add_argument(f"--{status_name}", type=parse_policy, metavar="POLICY")
     vacuum.add_argument("--batch-size", type=positive_int, default=5000)
     vacuum.add_argument(

@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
+from ..enums import FINAL_STATUS_VALUES
+
 EXIT_NOT_FOUND = 1
 EXIT_USAGE = 2
 EXIT_BUSY = 3
@@ -126,10 +128,7 @@ _NUMERIC_COLUMNS = {
     "due",
     "scheduled",
     "running",
-    "completed",
-    "failed",
-    "cancelled",
-    "expired",
+    *FINAL_STATUS_VALUES,
     "pid",
     "attempts",
     "per second",

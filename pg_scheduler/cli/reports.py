@@ -13,6 +13,7 @@ from typing import Any
 import asyncpg
 
 from ..config import RetryPolicy
+from ..enums import DEFAULT_QUEUE, FINAL_STATUS_VALUES
 from ..models import Job
 from ..observe.stats import QueueStats, collect_stats
 from ..store import Store
@@ -125,10 +126,10 @@ def render_status(stats: QueueStats, out: Any = None) -> None:
             counts["expired"],
         )
     )
-    columns = ("task", "due", "scheduled", "running", "completed", "failed", "cancelled", "expired")
+    columns = ("task", "due", "scheduled", "running", *FINAL_STATUS_VALUES)
     out.print(table("Jobs by task", columns, task_rows))
     # Only once queues are in use: a single "default" queue says nothing new.
-    if any(q.queue != "default" or q.paused for q in stats.by_queue):
+    if any(q.queue != DEFAULT_QUEUE or q.paused for q in stats.by_queue):
         out.print(
             table(
                 "Queues",
@@ -180,7 +181,7 @@ def render_status(stats: QueueStats, out: Any = None) -> None:
     out.print(
         table(
             "Finished recently",
-            ("window", "completed", "failed", "cancelled", "expired", "per second", "failure rate"),
+            ("window", *FINAL_STATUS_VALUES, "per second", "failure rate"),
             [
                 (
                     window_name(w.seconds),

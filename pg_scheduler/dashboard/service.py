@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from ..config import RetryPolicy
-from ..enums import JobPriority, JobStatus
+from ..enums import DEFAULT_QUEUE, JobPriority, JobStatus
 from ..limits import limit_record
 from ..models import Job
 from ..store import Store
-from ..store.dashboard import DEFAULT_QUEUE, Cursor, DashboardStore
+from ..store.dashboard import Cursor, DashboardStore
 from ..store.housekeeping import RETRYABLE_STATUSES, OpsStore, StatsStore
 from ..support.codec import decode_json
 from ..support.validation import check_queue

@@ -1,8 +1,10 @@
 """The engine of one Scheduler: claim due jobs, run them, complete them.
 
-``claimer``: the claim loop and dispatch (:class:`Worker`); ``starts``: each
-job's task (accept, start, free its slot, settle it after the write);
-``handback``: giving claimed rows back; ``holdings``: what the heartbeat asks.
+``claimer``: the claim loop and dispatch (:class:`Worker`, which holds the
+parts below); ``state``: what the worker's parts share; ``starts``: each job's
+task (accept, start, free its slot, settle it after the write); ``handback``:
+giving claimed rows back; ``holdings``: what the heartbeat asks; ``channels``:
+the worker's side of the listener's channels.
 ``slots``: capacity, the one owner of how many may run and how many rows are
 held. ``executor``: running one claimed job; ``job``: its records;
 ``outcome``: what happened to it. ``completer``: group commit of completions,

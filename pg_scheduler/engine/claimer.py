@@ -2,9 +2,11 @@
 
 The claim loop asks for up to what :class:`~.slots.Slots` allows in one
 statement and dispatches the rows: each starts in its own task when a slot is
-free, the rest wait in the buffer, marked claimed ahead (``starts``); the
-:class:`~.executor.Executor` runs it; completions go through the
-:class:`~.completer.Completer`. Every write out of ``running`` carries the
+free, the rest wait in the buffer, marked claimed ahead (:class:`~.starts.Starts`);
+the :class:`~.executor.Executor` runs it; completions go through the
+:class:`~.completer.Completer`; :class:`~.handback.HandBack` gives rows back;
+:class:`~.holdings.HeartbeatView` answers the heartbeat. The parts share one
+:class:`~.state.WorkerState`. Every write out of ``running`` carries the
 lease guard (worker id + attempt), so a worker that lost a job to the rescuer
 can never overwrite what happened to it.
 """
@@ -12,7 +14,6 @@ can never overwrite what happened to it.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
@@ -29,11 +30,15 @@ from .held import HeldConnection
 from .holdings import HeartbeatView
 from .limited import LimitedClaims
 from .slots import Slots
-from .starts import JobTasks
+from .starts import Starts
+from .state import WorkerState
 
 
-class Worker(HandBack, HeartbeatView, JobTasks):
-    """Claims, runs and settles jobs for one Scheduler."""
+class Worker:
+    """Claims, runs and settles jobs for one Scheduler: the claim loop, and the
+    parts it holds (``slots``, ``starts``, ``executor``, ``completer``,
+    ``handback``, ``heartbeat_view``, ``limits``, ``claim_events``), which share
+    ``state``."""
 
     def __init__(
         self,
@@ -63,10 +68,13 @@ class Worker(HandBack, HeartbeatView, JobTasks):
         self.job_timeout = job_timeout
         self.retry_policy = retry_policy
         self.notifications_live = notifications_live
+        self.state = state = WorkerState()
         self.slots = slots = Slots(max_concurrent_jobs, batch_claim_limit, served, queue_limits)
         slots.on_queue_room = self.wake
         self.semaphore = slots.semaphore
         self.completer = Completer(store, worker_id, delete_completed)
+        # The executor reports back to the starts, which need it to run jobs:
+        # its callbacks are the worker's, which pass them on.
         self.executor = Executor(
             store=store,
             registry=registry,
@@ -82,36 +90,27 @@ class Worker(HandBack, HeartbeatView, JobTasks):
             thread_pool_size=thread_pool_size,
             process_pool_size=process_pool_size,
         )
-        self._execute = self.executor.execute_job
         # The executor's: jobs whose function runs now, by id.
         self.running = self.executor.running
-        # Claimed here and not yet settled (queued, running, or awaiting its write).
-        self.owned: set[str] = set()
-        self.tasks: set[asyncio.Task[Any]] = set()
-        # Claims sent and not answered yet, and claims ever sent: the heartbeat
-        # tells a claim whose answer was lost from one still in flight by them.
-        self.claims_in_flight = 0
-        self.claims_sent = 0
-        # Rows the claim marked claimed ahead that have started since the last
-        # heartbeat, which tells the database (see store._HEARTBEAT).
-        self.started_ahead: list[str] = []
-        # Rows that wait longer than this for a slot are handed back (long jobs:
-        # claiming ahead would only keep them from idle workers), and claiming
-        # ahead pauses for a while.
-        self.max_buffer_wait = 1.0
+        self.handback = HandBack(
+            state=state,
+            slots=slots,
+            store=store,
+            worker_id=worker_id,
+            running=self.running,
+            completer=self.completer,
+            release=self._release,
+            wake=self.wake,
+        )
+        self.starts = Starts(
+            state=state,
+            slots=slots,
+            executor=self.executor,
+            worker_id=worker_id,
+            queue_paused=self.handback.queue_paused,
+        )
+        self.heartbeat_view = HeartbeatView(state, self.running, self.handback.cancel_local)
         self._wake = asyncio.Event()
-        # Queues paused (as heard on the control channel) -> claims sent by
-        # then: their claimed-ahead rows, and rows of claims already in flight,
-        # are handed back instead of started. A later claim that returns rows
-        # of such a queue proves it resumed (claims skip paused queues).
-        self.paused_queues: dict[str, int] = {}
-        self.tasks_background: set[asyncio.Task[Any]] = set()
-        #: False once shutdown began: nothing new is claimed or started.
-        self.claiming = True
-        #: The context every job's task copies (Scheduler.start() sets it to
-        #: its own); None: the context of whoever starts the job.
-        self.job_context: contextvars.Context | None = None
-        self._force = asyncio.Event()
         self._retry_timer: asyncio.TimerHandle | None = None
         # The claim loop's own connection (claims and next-due probes). Claims
         # commit asynchronously: a claim a database crash forgets leaves its job
@@ -134,7 +133,7 @@ class Worker(HandBack, HeartbeatView, JobTasks):
         self._wake.set()
 
     def stop_claiming(self) -> None:
-        self.claiming = False
+        self.state.claiming = False
         self._wake.set()
         self.slots.changed.set()
 
@@ -172,9 +171,10 @@ class Worker(HandBack, HeartbeatView, JobTasks):
         idle_wait = self.polling.idle_start_interval
         errors = Backoff(initial=0.1, maximum=5.0)
         slots = self.slots
-        while self.claiming:
+        state = self.state
+        while state.claiming:
             if slots.buffer:
-                await self._hand_back_stale()
+                await self.handback.hand_back_stale()
             limit = slots.claim_limit(self.completer.pending)
             if limit <= 0:
                 slots.changed.clear()
@@ -187,9 +187,9 @@ class Worker(HandBack, HeartbeatView, JobTasks):
                 # Room read after the await (an in-process start may have taken some).
                 queues, caps = slots.claim_queues()
                 limit = min(limit, slots.claim_limit(self.completer.pending))
-                self.claims_in_flight += 1
-                self.claims_sent += 1
-                claim = self.claims_sent
+                state.claims_in_flight += 1
+                state.claims_sent += 1
+                claim = state.claims_sent
                 # While limits bind work it may claim, the plain claim leaves
                 # the free slots and the buffer to due limited work more
                 # urgent than its own (store/limits.py); not right after a
@@ -220,7 +220,7 @@ class Worker(HandBack, HeartbeatView, JobTasks):
                     if rows:
                         await self._send_claim_events(rows)
                 finally:
-                    self.claims_in_flight -= 1
+                    state.claims_in_flight -= 1
                 self.dispatch(rows, claim)
                 if len(rows) >= limit:
                     idle_wait = self.polling.idle_start_interval
@@ -279,9 +279,10 @@ class Worker(HandBack, HeartbeatView, JobTasks):
         if room <= 0:
             return []
         queues, caps = slots.claim_queues()
-        self.claims_in_flight += 1
-        self.claims_sent += 1
-        claim = self.claims_sent
+        state = self.state
+        state.claims_in_flight += 1
+        state.claims_sent += 1
+        claim = state.claims_sent
         try:
             rows = await self.connection.run(
                 partial(
@@ -297,7 +298,7 @@ class Worker(HandBack, HeartbeatView, JobTasks):
             if rows:  # before they start, still in flight (see _claim_loop)
                 await self._send_claim_events(rows)
         finally:
-            self.claims_in_flight -= 1
+            state.claims_in_flight -= 1
         if self.limits.tried and len(rows) < room:
             # Due limited work seemed to have room, and less was there.
             self._plain_next = True
@@ -347,8 +348,8 @@ class Worker(HandBack, HeartbeatView, JobTasks):
         """Start a task per claimed row; rows the claim expired are only logged.
         ``claim``: the claim's number (``claims_sent`` when it was sent)."""
         self.executor.check_log_levels()
-        if self.paused_queues and claim is not None:
-            rows = self._drop_paused(rows, claim)
+        if self.state.paused_queues and claim is not None:
+            rows = self.handback.drop_paused(rows, claim)
         # The order the claim placed them in: those it did not mark claimed ahead first.
         key = lambda r: (r.get("claimed_ahead") or False, r["priority"], r["execution_time"])  # noqa: E731
         for row in sorted(rows, key=key):
@@ -363,7 +364,7 @@ class Worker(HandBack, HeartbeatView, JobTasks):
                 )
                 continue
             self.slots.hold(row)
-            self.accept(row)
+            self.starts.accept(row)
 
     def _wake_after(self, delay: float) -> None:
         # The retry is due later; make sure this worker looks again then.
@@ -373,6 +374,25 @@ class Worker(HandBack, HeartbeatView, JobTasks):
         if self._retry_timer is not None:
             self._retry_timer.cancel()
         self._retry_timer = loop.call_later(delay, self.wake)
+
+    def cancel_local(self, job_id: str, reason: str) -> bool:
+        """Cancel the task running ``job_id`` here (or drop its claimed-ahead row), if any."""
+        return self.handback.cancel_local(job_id, reason)
+
+    async def drain(self, grace_period: float) -> None:
+        """Wait up to ``grace_period`` for running jobs, then cancel and hand back the
+        rest (:meth:`HandBack.drain <.handback.HandBack.drain>`); no retry wake-up after."""
+        await self.handback.drain(grace_period)
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+
+    # The executor's callbacks (built before the parts they reach).
+
+    def _free_slot(self, job_id: str) -> None:
+        self.starts.free_slot(job_id)
+
+    def _settled(self, job_id: str) -> None:
+        self.starts.settled(job_id)
 
     async def _release(self, job_ids: list[str]) -> list[str]:
         return await retry_on_disconnect(

@@ -1,71 +1,81 @@
 """Giving claimed rows back: the stale claimed-ahead buffer, queues paused while
 rows of theirs were claimed ahead, cancellations, the shutdown drain, and at
 the end of a shutdown every row held here that this process does not run. A
-mixin of :class:`~.claimer.Worker`."""
+part of :class:`~.claimer.Worker`."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
 
+from ..store import Store
 from ..support.reconnect import retry_on_disconnect
-from .executor import SHUTDOWN, log
-
-if TYPE_CHECKING:
-    from ..store import Store
-    from .completer import Completer
-    from .executor import RunningJob
-    from .slots import Slots
+from .completer import Completer
+from .executor import SHUTDOWN, RunningJob, log
+from .slots import Slots
+from .state import WorkerState
 
 
 class HandBack:
     """The worker's hand-backs (see the module docstring)."""
 
-    if TYPE_CHECKING:
-        slots: Slots
-        store: Store
-        worker_id: str
-        owned: set[str]
-        tasks: set[asyncio.Task[Any]]
-        tasks_background: set[asyncio.Task[Any]]
-        running: dict[str, RunningJob]
-        paused_queues: dict[str, int]
-        claims_sent: int
-        max_buffer_wait: float
-        completer: Completer
-        _force: asyncio.Event
-        _retry_timer: asyncio.TimerHandle | None
+    def __init__(
+        self,
+        *,
+        state: WorkerState,
+        slots: Slots,
+        store: Store,
+        worker_id: str,
+        running: Mapping[str, RunningJob],
+        completer: Completer,
+        release: Callable[[list[str]], Coroutine[Any, Any, list[str]]],
+        wake: Callable[[], None],
+    ) -> None:
+        self.state = state
+        self.slots = slots
+        self.store = store
+        self.worker_id = worker_id
+        self.running = running  # the executor's: jobs whose function runs now
+        self.completer = completer
+        self._release = release
+        self._wake = wake
+        # Rows that wait longer than this for a slot are handed back (long jobs:
+        # claiming ahead would only keep them from idle workers), and claiming
+        # ahead pauses for a while.
+        self.max_buffer_wait = 1.0
+        self._force = asyncio.Event()
 
-        def wake(self) -> None: ...
-        async def _release(self, job_ids: list[str]) -> list[str]: ...
+    def _in_background(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(coro)
+        background = self.state.tasks_background
+        background.add(task)
+        task.add_done_callback(background.discard)
 
     def queue_paused(self, queue: str, paused: bool) -> None:
         """An operator paused (or resumed) ``queue``: its claimed-ahead rows go back."""
         if paused:
-            self.paused_queues[queue] = self.claims_sent
-            task = asyncio.create_task(self.hand_back_buffer(queue))
-            self.tasks_background.add(task)
-            task.add_done_callback(self.tasks_background.discard)
+            self.state.paused_queues[queue] = self.state.claims_sent
+            self._in_background(self.hand_back_buffer(queue))
         else:
-            self.paused_queues.pop(queue, None)
-            self.wake()
+            self.state.paused_queues.pop(queue, None)
+            self._wake()
 
-    def _drop_paused(self, rows: list[Any], claim: int) -> list[Any]:
+    def drop_paused(self, rows: list[Any], claim: int) -> list[Any]:
         """Rows of queues paused while their claim was in flight go back at once."""
-        paused = self.paused_queues
+        paused = self.state.paused_queues
         for queue, heard in list(paused.items()):
             if claim > heard and any(r["queue"] == queue for r in rows):
                 del paused[queue]  # claimed after the pause was heard: resumed since
         back = [r["job_id"] for r in rows if r["status"] == "running" and r["queue"] in paused]
         if not back:
             return rows
-        task = asyncio.create_task(self._release(back))
-        self.tasks_background.add(task)
-        task.add_done_callback(self.tasks_background.discard)
+        self._in_background(self._release(back))
         return [r for r in rows if r["job_id"] not in set(back)]
 
-    async def _hand_back_stale(self) -> None:
+    async def hand_back_stale(self) -> None:
+        """Hand the buffer back once its oldest row waited past ``max_buffer_wait``."""
         oldest = self.slots.oldest_buffered()
         if oldest is not None and time.monotonic() - oldest > self.max_buffer_wait:
             self.slots.pause_prefetch(30.0)
@@ -89,8 +99,9 @@ class HandBack:
         try:
             await self._release(ids)
         finally:
+            owned = self.state.owned
             for job_id in ids:
-                self.owned.discard(job_id)
+                owned.discard(job_id)
             self.slots.let_go(len(ids), ids)
 
     def cancel_local(self, job_id: str, reason: str) -> bool:
@@ -110,7 +121,7 @@ class HandBack:
         for entry in buffer:
             if entry[1]["job_id"] == job_id:
                 buffer.remove(entry)
-                self.owned.discard(job_id)
+                self.state.owned.discard(job_id)
                 self.slots.let_go(job_ids=(job_id,))
                 return True
         return False
@@ -128,21 +139,22 @@ class HandBack:
             log.warning(
                 "could not hand back claimed-ahead jobs; they will be rescued", error=repr(exc)
             )
+        tasks = self.state.tasks
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_period
-        while self.tasks and not self._force.is_set() and loop.time() < deadline:
+        while tasks and not self._force.is_set() and loop.time() < deadline:
             forced = asyncio.create_task(self._force.wait())
             await asyncio.wait(
-                {*self.tasks, forced},
+                {*tasks, forced},
                 timeout=deadline - loop.time(),
                 return_when=asyncio.FIRST_COMPLETED,
             )
             forced.cancel()
-        if self.tasks:
+        if tasks:
             running = {r.task for r in self.running.values()}
             for job_id in list(self.running):
                 self.cancel_local(job_id, SHUTDOWN)
-            _, stubborn = await asyncio.wait(set(self.tasks), timeout=10.0)
+            _, stubborn = await asyncio.wait(set(tasks), timeout=10.0)
             # Tasks still writing an outcome the database does not take (a row
             # locked elsewhere): given up, their rows are rescued.
             for task in stubborn - running:
@@ -154,8 +166,6 @@ class HandBack:
                 )
         await self.completer.drain()
         await self.completer.connection.release()
-        if self._retry_timer is not None:
-            self._retry_timer.cancel()
 
     async def hand_back_unowned(self, timeout: float = 5.0) -> list[str]:
         """The last step of a shutdown, after :meth:`drain` (and after in-process
@@ -165,15 +175,17 @@ class HandBack:
         the attempt is not counted. What it finds: rows of in-process starts
         whose caller was cancelled mid-insert, claims whose answer was lost,
         rows that reached the buffer after it was handed back. Returns their ids."""
-        if self.tasks_background:  # hand-backs already under way finish first
-            await asyncio.wait(set(self.tasks_background), timeout=timeout)
+        background = self.state.tasks_background
+        if background:  # hand-backs already under way finish first
+            await asyncio.wait(set(background), timeout=timeout)
+        owned = self.state.owned
         buffer = self.slots.buffer
         buffered = [row["job_id"] for _, row in buffer]
         if buffered:
             buffer.clear()
-            self.owned.difference_update(buffered)
+            owned.difference_update(buffered)
             self.slots.let_go(len(buffered), buffered)
-        keep = list(self.owned)
+        keep = list(owned)
         try:
             released: list[str] = await retry_on_disconnect(
                 lambda: self.store.release_unowned(self.worker_id, keep),

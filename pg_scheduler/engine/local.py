@@ -90,23 +90,25 @@ def reserve(worker: Worker, row: NewJob) -> bool:
     """Hold a free slot of ``worker`` (and of ``row``'s queue) for a due job this
     process is enqueueing. It counts as a claim in flight, so the heartbeat
     hands the row back if the insert's answer is lost."""
-    if not worker.claiming or not worker.slots.reserve(row.job_id, row.queue):
+    state = worker.state
+    if not state.claiming or not worker.slots.reserve(row.job_id, row.queue):
         return False
-    worker.claims_in_flight += 1
-    worker.claims_sent += 1
+    state.claims_in_flight += 1
+    state.claims_sent += 1
     return True
 
 
 def finish(worker: Worker, job_id: str, row: Mapping[str, Any] | None) -> bool:
     """Start the inserted row if it came back running here; else free the slot."""
-    worker.claims_in_flight -= 1
-    if not worker.claiming and worker.claims_in_flight <= 0:
+    state = worker.state
+    state.claims_in_flight -= 1
+    if not state.claiming and state.claims_in_flight <= 0:
         event = _settling.get(worker)
         if event is not None:
             event.set()
     if row is not None and row["status"] == "running":
         worker.executor.check_log_levels()
-        worker.accept(row, local=True)
+        worker.starts.accept(row, local=True)
         return True
     worker.slots.let_go(job_ids=(job_id,))
     return False
@@ -178,14 +180,14 @@ def _hand_back_later(store: Store, worker: Worker, job_id: str) -> None:
             )
 
     task = asyncio.get_running_loop().create_task(hand_back())
-    worker.tasks_background.add(task)
-    task.add_done_callback(worker.tasks_background.discard)
+    worker.state.tasks_background.add(task)
+    task.add_done_callback(worker.state.tasks_background.discard)
 
 
 async def settled(worker: Worker, timeout: float) -> None:
     """Shutdown (claiming stopped): wait up to ``timeout`` for the in-process
     starts in flight on ``worker`` to answer (started, buffered or handed back)."""
-    if worker.claims_in_flight <= 0:
+    if worker.state.claims_in_flight <= 0:
         return
     event = _settling.setdefault(worker, asyncio.Event())
     try:
@@ -194,7 +196,7 @@ async def settled(worker: Worker, timeout: float) -> None:
         log.warning(
             "in-process starts still unanswered at shutdown; the rescuer will return them",
             worker_id=worker.worker_id,
-            in_flight=worker.claims_in_flight,
+            in_flight=worker.state.claims_in_flight,
         )
     finally:
         _settling.pop(worker, None)

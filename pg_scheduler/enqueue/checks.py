@@ -1,5 +1,8 @@
-"""The checks of one job's fields, shared by ``schedule()``, ``JobSpec``,
-``schedule_bulk``'s rows: a clear error at the call."""
+"""The check of each of a job's fields: a clear error at the call.
+
+:func:`~pg_scheduler.enqueue.fields.check_job` runs them all (``schedule()``,
+``schedule_job``, ``JobSpec``, the sync client); ``schedule_bulk``'s rows call
+them one by one, once per distinct value (``rows.py``)."""
 
 from __future__ import annotations
 
@@ -70,22 +73,3 @@ def check_timeout(value: Any) -> None:
 def check_retry_policy(value: Any) -> None:
     if value is not None and not isinstance(value, RetryPolicy):
         raise TypeError(f"retry_policy must be a RetryPolicy, got {value!r}")
-
-
-def check_job_fields(
-    execution_time: Any,
-    priority: Any,
-    max_retries: Any,
-    job_id: Any,
-    misfire_grace_time: Any,
-    timeout: Any,
-    retry_policy: Any,
-) -> None:
-    """Every per-job field but the function and its arguments."""
-    check_execution_time(execution_time)
-    check_priority(priority)
-    check_max_retries(max_retries)
-    check_job_id(job_id)
-    check_misfire_grace_time(misfire_grace_time)
-    check_timeout(timeout)
-    check_retry_policy(retry_policy)

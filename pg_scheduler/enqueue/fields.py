@@ -1,97 +1,122 @@
-"""One job's fields on their way from the caller to its row.
+"""A job's fields: the one declaration of its optional keywords, their defaults
+and their checks (:class:`JobOptions`, :func:`check_job`), and the resolved
+fields on their way to the job's row (:class:`JobFields`, :func:`row_of`).
 
-``schedule()``, ``schedule_job()``, ``JobSpec`` (``schedule_bulk``) and the
-periodic runtime all describe a job as one :class:`JobFields`;
-:func:`row_of` turns it into the ``scheduled_jobs`` row. ``execution_time`` is
-normalised once, when the fields are made (:meth:`JobFields.checked`, or the
-bulk path's one ``to_aware`` per distinct time).
+Every way a job gets in follows :class:`JobOptions`: ``Scheduler.schedule`` and
+``SyncClient.schedule`` take its fields as keywords, ``JobSpec`` positionally
+after ``kwargs``, ``schedule_job`` (0.2.x) a subset of them, and a periodic run's
+row is made of one. Those public signatures list the keywords for their users
+and hand them over with :meth:`JobOptions.of`; ``tests/unit/test_job_options.py``
+holds each signature's names and defaults to this declaration.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from ..config import UNSET, RetryPolicy
 from ..enums import PRIORITY_DB_VALUE_OF, JobPriority
 from ..store import NewJob
 from ..support.codec import encode_retry_policy
-from ..support.timeutil import to_aware
-from ..support.validation import DEFAULT_QUEUE
-from .checks import check_job_fields
+from ..support.validation import check_queue
+from .checks import (
+    check_execution_time,
+    check_job_id,
+    check_max_retries,
+    check_misfire_grace_time,
+    check_priority,
+    check_retry_policy,
+    check_timeout,
+)
+from .dedupe import check_dedupe_key, check_dedupe_scope
+
+
+@dataclass(frozen=True, slots=True)
+class JobOptions:
+    """A job's optional keywords and their defaults (its function, arguments
+    and ``execution_time`` aside). Not checked when made: :func:`check_job`."""
+
+    priority: JobPriority = JobPriority.NORMAL
+    max_retries: int = 0
+    job_id: str | None = None  # None: a fresh time-ordered id
+    misfire_grace_time: Any = UNSET  # int | None, or UNSET: the scheduler's default
+    timeout: float | None = None
+    retry_policy: RetryPolicy | None = None
+    dedupe_key: str | None = None  # None: the task's key, if it has one
+    dedupe_scope: str | None = None  # None: the task's scope, else "active"
+    queue: str | None = None  # None: the task's queue, else enums.DEFAULT_QUEUE
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> JobOptions:
+        """The options among ``values``: a public method's ``locals()``, taken
+        before it assigns any, hands over the keywords its signature lists."""
+        return cls(**{name: values[name] for name in OPTION_NAMES if name in values})
+
+
+#: The options' names, in declaration order (JobSpec's positional order).
+OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in fields(JobOptions))
+#: Each option's default.
+OPTION_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {f.name: f.default for f in fields(JobOptions)}
+)
+
+
+def _check_queue_or_none(value: Any) -> None:
+    if value is not None:
+        check_queue(value)
+
+
+def check_job(execution_time: Any, options: Any) -> None:
+    """Every check of a job's fields but its function and arguments: a clear
+    TypeError or ValueError naming the first bad one, ``execution_time`` first,
+    then the options in declaration order. ``options``: a :class:`JobOptions`,
+    or anything with its attributes (a ``JobSpec``). ``tests/unit/test_job_options.py``
+    gives it a bad value of each option."""
+    check_execution_time(execution_time)
+    check_priority(options.priority)
+    check_max_retries(options.max_retries)
+    check_job_id(options.job_id)
+    check_misfire_grace_time(options.misfire_grace_time)
+    check_timeout(options.timeout)
+    check_retry_policy(options.retry_policy)
+    check_dedupe_key(options.dedupe_key)
+    check_dedupe_scope(options.dedupe_scope)
+    _check_queue_or_none(options.queue)
 
 
 class JobFields(NamedTuple):
-    """A job as the caller described it, checked (a tuple: cheap to make in bulk)."""
+    """A job as it will be written: checked, its names and arguments encoded,
+    and what its task decides where the call named nothing resolved."""
 
     job_name: str
     task_name: str
     execution_time: datetime  # aware
     task_data: str  # {"args": [...], "kwargs": {...}} as JSON text
-    priority: JobPriority = JobPriority.NORMAL
-    max_retries: int = 0
-    job_id: str | None = None  # None: a fresh time-ordered id
-    misfire_grace_time: Any = UNSET  # int | None, or UNSET: the Scheduler's default
-    timeout: float | None = None
-    retry_policy: RetryPolicy | None = None
-    dedupe_key: str | None = None
-    dedupe_scope: str | None = None  # resolved: "active" or "pending" with a key
-    queue: str = DEFAULT_QUEUE  # checked (validation.check_queue)
-
-    @classmethod
-    def checked(
-        cls,
-        *,
-        job_name: str,
-        task_name: str,
-        execution_time: Any,
-        task_data: str,
-        priority: Any,
-        max_retries: Any,
-        job_id: Any,
-        misfire_grace_time: Any,
-        timeout: Any,
-        retry_policy: Any,
-        dedupe_key: str | None = None,
-        dedupe_scope: str | None = None,
-        queue: str = DEFAULT_QUEUE,
-    ) -> JobFields:
-        """Validate the caller's values (TypeError/ValueError naming the field)."""
-        check_job_fields(
-            execution_time, priority, max_retries, job_id, misfire_grace_time, timeout, retry_policy
-        )
-        return cls(
-            job_name,
-            task_name,
-            to_aware(execution_time),
-            task_data,
-            priority,
-            max_retries,
-            job_id,
-            misfire_grace_time,
-            timeout,
-            retry_policy,
-            dedupe_key,
-            dedupe_scope,
-            queue,
-        )
+    options: JobOptions  # as the call gave them
+    dedupe_key: str | None  # the call's, else the task's
+    dedupe_scope: str | None  # with a key: the call's, else the task's, else "active"
+    queue: str  # the call's, else the task's, else enums.DEFAULT_QUEUE
 
 
 def row_of(fields: JobFields, job_id: str, default_grace: Callable[[], int | None]) -> NewJob:
     """The row for checked ``fields`` under ``job_id``."""
-    grace = fields.misfire_grace_time
+    options = fields.options
+    grace = options.misfire_grace_time
     if grace is UNSET:
         grace = default_grace()
-    timeout, policy = fields.timeout, fields.retry_policy
+    timeout, policy = options.timeout, options.retry_policy
     return NewJob(
         job_id,
         fields.job_name,
         fields.task_name,
         fields.execution_time,
         fields.task_data,
-        PRIORITY_DB_VALUE_OF[fields.priority],
-        fields.max_retries,
+        PRIORITY_DB_VALUE_OF[options.priority],
+        options.max_retries,
         grace,
         None if timeout is None else float(timeout),
         None if policy is None else encode_retry_policy(policy),

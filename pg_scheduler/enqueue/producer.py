@@ -1,11 +1,19 @@
-"""Turning schedule() calls into validated rows, and writing them per conflict policy.
+"""The one producer: every way a job gets in turns into checked rows here and is
+written here, per conflict policy.
 
-Everything is checked and serialized before anything is written, so bad
-input raises at the call and writes nothing.
+:class:`Producer` builds rows (no database): a call's function, arguments and
+:class:`~pg_scheduler.enqueue.fields.JobOptions`, a 0.2.x insert by name, or
+``schedule_bulk``'s specs. :class:`Enqueuer` writes them through asyncpg for
+``Scheduler.schedule``, ``schedule_job``, ``schedule_bulk``, the periodic
+enqueuer and ``SyncClient`` on its own connection; ``dbapi.DbapiEnqueuer``
+writes the same rows through a caller's psycopg connection (``SyncClient(...,
+connection=)``). Everything is checked and serialized before anything is
+written, so bad input raises at the call and writes nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from itertools import chain
 from typing import Any, TypeVar
@@ -14,13 +22,16 @@ import asyncpg
 
 import pg_scheduler.observe.instrument as instrument
 
+from ..config import UNSET
 from ..enums import ConflictResolution
 from ..job_spec import JobSpec
 from ..store import NewJob, Store
 from ..support.codec import encode_task_data
+from ..support.log import get_logger
 from ..support.pool_release import autocommitted
 from ..support.reconnect import retry_on_disconnect
-from ..support.validation import check_int
+from ..support.timeutil import to_aware
+from ..support.validation import check_int, check_name
 from ..tasks import TaskRegistry, ensure_async, queue_of, task_name_of
 from .conflicts import (
     check_conflict_resolution,
@@ -29,7 +40,7 @@ from .conflicts import (
     duplicate_id_error,
 )
 from .dedupe import resolve as resolve_dedupe
-from .fields import JobFields, row_of
+from .fields import JobFields, JobOptions, check_job, row_of
 from .ids import new_job_id
 from .keyed import KeyedWriter, KeyRace, check_batch_keys, is_dedupe_violation
 from .rows import COPY_THRESHOLD, spec_rows, spec_tuples, streamable
@@ -37,12 +48,133 @@ from .rows import COPY_THRESHOLD, spec_rows, spec_tuples, streamable
 # A write that finds a dedupe key changing hands under it starts over this often.
 KEY_RACE_ATTEMPTS = 20
 
+# The lines logged here keep the Scheduler's logger name (log filters match it).
+log = get_logger("pg_scheduler.scheduler")
 
 T = TypeVar("T")
 
+#: ``Scheduler.schedule``'s start in the same process: given a due row, None
+#: (no worker here takes it) or the write of the row already claimed (True:
+#: written; False: no free slot, nothing written; None: the answer was lost).
+StartHere = Callable[[NewJob], Awaitable[bool | None] | None]
+
+
+def check_positional(value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"positional must be True or False, got {value!r}")
+
+
+def check_by_name(job_name: Any, task_data: Any) -> None:
+    """A 0.2.x insert by name: a task name and ``{"args": [...], "kwargs": {...}}``."""
+    if not isinstance(job_name, str) or not job_name:
+        raise ValueError("job_name must be a non-empty string")
+    check_name("job_name", job_name)
+    if not isinstance(task_data, dict):
+        raise TypeError(f"task_data must be a dict, got {type(task_data).__name__}")
+    unknown_keys = set(task_data) - {"args", "kwargs"}
+    if unknown_keys:
+        raise ValueError(f"task_data may hold only 'args' and 'kwargs', got {unknown_keys}")
+
+
+def check_bulk_call(conflict: Any, batch_size: Any, positional: Any) -> None:
+    """``schedule_bulk``'s own keywords, checked before its specs."""
+    check_positional(positional)
+    check_conflict_resolution(conflict)
+    check_int("batch_size", batch_size, 1)
+
+
+class Producer:
+    """Checked rows for one registry and misfire default; no database. The
+    async :class:`Enqueuer` and the sync client's DB-API writer share it."""
+
+    def __init__(
+        self, registry: TaskRegistry, default_misfire_grace_time: Callable[[], int | None]
+    ) -> None:
+        self.registry = registry
+        self.default_misfire_grace_time = default_misfire_grace_time
+
+    def register(self, func: Callable[..., Any]) -> str:
+        """Check ``func`` and register it so this worker runs it; its task name."""
+        ensure_async(func)
+        self.registry.register(func)
+        return task_name_of(func)
+
+    def call_fields(
+        self,
+        func: Callable[..., Any],
+        execution_time: Any,
+        args: Any,
+        kwargs: Any,
+        options: JobOptions,
+    ) -> JobFields:
+        """The checked fields of ``func(*args, **kwargs)`` at ``execution_time``;
+        registers ``func`` so this worker runs it. The task's queue and dedupe
+        key apply where ``options`` name none."""
+        queue = queue_of(func, options.queue)
+        task_name = self.register(func)
+        task_data = encode_task_data(args, {} if kwargs is None else kwargs, task_name)
+        key, scope = resolve_dedupe(func, options.dedupe_key, options.dedupe_scope, args, kwargs)
+        if instrument.trace_injector is not None:  # the caller's trace context
+            task_data = instrument.trace_injector(task_data)
+        check_job(execution_time, options)
+        aware = to_aware(execution_time)
+        return JobFields(func.__name__, task_name, aware, task_data, options, key, scope, queue)
+
+    def name_fields(
+        self, job_name: Any, execution_time: Any, task_data: Any, options: JobOptions
+    ) -> JobFields:
+        """The checked fields of a 0.2.x insert by name (``schedule_job``): the
+        job runs on a worker that registered a task named ``job_name``. A task's
+        own dedupe key does not apply; its queue does, if it is registered here."""
+        check_by_name(job_name, task_data)
+        key, scope = resolve_dedupe(None, options.dedupe_key, options.dedupe_scope)
+        queue = queue_of(self.registry.resolve(job_name), options.queue)
+        encoded = encode_task_data(
+            task_data.get("args") or (), task_data.get("kwargs") or {}, job_name
+        )
+        check_job(execution_time, options)
+        aware = to_aware(execution_time)
+        return JobFields(job_name, job_name, aware, encoded, options, key, scope, queue)
+
+    def new_row(self, fields: JobFields, job_id: str | None = None) -> NewJob:
+        """The row of checked ``fields``; ``job_id``: one generated beforehand."""
+        return row_of(
+            fields,
+            fields.options.job_id or job_id or new_job_id(),
+            self.default_misfire_grace_time,
+        )
+
+    def call_row(
+        self,
+        func: Callable[..., Any],
+        execution_time: Any,
+        args: Any,
+        kwargs: Any,
+        options: JobOptions,
+    ) -> NewJob:
+        """The checked row of one ``schedule()`` call (see :meth:`call_fields`)."""
+        return self.new_row(self.call_fields(func, execution_time, args, kwargs, options))
+
+    def bulk_rows(self, jobs: Any) -> list[NewJob]:
+        """The checked rows of ``jobs`` (a list of JobSpec)."""
+        if not isinstance(jobs, Sequence):
+            raise TypeError("jobs must be a list of JobSpec")
+        return list(self.spec_rows(jobs))
+
+    def spec_rows(self, jobs: Sequence[JobSpec]) -> Iterator[NewJob]:
+        """Each spec checked again and made a row (see ``rows.spec_rows``)."""
+        return spec_rows(jobs, self.register, self.default_misfire_grace_time)
+
+    def spec_tuples(
+        self, jobs: Sequence[JobSpec], into: list[tuple[Any, ...]]
+    ) -> Iterator[tuple[Any, ...]]:
+        """:meth:`spec_rows` as plain tuples for COPY (see ``rows.spec_tuples``)."""
+        return spec_tuples(jobs, self.register, self.default_misfire_grace_time, into)
+
 
 class Enqueuer:
-    """Builds rows for one Scheduler (its registry and defaults) and inserts them."""
+    """Writes the :class:`Producer`'s rows for one Scheduler (its registry and
+    defaults) through asyncpg."""
 
     def __init__(
         self,
@@ -53,54 +185,109 @@ class Enqueuer:
     ) -> None:
         self.store = store
         self.pool = pool
-        self.registry = registry
-        self.default_misfire_grace_time = default_misfire_grace_time
+        self.producer = Producer(registry, default_misfire_grace_time)
         self.keyed = KeyedWriter(store)
 
-    def register(self, func: Callable[..., Any]) -> str:
-        """Check ``func`` and register it so this worker runs it; its task name."""
-        ensure_async(func)
-        self.registry.register(func)
-        return task_name_of(func)
+    # -- the entry points ------------------------------------------------------------
 
-    def fields_for_call(
+    async def schedule(
         self,
         func: Callable[..., Any],
+        execution_time: Any,
         args: Any,
         kwargs: Any,
-        **fields: Any,
-    ) -> JobFields:
-        """The checked fields of ``func(*args, **kwargs)`` (``fields``: the other
-        keywords of ``schedule()``); registers ``func`` so this worker runs it."""
-        queue = queue_of(func, fields.pop("queue", None))
-        task_name = self.register(func)
-        task_data = encode_task_data(args, {} if kwargs is None else kwargs, task_name)
-        key, scope = resolve_dedupe(
-            func, fields.pop("dedupe_key", None), fields.pop("dedupe_scope", None), args, kwargs
-        )
-        if instrument.trace_injector is not None:  # the caller's trace context (issue 16)
-            task_data = instrument.trace_injector(task_data)
-        return JobFields.checked(
-            job_name=func.__name__,
-            task_name=task_name,
-            task_data=task_data,
-            dedupe_key=key,
-            dedupe_scope=scope,
-            queue=queue,
-            **fields,
-        )
+        options: JobOptions,
+        conflict: Any,
+        connection: asyncpg.Connection | None,
+        start_here: StartHere | None = None,
+    ) -> str:
+        """``Scheduler.schedule``: one job; its id (with a dedupe key under
+        IGNORE/REPLACE, the id of the job that holds the key).
 
-    def new_row(self, fields: JobFields, job_id: str | None = None) -> NewJob:
-        """The row of checked ``fields``; ``job_id``: one generated beforehand."""
-        return row_of(
-            fields, fields.job_id or job_id or new_job_id(), self.default_misfire_grace_time
+        ``start_here``: a due job with a generated id, written outside the
+        caller's transaction, may be written already claimed by a worker of
+        this process (the job must not start before a caller's commit)."""
+        check_conflict_resolution(conflict)
+        row = self.producer.call_row(func, execution_time, args, kwargs, options)
+        user_id = options.job_id is not None
+        if row.dedupe_key is not None:
+            # Not started in process: the key's conflict policy settles it first.
+            return await self.write_keyed_one(row, conflict, connection, user_id)
+        started = None
+        if start_here is not None and connection is None and not user_id:
+            started = start_here(row)
+        written = None if started is None else await started
+        if not written:
+            await self.write(
+                [row],
+                conflict,
+                connection,
+                user_ids=user_id,
+                retried=written is None and started is not None,
+            )
+        log.debug(
+            "job scheduled",
+            event_type="scheduled",
+            job_id=row.job_id,
+            task=row.task_name,
+            execution_time=row.execution_time.isoformat(),
         )
+        return row.job_id
 
-    def bulk_rows(self, jobs: list[JobSpec]) -> list[NewJob]:
-        """The checked rows of ``jobs`` (the sync client writes them too)."""
-        if not isinstance(jobs, Sequence):
-            raise TypeError("jobs must be a list of JobSpec")
-        return list(self._rows(jobs))
+    async def schedule_by_name(
+        self,
+        job_name: Any,
+        execution_time: Any,
+        task_data: Any,
+        options: JobOptions,
+        conflict: Any,
+    ) -> str:
+        """``schedule_job`` (0.2.x): one job by task name (see
+        :meth:`Producer.name_fields`); ``misfire_grace_time=None`` there means
+        the scheduler's default, as in 0.2.x."""
+        check_by_name(job_name, task_data)
+        check_conflict_resolution(conflict)
+        if options.misfire_grace_time is None:
+            options = dataclasses.replace(options, misfire_grace_time=UNSET)
+        fields = self.producer.name_fields(job_name, execution_time, task_data, options)
+        row = self.producer.new_row(fields)
+        user_id = options.job_id is not None
+        if row.dedupe_key is not None:
+            return await self.write_keyed_one(row, conflict, None, user_id)
+        await self.write([row], conflict, None, user_ids=user_id)
+        log.debug("job scheduled", event_type="scheduled", job_id=row.job_id, task=job_name)
+        return row.job_id
+
+    async def schedule_bulk(
+        self,
+        jobs: Any,
+        conflict: Any,
+        batch_size: Any,
+        connection: asyncpg.Connection | None,
+        positional: Any,
+    ) -> list[str] | list[str | None]:
+        """``schedule_bulk``: ids in input order; with ``positional``, one entry
+        per spec (None where IGNORE skipped one), else the ids written."""
+        check_positional(positional)
+        ids, written = await self.bulk(jobs, conflict, batch_size, connection)
+        # One line per call, not per job: a bulk call may carry a million rows.
+        log.debug("jobs scheduled", event_type="scheduled", count=written, bulk=True)
+        if positional:
+            return ids
+        return [job_id for job_id in ids if job_id is not None]
+
+    async def insert(
+        self,
+        db: asyncpg.Connection | asyncpg.Pool,
+        rows: list[NewJob],
+        conflict: ConflictResolution,
+    ) -> set[str]:
+        """Rows built and checked by their caller (the periodic enqueuer's
+        windows, its manual runs), in one statement on ``db``: inside the
+        caller's open transaction, or autocommitted on a pool. The ids written."""
+        return await self._insert_for(conflict)(db, rows)  # type: ignore[no-any-return]
+
+    # -- writing ---------------------------------------------------------------------
 
     async def bulk(
         self,
@@ -117,7 +304,7 @@ class Enqueuer:
         if streamable(jobs):
             ids = await self._streamed(jobs, connection)
             return list(ids), len(ids)
-        rows = list(self._rows(jobs))
+        rows = list(self.producer.spec_rows(jobs))
         if not rows:
             return [], 0
         check_batch_keys(rows, conflict)
@@ -150,7 +337,7 @@ class Enqueuer:
         COPY, which aborts it: nothing is written. A retry after a lost
         connection replays the rows built so far, then builds the rest."""
         built: list[tuple[Any, ...]] = []
-        pending = spec_tuples(jobs, self.register, self.default_misfire_grace_time, built)
+        pending = self.producer.spec_tuples(jobs, built)
 
         def stream() -> Iterator[tuple[Any, ...]]:
             return chain(built.copy(), pending)
@@ -163,10 +350,6 @@ class Enqueuer:
 
         await self._attempts(once, built, False, False, connection is None)
         return [row[0] for row in built]  # job_id
-
-    def _rows(self, jobs: Sequence[JobSpec]) -> Iterator[NewJob]:
-        """Each spec checked again and made a row (see ``spec_rows``)."""
-        return spec_rows(jobs, self.register, self.default_misfire_grace_time)
 
     async def _check_user_ids(
         self,

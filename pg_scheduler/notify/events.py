@@ -25,29 +25,18 @@ from typing import Any
 
 import asyncpg
 
+from ..enums import DEFAULT_QUEUE, FINAL_STATUS_VALUES
 from ..store.events import EventStore
 from ..support.log import get_logger
 from .listener import Listener
 
 log = get_logger(__name__)
 
-JOB_KINDS = frozenset(
-    {
-        "scheduled",
-        "started",
-        "progress",
-        "completed",
-        "failed",
-        "retried",
-        "cancelled",
-        "expired",
-        "rescued",
-        "handed_back",
-    }
-)
+# A job's final statuses are the kinds of the events that report them.
+FINAL_KINDS = frozenset(FINAL_STATUS_VALUES)
+JOB_KINDS = FINAL_KINDS | {"scheduled", "started", "progress", "retried", "rescued", "handed_back"}
 WORKER_KINDS = frozenset({"worker_started", "worker_stopped"})
 ALL_KINDS = JOB_KINDS | WORKER_KINDS
-FINAL_KINDS = frozenset({"completed", "failed", "cancelled", "expired"})
 # Sent by the database only while a subscriber (or, for completed, a waiter)
 # keeps its flag fresh (see store.event_sql).
 FLAGGED_KINDS = frozenset({"scheduled", "started", "completed"})
@@ -55,7 +44,6 @@ FLAG_SECONDS = 60.0
 # After a new flag is written: a statement that began before it sends no
 # event, so waiters re-read within POLL_DOWN instead (results.wait_for).
 FLAG_SETTLE_SECONDS = 1.0
-DEFAULT_QUEUE = "default"  # as validation.DEFAULT_QUEUE; events imports no checks
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import asyncpg
 
+from ..enums import DEFAULT_QUEUE, FINAL_STATUS_VALUES, JobStatus
 from ..support.log import get_logger
 from .stats import QueueStats, collect_stats
 
@@ -70,7 +71,7 @@ class _QueueCollector:
             "pg_scheduler_jobs_due", "Pending jobs already due, by task", labels=["task"]
         )
         for t in stats.by_task:
-            for status in ("pending", "running", "completed", "failed", "cancelled", "expired"):
+            for status in (s.value for s in JobStatus):
                 jobs.add_metric([status, t.task_name], getattr(t, status))
             due.add_metric([t.task_name], t.due)
         yield jobs
@@ -134,7 +135,7 @@ class _QueueCollector:
         )
         for win in stats.windows:
             label = f"{win.seconds:g}"
-            for status in ("completed", "failed", "cancelled", "expired"):
+            for status in FINAL_STATUS_VALUES:
                 if status == "completed" and stats.completed_deleted:
                     continue
                 finished.add_metric([label, status], getattr(win, status))
@@ -151,7 +152,6 @@ class _QueueCollector:
 
 #: Buckets (seconds) of the duration and wait histograms: 1 ms to 10 min.
 DEFAULT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
-DEFAULT_QUEUE = "default"
 
 
 class JobMetrics:

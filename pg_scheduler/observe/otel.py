@@ -21,6 +21,8 @@ from typing import Any
 
 import pg_scheduler.observe.instrument as instrument
 
+from ..enums import DEFAULT_QUEUE
+
 #: The reserved key of ``task_data`` that carries the scheduling trace context.
 TRACE_KEY = "_pg_scheduler_trace"
 _ERROR_OUTCOMES = frozenset({"failed", "retried", "lost"})
@@ -76,7 +78,7 @@ class JobTracing:
             attributes={
                 "pg_scheduler.job_id": str(row.get("job_id")),
                 "pg_scheduler.task": task,
-                "pg_scheduler.queue": row.get("queue") or "default",
+                "pg_scheduler.queue": row.get("queue") or DEFAULT_QUEUE,
                 "pg_scheduler.attempt": int(row.get("attempts") or 1),
             },
         )

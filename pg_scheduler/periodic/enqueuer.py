@@ -17,8 +17,10 @@ from typing import Any, Protocol
 
 import asyncpg
 
+from ..enqueue.producer import Enqueuer
+from ..enums import ConflictResolution
 from ..services.base import Service
-from ..store import NewJob, Store
+from ..store import NewJob
 from ..store.periodic import PeriodicStore
 from ..support.log import get_logger
 from ..support.reconnect import Backoff, is_connection_error
@@ -33,15 +35,15 @@ BUSY: Any = object()
 
 
 class EnqueuerHost(Protocol):
-    """What the enqueuer needs of one Scheduler's periodic runtime: the pool and
-    stores, the shared state it reads, the grace and enabled rules, the row
-    builder. Not the Scheduler."""
+    """What the enqueuer needs of one Scheduler's periodic runtime: the pool, the
+    periodic store, the producer's writer (``jobs``), the shared state it reads,
+    the grace and enabled rules, the row builder. Not the Scheduler."""
 
     @property
     def pool(self) -> asyncpg.Pool: ...
 
     store: PeriodicStore
-    jobs_store: Store
+    jobs: Enqueuer
     state: dict[str, dict[str, Any]]
     lookahead: float
 
@@ -212,7 +214,8 @@ class PeriodicService(Service):
                     manager.new_row(config, window_job_id(key, f), self._jittered(config, f), f)
                     for f in run
                 ]
-                await manager.jobs_store.insert_ignore(conn, rows)
+                # Inside this transaction, with the cursor's advance: both or neither.
+                await manager.jobs.insert(conn, rows, ConflictResolution.IGNORE)
             if plan.next_run != row["next_run"]:
                 await self.store.advance(conn, key, plan.next_run)
         if plan.overdue is not None:

@@ -11,13 +11,17 @@ import asyncio
 import copy
 import math
 import uuid
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import asyncpg
 
 from ..config import UNSET
-from ..enqueue.fields import JobFields, row_of
+from ..engine.job import RunningJob
+from ..enqueue.fields import JobFields, JobOptions, row_of
+from ..enqueue.producer import Enqueuer
+from ..enums import ConflictResolution
 from ..store import NewJob
 from ..store.periodic import MANUAL_ID_PREFIX, PeriodicStore
 from ..support.codec import encode_json
@@ -33,35 +37,12 @@ from .registry import (
 )
 from .windows import CoalescePolicy, coalesced_reason
 
-if TYPE_CHECKING:
-    from ..engine import Worker
-    from ..store import Store
-
 # The logger name of before the split out of periodic.py: log filters keep matching.
 log = get_logger("pg_scheduler.periodic")
 
 
 def _no_default_grace() -> int | None:
     return None  # a window's grace is always resolved by grace_for()
-
-
-class PeriodicHost(Protocol):
-    """What periodic jobs use of a :class:`~pg_scheduler.Scheduler`."""
-
-    @property
-    def db_pool(self) -> asyncpg.Pool: ...
-
-    @property
-    def schema(self) -> str: ...
-
-    @property
-    def store(self) -> Store: ...
-
-    @property
-    def misfire_grace_time(self) -> int | None: ...
-
-    @property
-    def worker(self) -> Worker: ...
 
 
 class PeriodicManager:
@@ -75,10 +56,23 @@ class PeriodicManager:
     #: until the earliest due row, start them on time.
     lookahead = 0.5
 
-    def __init__(self, scheduler: PeriodicHost) -> None:
-        self.scheduler = scheduler
-        self.store = PeriodicStore(scheduler.db_pool, scheduler.schema)
-        self.jobs_store = scheduler.store
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        schema: str,
+        enqueuer: Enqueuer,
+        misfire_grace_time: Callable[[], int | None],
+        running: Mapping[str, RunningJob],
+    ) -> None:
+        """``enqueuer``: the one producer's writer, which every periodic run's row
+        goes in through; ``misfire_grace_time``: the Scheduler's default, read when
+        a window is planned; ``running``: the worker's running jobs by id (the
+        executor's)."""
+        self._pool = pool
+        self.store = PeriodicStore(pool, schema)
+        self.jobs = enqueuer
+        self._default_grace = misfire_grace_time
+        self._running = running
         #: Last state read from ``periodic_jobs``, by dedup key.
         self.state: dict[str, dict[str, Any]] = {}
         self.state_read_at: datetime | None = None
@@ -114,7 +108,7 @@ class PeriodicManager:
         """The misfire grace time that applies to ``config``'s windows."""
         grace = config.misfire_grace_time
         if grace is UNSET:
-            return self.scheduler.misfire_grace_time
+            return self._default_grace()
         if grace is None or isinstance(grace, float | int):
             return grace
         # PeriodicJobConfig turns a timedelta into seconds when it is built.
@@ -125,7 +119,7 @@ class PeriodicManager:
 
     @property
     def pool(self) -> asyncpg.Pool:
-        return self.scheduler.db_pool
+        return self._pool
 
     async def start(self) -> None:
 
@@ -260,16 +254,23 @@ class PeriodicManager:
         kwargs: dict[str, Any] = {"job_id": job_id}
         if window is not None:
             kwargs["window"] = window.isoformat()
-        fields = JobFields(
-            job_name=config.job_name,  # type: ignore[arg-type]
-            task_name=config.task_name,
-            execution_time=execution_time,
-            task_data=encode_json({"args": [], "kwargs": kwargs}),
+        options = JobOptions(
             priority=config.priority,
             max_retries=config.max_retries,
             job_id=job_id,
             misfire_grace_time=None if grace is None else math.ceil(grace),
-            queue=queue_of(config.func, config.queue),
+            queue=config.queue,
+        )
+        task_data = encode_json({"args": [], "kwargs": kwargs})
+        fields = JobFields(
+            config.job_name,  # type: ignore[arg-type]
+            config.task_name,
+            execution_time,
+            task_data,
+            options,
+            None,
+            None,
+            queue_of(config.func, config.queue),
         )
         return row_of(fields, job_id, _no_default_grace)
 
@@ -281,7 +282,7 @@ class PeriodicManager:
             return None
         job_id = f"{MANUAL_ID_PREFIX}{dedup_key}:{uuid.uuid4().hex}"
         row = self.new_row(config, job_id, datetime.now(UTC), None)
-        await self.jobs_store.insert(self.scheduler.db_pool, [row])
+        await self.jobs.insert(self._pool, [row], ConflictResolution.RAISE)
         log.info("periodic job triggered", dedup_key=dedup_key, job_id=job_id)
         return job_id
 
@@ -338,7 +339,7 @@ class PeriodicManager:
 
     def runs_in_current_task(self, job_id: str) -> bool:
         """Whether this Scheduler's worker runs ``job_id`` in the current task."""
-        entry = self.scheduler.worker.running.get(job_id)
+        entry = self._running.get(job_id)
         return entry is not None and entry.task is asyncio.current_task()
 
     async def _record(self, what: str, *args: Any) -> Any:
@@ -360,7 +361,7 @@ class PeriodicManager:
         key = config.dedup_key
         fire_time = None if window is None else datetime.fromisoformat(window)
         previous = await self._record("run_started", key, job_id, fire_time)
-        entry = self.scheduler.worker.running.get(job_id)
+        entry = self._running.get(job_id)
         first_attempt = entry is None or entry.job.attempt == 1
         if fire_time is not None and previous is not None and first_attempt:
             # Retries are not coalesced: they follow a failure, not lateness.
@@ -399,7 +400,7 @@ class PeriodicManager:
             if ctx is not None:
                 result = await config.func(ctx)
             elif config.use_advisory_lock:
-                async with self.scheduler.db_pool.acquire() as conn, conn.transaction():
+                async with self._pool.acquire() as conn, conn.transaction():
                     if not await self.store.try_xact_lock(conn, config.lock_key):
                         why = "skipped: another run of this job holds its advisory lock"
                         return await self._skip(key, job_id, why)

@@ -50,7 +50,7 @@ class HeartbeatService(Service):
     async def run_once(self) -> int:
         started = time.monotonic()
         worker = self.worker
-        holdings = worker.holdings()
+        holdings = worker.heartbeat_view.holdings()
         try:
             # It never waits for a row lock (rows another session holds are
             # reported, not renewed), so it runs beside this worker's
@@ -65,7 +65,7 @@ class HeartbeatService(Service):
                 holdings.started_ahead,
             )
         except BaseException:
-            worker.unreported(holdings)
+            worker.heartbeat_view.unreported(holdings)
             raise
         held = {r["job_id"]: r for r in rows}
         skipped = [r["job_id"] for r in rows if not r["renewed"]]
@@ -85,8 +85,10 @@ class HeartbeatService(Service):
             if holdings.started_ahead:
                 again = set(skipped)
                 holdings.started_ahead = [j for j in holdings.started_ahead if j in again]
-                worker.unreported(holdings)
-        ghosts = worker.reconcile(held, holdings, started, self.ghost_grace, self._lease_lost)
+                worker.heartbeat_view.unreported(holdings)
+        ghosts = worker.heartbeat_view.reconcile(
+            held, holdings, started, self.ghost_grace, self._lease_lost
+        )
         if ghosts:
             # Guarded by the claim the heartbeat saw: its answer is a moment old,
             # and a row handed back meanwhile may be claimed here again already.

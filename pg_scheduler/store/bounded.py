@@ -24,6 +24,10 @@ from typing import Any
 import asyncpg
 from asyncpg import exceptions as pgerr
 
+# Seconds any one of the scheduler's own statements may take (README: failure
+# model): ``Scheduler(statement_timeout=...)``'s default, and the sync client's.
+DEFAULT_STATEMENT_TIMEOUT = 10.0
+
 
 def state_unknown(exc: BaseException) -> bool:
     """True when a statement ended without telling how far it got: timed out,

@@ -24,12 +24,11 @@ from datetime import datetime
 
 import asyncpg
 
-from ..enums import FINAL_STATUSES, JobStatus
+from ..enums import DEFAULT_QUEUE, FINAL_STATUSES, JobStatus
 from .limits import LimitStore
 from .names import DEFAULT_SCHEMA, Qualifier
 from .queues import QueueStore
 
-DEFAULT_QUEUE = "default"
 ALL_STATUSES = [s.value for s in JobStatus]
 _FINAL = sorted(s.value for s in FINAL_STATUSES)
 

@@ -12,7 +12,7 @@ order so the text is stable. Regenerate it after adding a migration::
     python -m pg_scheduler.store.dump_schema --check     # exit 1 with a diff if stale
 
 Either way it migrates a new, empty database, reads its catalog and drops it.
-``tests/test_schema_file.py`` fails when the file and the migrations disagree.
+``tests/integration/test_schema_file.py`` fails when the file and the migrations disagree.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ _HEADER = """\
 --
 -- Generated; do not edit. Change the schema with a new migration, then run
 --     {command}
--- tests/test_schema_file.py fails when this file and the migrations disagree.
+-- tests/integration/test_schema_file.py fails when this file and the migrations disagree.
 """
 #: The line that opens each object's entry: "-- [<kind>] <name>".
 OBJECT_LINE = re.compile(r"^-- \[(?:table|index|trigger|function)\] .*$", re.M)

@@ -11,6 +11,7 @@ always the database's ``now()``, never the worker's clock.
 
 from __future__ import annotations
 
+from ..enums import FINAL_STATUS_VALUES
 from .event_sql import events_cte
 from .queues import served_groups
 
@@ -404,6 +405,8 @@ SELECT {_JOB_COLUMNS}, progress, progress_message, progress_at,
 # a row that had started, or a finished row that was ever claimed, does not
 # take a "pending" dedupe key back; a pending row or one claimed ahead keeps
 # what it has.
+# The final statuses as an SQL list of text literals.
+_FINAL_LIST = ", ".join(f"'{status}'" for status in FINAL_STATUS_VALUES)
 _SET_STATUS = f"""
 WITH target AS (
     SELECT job_id, status, worker_id FROM scheduled_jobs WHERE job_id = $1 FOR UPDATE
@@ -413,7 +416,7 @@ WITH target AS (
            started_before = j.started_before
                OR (t.status = 'running' AND NOT j.claimed_ahead)
                OR (t.status NOT IN ('pending', 'running') AND j.started_at IS NOT NULL),
-           finished_at = CASE WHEN $2 IN ('completed', 'failed', 'cancelled', 'expired')
+           finished_at = CASE WHEN $2 IN ({_FINAL_LIST})
                               THEN now() END,
            lease_until = CASE WHEN $2 = 'running' THEN j.lease_until END,
            worker_id = CASE WHEN $2 = 'pending' THEN NULL ELSE j.worker_id END
@@ -424,7 +427,7 @@ WITH target AS (
 ), {
     events_cte(
         "SELECT CASE WHEN old_status = $2 THEN NULL"
-        " WHEN $2 IN ('completed', 'failed', 'cancelled', 'expired') THEN $2::text"
+        f" WHEN $2 IN ({_FINAL_LIST}) THEN $2::text"
         " WHEN $2 = 'running' THEN 'started'"
         " WHEN old_status = 'running' THEN 'handed_back' ELSE 'scheduled' END,"
         " job_id, task_name, attempts, old_worker, NULL::float8, queue FROM changed"

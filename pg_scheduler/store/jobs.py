@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 import asyncpg
 
+from ..enums import DEFAULT_QUEUE
 from ..support.codec import encode_json
 from .event_sql import _EMIT, _WANTED
 from .job_sql import (
@@ -69,7 +70,7 @@ class NewJob(NamedTuple):
     retry_policy: str | None
     dedupe_key: str | None = None
     dedupe_scope: str | None = None  # "active" or "pending" when dedupe_key is set
-    queue: str = "default"
+    queue: str = DEFAULT_QUEUE
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncpg
 
+from ..enums import DEFAULT_QUEUE
 from .names import DEFAULT_SCHEMA, Executor, Qualifier
 
 # Every (queue, task_name, priority) that has a pending row, with its earliest
@@ -138,11 +139,11 @@ ON CONFLICT (name) DO UPDATE SET paused = EXCLUDED.paused, updated_at = now()
 # Every worker hears pause and resume ($1: "pause NAME" or "resume NAME"): a
 # pause hands back its claimed-ahead rows; a resumed queue's workers look at
 # once ($2: the queue, sent as job inserts send it: '' for "default").
-_ANNOUNCE = """
+_ANNOUNCE = f"""
 SELECT pg_notify('pg_scheduler_queues', $1),
        CASE WHEN $2::text IS NOT NULL
             THEN pg_notify('pg_scheduler_jobs',
-                           CASE WHEN $2::text = 'default' THEN '' ELSE $2::text END) END
+                           CASE WHEN $2::text = '{DEFAULT_QUEUE}' THEN '' ELSE $2::text END) END
 """
 
 # Queues known from either side: configured rows and queues that have jobs

@@ -4,7 +4,7 @@
 --
 -- Generated; do not edit. Change the schema with a new migration, then run
 --     python -m pg_scheduler.store.dump_schema
--- tests/test_schema_file.py fails when this file and the migrations disagree.
+-- tests/integration/test_schema_file.py fails when this file and the migrations disagree.
 
 -- [table] job_attempts
 CREATE TABLE public.job_attempts (

@@ -21,8 +21,10 @@ race with and parks in one statement.
 
 from __future__ import annotations
 
+from ..enums import DEFAULT_QUEUE, FINAL_STATUS_VALUES
+
 _GUARD = "j.job_id = $1 AND j.worker_id = $2 AND j.attempts = $3 AND j.status = 'running'"
-_FINAL = "('completed', 'failed', 'cancelled', 'expired')"
+_FINAL = "(" + ", ".join(f"'{status}'" for status in FINAL_STATUS_VALUES) + ")"
 # What a row parked on, cleared when that is over.
 _NO_WAIT = (
     "wait_kind = NULL, wait_for = NULL, wake_at = NULL, wait_seq = NULL, wait_children = NULL"
@@ -32,8 +34,12 @@ _NO_WAIT = (
 _LEAVE_WORKER = """worker_id = NULL, lease_until = NULL, last_heartbeat = NULL,
            claimed_ahead = false, started_before = true,
            attempts = GREATEST(j.attempts - 1, 0)"""
+# The NOTIFY of a row made pending by an UPDATE (the insert trigger sends one only
+# for inserts): its queue, '' for the default one, as that trigger does.
 _WAKE_NOTIFY = (
-    "pg_notify('pg_scheduler_jobs', CASE WHEN {0}.queue = 'default' THEN '' ELSE {0}.queue END)"
+    "pg_notify('pg_scheduler_jobs', CASE WHEN {0}.queue = '"
+    + DEFAULT_QUEUE
+    + "' THEN '' ELSE {0}.queue END)"
 )
 
 # The run's start: the job's incarnation (created_at: a REPLACE makes a new

@@ -32,7 +32,6 @@ def check_int(
         raise ValueError(f"{name} must be <= {maximum} (what the column holds), got {value}")
 
 
-DEFAULT_QUEUE = "default"
 #: Queue names: letters, digits and ``_ - . :``, starting with a letter or digit.
 #: They travel in NOTIFY payloads, metric labels and CLI arguments.
 MAX_QUEUE_LENGTH = 63

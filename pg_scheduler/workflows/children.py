@@ -21,10 +21,9 @@ from collections.abc import Callable, Generator, Sequence
 from datetime import timedelta
 from typing import Any
 
-from ..api.results import outcome as job_outcome
-from ..config import RetryPolicy
 from ..enqueue.checks import check_max_retries, check_priority, check_retry_policy, check_timeout
-from ..enums import PRIORITY_DB_VALUE_OF, JobPriority, JobStatus
+from ..enqueue.fields import JobOptions
+from ..enums import PRIORITY_DB_VALUE_OF, JobStatus
 from ..models import Job
 from ..store.workflows import Spawned
 from ..support.codec import decode_json, encode_json, encode_retry_policy, encode_task_data
@@ -74,26 +73,22 @@ def spawn(
     func: Callable[..., Any],
     args: tuple,
     kwargs: dict[str, Any],
-    *,
-    queue: str | None,
-    priority: JobPriority | None,
+    options: JobOptions,
     detached: bool,
-    max_retries: int,
-    timeout: float | None,
-    retry_policy: RetryPolicy | None,
 ) -> ChildHandle:
-    """A child of ``func(*args, **kwargs)``, kept in ``buffer`` until written."""
+    """A child of ``func(*args, **kwargs)``, kept in ``buffer`` until written.
+    ``options``: those ``ctx.spawn`` takes (a priority of None: the parent's)."""
     run.check()
     # Every check before anything is taken or written.
     ensure_async(func)
-    if priority is not None:
-        check_priority(priority)
-    check_max_retries(max_retries)
-    check_timeout(timeout)
-    check_retry_policy(retry_policy)
+    if options.priority is not None:
+        check_priority(options.priority)
+    check_max_retries(options.max_retries)
+    check_timeout(options.timeout)
+    check_retry_policy(options.retry_policy)
     if not isinstance(detached, bool):
         raise TypeError(f"detached must be True or False, got {detached!r}")
-    child_queue = queue_of(func, queue) if queue is not None else None
+    child_queue = None if options.queue is None else queue_of(func, options.queue)
     run.registry.register(func)  # this worker can run it, as schedule() does
     task_name = task_name_of(func)
     task_data = encode_task_data(args, kwargs, task_name)
@@ -106,16 +101,17 @@ def spawn(
     if child_queue is None:
         # The task's own queue if it declares one, else the parent's.
         child_queue = queue_of(func) if hasattr(func, QUEUE_ATTR) else run.queue
+    policy = options.retry_policy
     buffer.append(
         Spawned(
             job_id,
             func.__name__,
             task_name,
             task_data,
-            run.priority if priority is None else PRIORITY_DB_VALUE_OF[priority],
-            max_retries,
-            None if timeout is None else float(timeout),
-            None if retry_policy is None else encode_retry_policy(retry_policy),
+            run.priority if options.priority is None else PRIORITY_DB_VALUE_OF[options.priority],
+            options.max_retries,
+            None if options.timeout is None else float(options.timeout),
+            None if policy is None else encode_retry_policy(policy),
             child_queue,
             seq,
             task_name,
@@ -236,6 +232,10 @@ async def _finish(run: RunState, seq: int, name: str, key: str, result: str) -> 
 
 def result_of(handle: ChildHandle, ended: dict[str, Any]) -> Any:
     """A child's result, or the JobFailed / JobCancelled / JobExpired of its end."""
+    # The results API's own outcome (api/ sits above the engine, which runs
+    # workflows: imported when a child did not complete, not with this module).
+    from ..api.results import outcome as job_outcome
+
     status = ended.get("status")
     if status == "completed":
         return ended.get("result")

@@ -14,6 +14,7 @@ from typing import Any
 import asyncpg
 
 from ..config import RetryPolicy
+from ..enqueue.fields import JobOptions
 from ..enums import JobPriority
 from ..store.workflows import Spawned
 from ..support.timeutil import to_aware
@@ -238,20 +239,11 @@ class WorkflowContext:
         are this workflow's unless given (or the task's own queue). When this
         workflow ends, its unfinished children are cancelled, unless spawned
         ``detached=True``. Returns a handle (awaitable: ``await ctx.spawn(...)``
-        works too); children spawned before a wait are written together."""
-        return spawn_child(
-            self._run,
-            self._spawns,
-            func,
-            args,
-            kwargs,
-            queue=queue,
-            priority=priority,
-            detached=detached,
-            max_retries=max_retries,
-            timeout=timeout,
-            retry_policy=retry_policy,
-        )
+        works too); children spawned before a wait are written together. Of a
+        job's options (JobOptions) a child takes these: its id is its parent's
+        step's, it never expires unstarted and carries no dedupe key."""
+        options = JobOptions.of(locals())
+        return spawn_child(self._run, self._spawns, func, args, kwargs, options, detached)
 
     async def wait(self, child: ChildHandle | Awaitable[ChildHandle]) -> Any:
         """The result of ``child`` once it ended (parks until then); raises

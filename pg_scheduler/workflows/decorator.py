@@ -12,7 +12,7 @@ from typing import Any, TypeVar, overload
 
 from ..limits import RateLimit
 from ..support.validation import check_seconds
-from ..tasks import EXECUTOR_ATTR, default_registry
+from ..tasks import EXECUTOR_ATTR, TaskOptions, default_registry
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -72,8 +72,10 @@ def workflow(
     workflows). Schedule it like any task (``scheduler.schedule(f, args=...)``);
     ``ctx`` is not one of the stored arguments. ``name``, ``queue``,
     ``max_running``, ``rate_limit``, ``dedupe_key``, ``dedupe_scope`` as for
-    ``@task``; ``timeout``: the whole workflow's, from its first start across
-    every park (it then fails without a retry)."""
+    ``@task`` (its options but ``executor``: a workflow runs on the loop);
+    ``timeout``: the whole workflow's, from its first start across every park
+    (it then fails without a retry)."""
+    task_options = TaskOptions.of(locals())
     if isinstance(timeout, timedelta):
         timeout = timeout.total_seconds()
     check_seconds("timeout", timeout)
@@ -85,16 +87,7 @@ def workflow(
                 f"@workflow needs an async def function taking the context first, got {f!r}"
             )
         mark_workflow(f, options)
-        decorated: F = default_registry.decorator(
-            f,
-            name=name,
-            executor=None,
-            dedupe_key=dedupe_key,
-            dedupe_scope=dedupe_scope,
-            max_running=max_running,
-            rate_limit=rate_limit,
-            queue=queue,
-        )
+        decorated: F = default_registry.decorator(f, task_options)
         return decorated
 
     return decorate(func) if func is not None else decorate

@@ -19,6 +19,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..enums import DEFAULT_QUEUE
 from ..store import Store
 from ..store.workflows import Lease, WorkflowStore
 from ..support.reconnect import retry_on_disconnect
@@ -95,7 +96,7 @@ async def run_workflow(
         incarnation=loaded.incarnation,
         db_now=loaded.db_now,
         deadline=deadline,
-        queue=row.get("queue") or "default",
+        queue=row.get("queue") or DEFAULT_QUEUE,
         priority=row.get("priority") or 5,
         registry=registry,
         lookahead=WAKE_LOOKAHEAD,

@@ -13,7 +13,6 @@ from typing import Any
 
 import asyncpg
 
-from ..api.results import JobNotFound
 from ..store.workflows import WorkflowStore
 from ..support.codec import encode_json, encode_task_data
 from ..support.validation import check_name
@@ -45,6 +44,10 @@ async def send_signal(
     text = None if payload is None else encode_json(payload)
     row = await store.signal(connection or store.pool, job_id, name, text)
     if row is None:
+        # The results API's error for an unknown id (api/ sits above the engine,
+        # which imports this wing: not imported with this module).
+        from ..api.results import JobNotFound
+
         raise JobNotFound(job_id)
     if row["signal_id"] is None:
         raise ValueError(f"job {job_id} is {row['status']}: a finished job takes no signal")

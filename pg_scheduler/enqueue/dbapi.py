@@ -1,0 +1,124 @@
+"""The producer's writer on a caller's synchronous (DB-API) connection: psycopg 3
+or psycopg2 (``SyncClient(..., connection=)``).
+
+The rows are the :class:`~pg_scheduler.enqueue.producer.Producer`'s, checked
+exactly as for ``Scheduler.schedule``; the statements are those of
+:class:`~pg_scheduler.store.dbapi.DbapiStatements`. A write is all or nothing
+and never commits or rolls back a transaction it did not open: inside the
+caller's transaction it is a savepoint (:meth:`DbapiStatements.atomically`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..enums import ConflictResolution
+from ..store.dbapi import UNIQUE_VIOLATION, DbapiStatements, sqlstate
+from ..store.jobs import NewJob
+from .conflicts import (
+    check_conflict_resolution,
+    check_none_existing,
+    check_repeated_ids,
+    duplicate_id_error,
+    ids_in_order,
+)
+from .fields import JobOptions
+from .producer import Producer, check_bulk_call
+
+_SUFFIX = {
+    ConflictResolution.RAISE: "",
+    ConflictResolution.IGNORE: "ignore",
+    ConflictResolution.REPLACE: "replace",
+}
+
+
+class DbapiEnqueuer:
+    """Writes a :class:`Producer`'s rows through a caller's DB-API connection."""
+
+    def __init__(self, producer: Producer, statements: DbapiStatements) -> None:
+        self.producer = producer
+        self.statements = statements
+
+    def schedule(
+        self,
+        func: Callable[..., Any],
+        execution_time: Any,
+        args: Any,
+        kwargs: Any,
+        options: JobOptions,
+        conflict: Any,
+        connection: Any,
+    ) -> str:
+        """One job (``Scheduler.schedule``'s checks and row); its id."""
+        check_conflict_resolution(conflict)
+        row = self.producer.call_row(func, execution_time, args, kwargs, options)
+        _refuse_keys([row])
+        self._write(connection, [row], conflict, 1)
+        return row.job_id
+
+    def schedule_bulk(
+        self, jobs: Any, conflict: Any, batch_size: Any, connection: Any, positional: Any
+    ) -> list[str] | list[str | None]:
+        """Many jobs, all or nothing (``Scheduler.schedule_bulk``'s checks and rows);
+        ids in input order as it returns them."""
+        check_bulk_call(conflict, batch_size, positional)
+        rows = self.producer.bulk_rows(jobs)
+        if not rows:
+            return []
+        _refuse_keys(rows)
+        user_ids = [spec.job_id for spec in jobs if spec.job_id is not None]
+        if user_ids:
+            check_repeated_ids(user_ids, conflict)
+        raise_on = user_ids if conflict is ConflictResolution.RAISE else []
+        written = self._write(connection, rows, conflict, batch_size, raise_on)
+        ids = ids_in_order(rows, written, conflict)
+        return ids if positional else [i for i in ids if i is not None]
+
+    def _write(
+        self,
+        connection: Any,
+        rows: list[NewJob],
+        conflict: ConflictResolution,
+        batch_size: int,
+        raise_on: Sequence[str] = (),
+    ) -> set[str]:
+        """Write ``rows`` through the caller's connection, all or nothing (see
+        :meth:`DbapiStatements.atomically`); ``raise_on``: ids refused first if
+        they exist already (bulk RAISE), in the same transaction."""
+        conn = _dbapi_connection(connection)
+        statements, suffix = self.statements, _SUFFIX[conflict]
+
+        def work() -> set[str]:
+            if raise_on:
+                check_none_existing(statements.existing_ids(conn, raise_on))
+            written: set[str] = set()
+            for start in range(0, len(rows), batch_size):
+                written |= statements.insert(conn, rows[start : start + batch_size], suffix)
+            return written
+
+        try:
+            return statements.atomically(conn, work)  # type: ignore[no-any-return]
+        except Exception as exc:
+            if sqlstate(exc) == UNIQUE_VIOLATION:
+                # Both drivers carry the server's DETAIL ("Key (job_id)=(...) already exists.").
+                detail = getattr(getattr(exc, "diag", None), "message_detail", None)
+                raise duplicate_id_error(detail or str(exc)) from None
+            raise
+
+
+def _dbapi_connection(connection: Any) -> Any:
+    """The driver's connection: SQLAlchemy's pooled proxy
+    (``session.connection().connection``) gives its ``dbapi_connection``."""
+    inner = getattr(connection, "dbapi_connection", None)
+    return connection if inner is None else inner
+
+
+def _refuse_keys(rows: list[NewJob]) -> None:
+    """Dedupe keys need the async path's conflict handling (not written on a
+    caller's DB-API connection yet): refuse before anything is written."""
+    if any(row.dedupe_key is not None for row in rows):
+        raise ValueError(
+            "SyncClient(connection=...) does not write jobs with a dedupe key; "
+            "schedule them without connection= (the client's own connection)"
+        )

@@ -1,0 +1,193 @@
+"""Migrations: exactly once under concurrency, adopting a 0.2.x table, refusing newer schemas."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+import pg_scheduler
+from pg_scheduler import MigrationError, Scheduler
+from pg_scheduler.store.migrate import current_version, load_migrations, migrate
+from tests.support import app_tasks
+from tests.support.common import wait_until, with_database
+
+# The table as pg-scheduler 0.2.x creates it (its documented columns and indexes).
+LEGACY_SCHEMA = """
+CREATE TABLE scheduled_jobs (
+    job_id TEXT PRIMARY KEY DEFAULT gen_random_uuid()::text,
+    job_name TEXT NOT NULL,
+    execution_time TIMESTAMPTZ NOT NULL,
+    status TEXT DEFAULT 'pending',
+    task_data JSONB,
+    created_at TIMESTAMPTZ DEFAULT CURRENT_TIMESTAMP,
+    last_heartbeat TIMESTAMPTZ,
+    lease_until TIMESTAMPTZ,
+    priority INTEGER DEFAULT 5,
+    retry_count INTEGER DEFAULT 0,
+    max_retries INTEGER DEFAULT 0,
+    worker_id TEXT,
+    error_message TEXT,
+    misfire_grace_time INTEGER
+);
+CREATE INDEX idx_jobs_pending_priority ON scheduled_jobs(status, priority ASC, execution_time ASC)
+    WHERE status = 'pending';
+CREATE INDEX idx_jobs_worker_cleanup ON scheduled_jobs(worker_id, status)
+    WHERE worker_id IS NOT NULL;
+"""
+
+
+@pytest.fixture
+async def fresh_db(server_dsn):
+    name = f"pgs_mig_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin = await asyncpg.connect(server_dsn)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    yield with_database(server_dsn, name)
+    admin = await asyncpg.connect(server_dsn)
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await admin.close()
+
+
+async def test_ten_processes_migrate_exactly_once(fresh_db):
+    script = (
+        "import asyncio, asyncpg, sys\n"
+        "from pg_scheduler.store.migrate import migrate\n"
+        "async def main():\n"
+        "    conn = await asyncpg.connect(sys.argv[1])\n"
+        "    print(len(await migrate(conn)))\n"
+        "    await conn.close()\n"
+        "asyncio.run(main())\n"
+    )
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            script,
+            fresh_db,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        for _ in range(10)
+    ]
+    outputs = [await p.communicate() for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e.decode()[-500:] for _, e in outputs]
+    applied = sorted(int(out.decode().strip().splitlines()[-1]) for out, _ in outputs)
+    known = len(load_migrations())
+    assert applied == [0] * 9 + [known]
+    conn = await asyncpg.connect(fresh_db)
+    rows = await conn.fetch("SELECT version FROM pg_scheduler_migrations ORDER BY version")
+    await conn.close()
+    assert [r["version"] for r in rows] == [m.version for m in load_migrations()]
+
+
+async def test_newer_schema_is_refused_and_left_untouched(fresh_db):
+    conn = await asyncpg.connect(fresh_db)
+    try:
+        await migrate(conn)
+        await conn.execute(
+            "INSERT INTO pg_scheduler_migrations (version, name) VALUES (9999, 'from_the_future')"
+        )
+        before = await conn.fetchval("SELECT count(*) FROM pg_scheduler_migrations")
+        with pytest.raises(MigrationError, match="newer than this pg_scheduler knows"):
+            await migrate(conn)
+        assert await conn.fetchval("SELECT count(*) FROM pg_scheduler_migrations") == before
+        assert await current_version(conn) == 9999
+    finally:
+        await conn.close()
+
+
+async def test_legacy_table_is_adopted_in_place(fresh_db):
+    conn = await asyncpg.connect(fresh_db)
+    past = datetime.now(UTC) - timedelta(seconds=5)
+    try:
+        await conn.execute(LEGACY_SCHEMA)
+        await conn.execute(
+            "INSERT INTO scheduled_jobs (job_id, job_name, execution_time, task_data, priority)"
+            " VALUES ('legacy-1', 'add', $1, $2::jsonb, 5),"
+            "        ('legacy-2', 'add', $1, $3::jsonb, 4)",
+            past,
+            json.dumps({"args": [40, 2], "kwargs": {}}),
+            json.dumps({"args": [1, 2], "kwargs": {}}),
+        )
+        await conn.execute(
+            "INSERT INTO scheduled_jobs (job_id, job_name, execution_time, status) "
+            "VALUES ('legacy-done', 'add', $1, 'completed')",
+            past,
+        )
+        await migrate(conn)
+        rows = {r["job_id"]: r for r in await conn.fetch("SELECT * FROM scheduled_jobs")}
+        assert rows["legacy-1"]["task_name"] == "add"
+        assert rows["legacy-2"]["priority"] == 5  # folded onto a documented level
+        assert rows["legacy-done"]["finished_at"] is not None
+        indexes = {
+            r["indexname"]
+            for r in await conn.fetch(
+                "SELECT indexname FROM pg_indexes WHERE tablename = 'scheduled_jobs'"
+            )
+        }
+        assert "idx_jobs_worker_cleanup" not in indexes
+        assert "scheduled_jobs_claim_idx" in indexes
+    finally:
+        await conn.close()
+
+    # A worker that registered `add` runs the rows 0.2.x wrote by bare name.
+    pool = await asyncpg.create_pool(fresh_db, min_size=1, max_size=5)
+    scheduler = Scheduler(
+        pool, heartbeat_interval=0.2, vacuum_enabled=False, run_periodic_jobs=False
+    )
+    scheduler.register_task(app_tasks.add)
+    await scheduler.start()
+    try:
+
+        async def done():
+            statuses = await pool.fetch(
+                "SELECT status FROM scheduled_jobs WHERE job_id IN ('legacy-1', 'legacy-2')"
+            )
+            return {r["status"] for r in statuses} == {"completed"}
+
+        await wait_until(done)
+        assert (await scheduler.get_job("legacy-1")).result == 42
+    finally:
+        await scheduler.shutdown()
+        await pool.close()
+
+
+async def test_a_missing_lower_numbered_migration_is_still_applied(fresh_db):
+    conn = await asyncpg.connect(fresh_db)
+    try:
+        await migrate(conn)
+        versions = [m.version for m in load_migrations()]
+        if len(versions) < 2:
+            pytest.skip("needs two migrations")
+        # Pretend the second file landed after the third was applied.
+        skipped = load_migrations()[1]
+        await conn.execute(
+            "DELETE FROM pg_scheduler_migrations WHERE version = $1", skipped.version
+        )
+        assert await migrate(conn) == [skipped.version]
+        assert await migrate(conn) == []
+    finally:
+        await conn.close()
+
+
+async def test_the_files_in_the_package_are_applied_and_recorded_by_their_names(fresh_db):
+    files = sorted((Path(pg_scheduler.__file__).parent / "store" / "migrations").glob("*.sql"))
+    assert [f.name for f in files][:1] == ["0001_initial.sql"]
+    expected = [(int(f.name[:4]), f.stem[5:]) for f in files]
+    assert [(m.version, m.name) for m in load_migrations()] == expected
+    conn = await asyncpg.connect(fresh_db)
+    try:
+        assert await migrate(conn) == [version for version, _ in expected]
+        assert await migrate(conn) == []  # applied once
+        rows = await conn.fetch("SELECT version, name FROM pg_scheduler_migrations ORDER BY 1")
+    finally:
+        await conn.close()
+    assert [(r["version"], r["name"]) for r in rows] == expected

@@ -1,0 +1,102 @@
+"""OpenTelemetry: a span per job run, parented on the span that scheduled it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from pg_scheduler import RetryPolicy
+from pg_scheduler.observe import instrument
+from pg_scheduler.observe.otel import TRACE_KEY, disable_tracing, enable_tracing
+from tests.support import dashboard_tasks
+from tests.support.common import wait_for_status
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+@pytest.fixture
+def spans():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    enable_tracing(provider)
+    yield provider, exporter
+    disable_tracing()
+    assert instrument.observers == () and instrument.trace_injector is None
+
+
+def run_spans(exporter, task: str) -> list:
+    return [s for s in exporter.get_finished_spans() if s.name == f"run {task}"]
+
+
+async def test_the_run_span_is_a_child_of_the_scheduling_span(spans, pool, make_scheduler):
+    provider, exporter = spans
+    scheduler = await make_scheduler()
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("handle request") as parent:
+        job_id = await scheduler.schedule(dashboard_tasks.span_id, execution_time=now())
+    stored = await pool.fetchval("SELECT task_data FROM scheduled_jobs WHERE job_id = $1", job_id)
+    assert TRACE_KEY in stored
+    job = await scheduler.wait_for(job_id, timeout=10)
+    [run] = run_spans(exporter, "dash.span_id")
+    assert run.kind is SpanKind.CONSUMER
+    assert run.context.trace_id == parent.get_span_context().trace_id
+    assert run.parent is not None and run.parent.span_id == parent.get_span_context().span_id
+    assert run.attributes["pg_scheduler.job_id"] == job_id
+    assert run.attributes["pg_scheduler.outcome"] == "completed"
+    # The run span is current inside the job: spans the job opens are its children.
+    assert job.result == format(run.context.span_id, "016x")
+    assert job.args == [] and job.kwargs == {}  # the reserved key is not an argument
+
+
+async def test_without_a_current_span_nothing_is_stored(spans, pool, make_scheduler):
+    _provider, exporter = spans
+    scheduler = await make_scheduler()
+    job_id = await scheduler.schedule(dashboard_tasks.echo, execution_time=now(), args=(1,))
+    await wait_for_status(pool, job_id, "completed")
+    stored = await pool.fetchval("SELECT task_data FROM scheduled_jobs WHERE job_id = $1", job_id)
+    assert TRACE_KEY not in stored
+    [run] = run_spans(exporter, "dash.echo")
+    assert run.parent is None
+
+
+async def test_failed_attempts_are_error_spans(spans, pool, make_scheduler):
+    _provider, exporter = spans
+    scheduler = await make_scheduler()
+    job_id = await scheduler.schedule(
+        dashboard_tasks.boom,
+        execution_time=now(),
+        args=("x",),
+        max_retries=1,
+        retry_policy=RetryPolicy(base_delay=0.01, factor=1, max_delay=0.01, jitter=0),
+    )
+    await wait_for_status(pool, job_id, "failed")
+    runs = run_spans(exporter, "dash.boom")
+    for _ in range(200):  # the span ends just after the row is written
+        if len(runs) == 2:
+            break
+        await scheduler.wait_for(job_id, timeout=1)
+        runs = run_spans(exporter, "dash.boom")
+    assert sorted(r.attributes["pg_scheduler.outcome"] for r in runs) == ["failed", "retried"]
+    assert all(r.status.status_code is StatusCode.ERROR for r in runs)
+    assert sorted(r.attributes["pg_scheduler.attempt"] for r in runs) == [1, 2]
+
+
+async def test_bulk_schedule_carries_the_context_too(spans, pool, make_scheduler):
+    from pg_scheduler import JobSpec
+
+    provider, _exporter = spans
+    scheduler = await make_scheduler(start=False)
+    with provider.get_tracer("test").start_as_current_span("batch"):
+        ids = await scheduler.schedule_bulk(
+            [JobSpec(dashboard_tasks.echo, args=(n,), execution_time=now()) for n in range(3)]
+        )
+    rows = await pool.fetch("SELECT task_data FROM scheduled_jobs WHERE job_id = ANY($1)", ids)
+    assert len(rows) == 3 and all(TRACE_KEY in r["task_data"] for r in rows)

@@ -1,0 +1,238 @@
+"""The dashboard in a real browser: Debian's chromium driven through chromedriver.
+
+Skipped, saying why, where either is missing (CI installs ``chromium
+chromium-driver``). With PG_SCHEDULER_DASHBOARD_SCREENSHOTS=DIR set, the page
+test saves DIR/dashboard-<page>.png (the README's screenshots come from here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from pg_scheduler import RetryPolicy
+from pg_scheduler.dashboard import dashboard_app
+from tests.support import dashboard_tasks
+from tests.support.common import wait_for_status, wait_until
+from tests.support.dashboard_support import Browser, browser_missing, chromium, serve
+
+pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
+
+TOKEN = "browser-token"
+FAST_RETRY = RetryPolicy(base_delay=0.01, factor=1, max_delay=0.01, jitter=0)
+EVIL = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+@pytest.fixture(scope="module")
+async def browser():
+    async with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+async def site(pool):
+    app = dashboard_app(pool, token=TOKEN, poll_seconds=30)
+    async with serve(app) as url:
+        yield url
+    await app.state.dashboard.close()
+
+
+@pytest.fixture
+async def readonly_site(pool):
+    app = dashboard_app(pool, poll_seconds=30)
+    async with serve(app) as url:
+        yield url
+    await app.state.dashboard.close()
+
+
+async def load(browser: Browser, url: str) -> None:
+    """Open ``url`` and wait until the page has rendered its data."""
+    await browser.open(url)
+
+    async def rendered() -> bool:
+        return bool(await browser.js("return document.getElementById('main').dataset.loaded"))
+
+    await wait_until(rendered, timeout=20, message=f"{url} to render")
+    error = await browser.text("[data-error]")
+    assert error is None, f"{url}: {error}"
+
+
+async def shows(browser: Browser, selector: str, text: str, timeout: float = 20) -> None:
+    async def matches() -> bool:
+        return (await browser.text(selector) or "").strip() == text
+
+    await wait_until(matches, timeout=timeout, message=f"{selector} to show {text!r}")
+
+
+async def set_token(browser: Browser, token: str) -> None:
+    await browser.js("sessionStorage.setItem('pg_scheduler_token', arguments[0])", token)
+
+
+async def test_each_page_loads(browser, site, pool, make_scheduler):
+    dashboard_tasks.gate.clear()
+    scheduler = await make_scheduler()
+    done = [
+        await scheduler.schedule(dashboard_tasks.echo, execution_time=now(), args=(n,))
+        for n in range(6)
+    ]
+    failed = await scheduler.schedule(
+        dashboard_tasks.boom,
+        execution_time=now(),
+        args=("disk full",),
+        max_retries=1,
+        retry_policy=FAST_RETRY,
+    )
+    running = await scheduler.schedule(dashboard_tasks.gated, execution_time=now(), args=(1,))
+    await scheduler.schedule(
+        dashboard_tasks.echo, execution_time=now() + timedelta(hours=1), args=("later",)
+    )
+    for job_id in done:
+        await wait_for_status(pool, job_id, "completed")
+    await wait_for_status(pool, failed, "failed")
+    await wait_for_status(pool, running, "running")
+    await pool.execute(
+        """
+        INSERT INTO periodic_jobs (dedup_key, job_name, task_name, schedule, enabled,
+                                   code_enabled, next_run, last_run, last_outcome)
+        VALUES ('nightly-report', 'nightly_report', 'periodic:nightly-report',
+                'cron 0 3 * * * UTC', true, true, now() + interval '5 hours',
+                now() - interval '19 hours', 'completed')
+        """
+    )
+    shots = os.environ.get("PG_SCHEDULER_DASHBOARD_SCREENSHOTS")
+    pages = [
+        ("overview", "/", "[data-count=completed]", "6"),
+        ("jobs", "/jobs", f"tr[data-job-id='{failed}'] [data-status]", "failed"),
+        ("job", f"/job?id={failed}", "[data-field=status]", "failed"),
+        ("workers", "/workers", f"tr[data-worker='{scheduler.worker_id}'] [data-running]", None),
+        ("queues", "/queues", "tr[data-queue=default] td", "default"),
+        ("periodic", "/periodic", "tr[data-periodic=nightly-report] td", "nightly_report"),
+    ]
+    for name, path, selector, text in pages:
+        await load(browser, site + path)
+        if text is None:
+            assert await browser.text(selector) is not None, name
+        else:
+            await shows(browser, selector, text)
+        if shots:
+            await asyncio.to_thread(Path(shots).mkdir, parents=True, exist_ok=True)
+            await browser.screenshot(Path(shots) / f"dashboard-{name}.png")
+    dashboard_tasks.gate.set()
+    await wait_for_status(pool, running, "completed")
+
+
+async def test_live_counts_change_as_jobs_run(browser, site, pool, make_scheduler):
+    dashboard_tasks.gate.clear()
+    await load(browser, site + "/")
+    await shows(browser, "[data-count=running]", "0")
+    await shows(browser, "#live", "live")
+    scheduler = await make_scheduler()
+    ids = [
+        await scheduler.schedule(dashboard_tasks.gated, execution_time=now(), args=(n,))
+        for n in range(3)
+    ]
+    # No reload: the page follows the events (it polls only every 30 s here).
+    await shows(browser, "[data-count=running]", "3")
+    dashboard_tasks.gate.set()
+    await shows(browser, "[data-count=completed]", "3")
+    await shows(browser, "[data-count=running]", "0")
+    for job_id in ids:
+        await wait_for_status(pool, job_id, "completed")
+
+
+async def test_cancel_and_retry_with_the_token(browser, site, pool, make_scheduler):
+    scheduler = await make_scheduler(start=False)
+    job_id = await scheduler.schedule(
+        dashboard_tasks.echo, execution_time=now() + timedelta(hours=1), args=("x",)
+    )
+    await load(browser, f"{site}/job?id={job_id}")
+    await set_token(browser, TOKEN)
+    await shows(browser, "[data-field=status]", "pending")
+    await browser.click("button[data-action=cancel]")
+    await wait_for_status(pool, job_id, "cancelled")
+    await shows(browser, "[data-field=status]", "cancelled")
+    await browser.click("button[data-action=retry]")
+    await wait_for_status(pool, job_id, "pending")
+    await shows(browser, "[data-field=status]", "pending")
+    # The jobs list's buttons work too.
+    await load(browser, f"{site}/jobs?status=pending")
+    await browser.click(f"tr[data-job-id='{job_id}'] button[data-action=cancel]")
+    await wait_for_status(pool, job_id, "cancelled")
+
+
+async def test_a_wrong_token_is_refused(browser, site, pool, make_scheduler):
+    scheduler = await make_scheduler(start=False)
+    job_id = await scheduler.schedule(
+        dashboard_tasks.echo, execution_time=now() + timedelta(hours=1), args=("x",)
+    )
+    await load(browser, f"{site}/job?id={job_id}")
+    await set_token(browser, "not-the-token")
+    await browser.click("button[data-action=cancel]")
+
+    async def refused() -> bool:
+        return "token is required" in (await browser.text("#toast") or "")
+
+    await wait_until(refused, message="the refusal to show")
+    assert (
+        await pool.fetchval("SELECT status FROM scheduled_jobs WHERE job_id = $1", job_id)
+        == "pending"
+    )
+
+
+async def test_read_only_mode_refuses_actions(browser, readonly_site, pool, make_scheduler):
+    scheduler = await make_scheduler(start=False)
+    job_id = await scheduler.schedule(
+        dashboard_tasks.echo, execution_time=now() + timedelta(hours=1), args=("x",)
+    )
+    await load(browser, f"{readonly_site}/job?id={job_id}")
+    assert await browser.text("#mode") == "read-only"
+    assert await browser.js("return document.getElementById('token').hidden") is True
+    await browser.click("button[data-action=cancel]")
+
+    async def refused() -> bool:
+        return "read-only" in (await browser.text("#toast") or "")
+
+    await wait_until(refused, message="the read-only refusal to show")
+    assert (
+        await pool.fetchval("SELECT status FROM scheduled_jobs WHERE job_id = $1", job_id)
+        == "pending"
+    )
+
+
+async def test_markup_in_a_job_is_shown_as_text(browser, site, pool, make_scheduler):
+    scheduler = await make_scheduler()
+    job_id = await scheduler.schedule(dashboard_tasks.boom, execution_time=now(), args=(EVIL,))
+    await wait_for_status(pool, job_id, "failed")
+    for path in ("/jobs", f"/job?id={job_id}"):
+        await load(browser, site + path)
+        assert await browser.js("return window.__pwned === undefined") is True, path
+        assert (
+            await browser.js("return document.querySelectorAll('main script, main img').length")
+            == 0
+        )
+    arguments = await browser.text("[data-field=arguments]")
+    assert "<script>window.__pwned = 1</script>" in arguments
+
+
+async def test_polling_fallback_updates_counts(browser, pool):
+    app = dashboard_app(pool, pgbouncer=True, poll_seconds=0.5)  # no events: polling only
+    try:
+        async with serve(app) as url:
+            await load(browser, url + "/")
+            await shows(browser, "#live", "polling")
+            await shows(browser, "[data-count=pending]", "0")
+            await pool.execute(
+                "INSERT INTO scheduled_jobs (job_id, job_name, task_name, execution_time) "
+                "VALUES ('poll-1', 't', 't', now() + interval '1 hour')"
+            )
+            await shows(browser, "[data-count=pending]", "1")
+    finally:
+        await app.state.dashboard.close()
