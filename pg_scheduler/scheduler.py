@@ -27,6 +27,8 @@ from .periodic import PeriodicJobConfig
 from .store import DEFAULT_SCHEMA
 from .store.bounded import DEFAULT_STATEMENT_TIMEOUT
 from .tasks import TaskOptions, TaskRegistry, default_registry
+from .workflows.runner import workflow_store
+from .workflows.signals import send_signal
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -462,6 +464,22 @@ class Scheduler:
     def on(self, kind: Any, callback: Callable[[Event], Any], **filters: Any) -> Subscription:
         """Call ``callback(event)`` for each event of ``kind``; see events.EventHub.on."""
         return self._results.on(kind, callback, **filters)
+
+    # -- workflows (workflows/) --------------------------------------------------------
+
+    async def signal(
+        self,
+        job_id: str,
+        name: str,
+        payload: Any = None,
+        *,
+        connection: asyncpg.Connection | None = None,
+    ) -> None:
+        """Send signal ``name`` (with a JSON ``payload``) to workflow ``job_id``:
+        kept until the workflow waits for it (``ctx.wait_for_signal(name)``), or
+        waking it at once if it waits already. JobNotFound for an unknown job,
+        ValueError for a finished one (README: Durable workflows)."""
+        await send_signal(workflow_store(self.store), job_id, name, payload, connection)
 
     # -- periodic jobs -------------------------------------------------------------
 

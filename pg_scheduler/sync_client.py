@@ -49,6 +49,8 @@ from .support.log import get_logger
 from .support.reconnect import retry_on_disconnect
 from .support.validation import INT4_MAX, check_int
 from .tasks import TaskRegistry, default_registry
+from .workflows.runner import workflow_store
+from .workflows.signals import send_signal
 
 T = TypeVar("T")
 
@@ -170,6 +172,11 @@ class SyncClient:
     def cancel_job(self, job_id: str) -> bool:
         """Cancel a pending or running job (its worker hears it by NOTIFY)."""
         return self._call(lambda own: self._cancel_job(own, job_id))
+
+    def signal(self, job_id: str, name: str, payload: Any = None) -> None:
+        """Send signal ``name`` to workflow ``job_id`` (see ``Scheduler.signal``),
+        on the client's own connection."""
+        return self._call(lambda own: send_signal(workflow_store(own.store), job_id, name, payload))
 
     def close(self) -> None:
         """Close the client's pool and stop its thread (it can be used again after)."""

@@ -14,13 +14,14 @@ from ..engine.local import LocalHost
 from ..notify.events import EventHub
 from ..notify.listener import Listener
 from ..periodic.runtime import PeriodicManager
-from ..services import HeartbeatService, RescuerService, VacuumService
+from ..services import HeartbeatService, RescuerService, VacuumService, WorkflowTimerService
 from ..services.watchdog import LoopWatchdog
 from ..store import Store
 from ..support.log import get_logger
 from ..support.process_gc import freeze_objects, thaw_objects
 from ..support.reconnect import retry_on_disconnect
 from ..tasks import TaskRegistry
+from ..workflows.decorator import is_workflow
 from .limits import GlobalLimits
 from .settings import Settings
 
@@ -50,6 +51,7 @@ class Lifecycle:
         vacuum: VacuumService,
         periodic: PeriodicManager,
         watchdog: LoopWatchdog | None,
+        workflow_timer: WorkflowTimerService,
         limits: GlobalLimits,
         prepare: Callable[[], Awaitable[None]],
     ) -> None:
@@ -72,6 +74,7 @@ class Lifecycle:
         self.vacuum = vacuum
         self.periodic = periodic
         self.watchdog = watchdog
+        self.workflow_timer = workflow_timer
         self.limits = limits
         self.is_running = False
         self.is_shutting_down = False
@@ -79,6 +82,7 @@ class Lifecycle:
         self.claim_task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._froze = False
+        registry.add_listener(self._start_workflow_timer)
 
     async def start(self) -> None:
         """Migrate, register, then start claiming, heartbeats and housekeeping."""
@@ -129,6 +133,7 @@ class Lifecycle:
             if self.watchdog is not None:
                 self.watchdog.start()
             self.rescuer.start()
+            self._start_workflow_timer()
             if settings.vacuum_enabled:
                 # Its first round a moment after the first claim rather than with it.
                 self.vacuum.start(first_after=min(STARTUP_DEFER, self.vacuum.interval))
@@ -173,6 +178,7 @@ class Lifecycle:
             if self.watchdog is not None:
                 await self.watchdog.stop()
             await self.rescuer.stop()
+            await self.workflow_timer.stop()
             await self.vacuum.stop()
             await self.listener.stop()
             try:
@@ -189,6 +195,14 @@ class Lifecycle:
                 self._froze = False
                 thaw_objects()
             log.info("scheduler stopped", worker_id=self.worker_id)
+
+    def _start_workflow_timer(self, task_name: str | None = None) -> None:
+        # Once running with a workflow to run (registered before start, or later).
+        if not self.is_running or self.workflow_timer.running:
+            return
+        names = [task_name] if task_name is not None else self.registry.names()
+        if any(is_workflow(self.registry.resolve(name)) for name in names):
+            self.workflow_timer.start()
 
     def request_immediate_shutdown(self) -> None:
         """Running jobs are cancelled and handed back at once."""

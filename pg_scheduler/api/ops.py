@@ -14,6 +14,7 @@ from ..store.migrate import migrate
 from ..support.reconnect import retry_on_disconnect
 from ..support.validation import check_int
 from ..tasks import TaskRegistry
+from ..workflows.decorator import is_workflow
 from .settings import Settings
 
 
@@ -70,6 +71,10 @@ class Operations:
             needed["periodic_jobs"] = "SELECT,INSERT,UPDATE"
         if vacuum and settings.vacuum_config.track_metrics:
             needed["vacuum_stats"] = "SELECT,INSERT,UPDATE"
+        # Migration 0014: a worker that runs workflows writes their records.
+        if any(is_workflow(self.registry.resolve(name)) for name in self.registry.names()):
+            needed["workflow_steps"] = "SELECT,INSERT,UPDATE,DELETE"
+            needed["workflow_signals"] = "SELECT,INSERT,UPDATE"
         return needed
 
     async def check_privileges(self) -> None:

@@ -22,13 +22,14 @@ from ..enqueue.producer import Enqueuer
 from ..notify.events import EventHub
 from ..notify.listener import Listener
 from ..periodic.runtime import PeriodicManager
-from ..services import HeartbeatService, RescuerService, VacuumService
+from ..services import HeartbeatService, RescuerService, VacuumService, WorkflowTimerService
 from ..services.stall import StallGuard
 from ..services.watchdog import LoopWatchdog
 from ..store import QueueStore, Store
 from ..store.bounded import BoundedPool
 from ..store.housekeeping import VacuumStore
 from ..tasks import TaskRegistry
+from ..workflows.runner import WAKE_LOOKAHEAD, workflow_store
 from .compat import Compat
 from .lifecycle import Lifecycle
 from .limits import GlobalLimits
@@ -54,6 +55,8 @@ class Parts:
     vacuum: VacuumService
     periodic: PeriodicManager
     watchdog: LoopWatchdog | None
+    #: Wakes parked workflows at their time (runs once a workflow is registered).
+    workflow_timer: WorkflowTimerService
     operations: Operations
     limits: GlobalLimits
     queues: Queues
@@ -139,6 +142,9 @@ def build(settings: Settings, worker_id: str, registry: TaskRegistry) -> Parts:
             pool, schema, enqueuer, lambda: settings.misfire_grace_time, worker.running
         ),
         watchdog=watchdog,
+        workflow_timer=WorkflowTimerService(
+            workflow_store(store), interval=WAKE_LOOKAHEAD / 2, lookahead=WAKE_LOOKAHEAD
+        ),
         operations=Operations(
             settings=settings,
             store=store,
@@ -196,5 +202,6 @@ def lifecycle(
         vacuum=parts.vacuum,
         periodic=parts.periodic,
         watchdog=parts.watchdog,
+        workflow_timer=parts.workflow_timer,
         limits=parts.limits,
     )

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import pg_scheduler.tasks as tasks_module
+import pg_scheduler.workflows.decorator as workflows_decorator
 from pg_scheduler import (
     JobPriority,
     JobSpec,
@@ -301,12 +302,16 @@ MAY_LIST_JOB_OPTIONS = {
     "engine/job.py:ClaimedJob": "a claimed row as the engine runs it",
     "periodic/registry.py:PeriodicJobConfig": "a periodic job's declaration",
     "periodic/registry.py:periodic": "@periodic's public signature",
+    "workflows/context.py:spawn": "ctx.spawn's public signature: a child's options (tested below)",
+    "workflows/decorator.py:workflow": "@workflow's public signature: a task's options (below)",
+    "store/workflows.py:Spawned": "a child's row as the spawn statement writes it",
 }
 #: The same for a task's options.
 MAY_LIST_TASK_OPTIONS = {
     "tasks.py:TaskOptions": "the declaration",
     "tasks.py:task": "public signature (and its overloads), tested above",
     "scheduler.py:task": "public signature, tested above",
+    "workflows/decorator.py:workflow": "@workflow's public signature (and its overloads), below",
 }
 
 
@@ -344,3 +349,51 @@ def test_no_other_module_declares_a_tasks_options() -> None:
     assert "tasks.py:TaskOptions" in found
     assert found - set(MAY_LIST_TASK_OPTIONS) == set(), "use TaskOptions, or list it here with why"
     assert set(MAY_LIST_TASK_OPTIONS) - found == set(), "listed here but gone: drop it"
+
+
+# -- workflows ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "signature",
+    [workflows_decorator.workflow, *_overloads(workflows_decorator.workflow)],
+    ids=["workflow", "workflow overload 1", "workflow overload 2"],
+)
+def test_the_workflow_decorator_takes_the_task_options_but_executor(signature: Any) -> None:
+    found = keywords(signature)
+    if not found:
+        return  # ``@workflow`` bare
+    assert found.pop("timeout") is None
+    assert_options_declared(found, {n: d for n, d in TASK_DEFAULTS.items() if n != "executor"})
+
+
+def test_the_workflow_decorator_hands_over_every_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = Recorder()
+    monkeypatch.setattr(workflows_decorator, "default_registry", registry)
+
+    async def flow(ctx: Any) -> None: ...
+
+    given = {n: v for n, v in TASK_OTHER.items() if n != "executor"}
+    workflows_decorator.workflow(**given)(flow)
+    [(_, args)] = registry.calls
+    assert args[1] == TaskOptions(**given)
+
+
+def test_spawn_takes_a_childs_options_with_their_declared_defaults() -> None:
+    from pg_scheduler.workflows.context import WorkflowContext
+
+    found = keywords(WorkflowContext.spawn)
+    assert found.pop("args") is inspect.Parameter.empty  # *args
+    assert found.pop("kwargs") is inspect.Parameter.empty  # **kwargs
+    assert found.pop("detached") is False
+    # The parent's priority unless given; the rest as declared. A child's id,
+    # misfire grace and dedupe key are not the caller's to give.
+    assert found.pop("priority") is None
+    assert set(found) | {
+        "priority",
+        "job_id",
+        "misfire_grace_time",
+        "dedupe_key",
+        "dedupe_scope",
+    } == set(OPTION_NAMES)
+    assert_options_declared(found, {n: OPTION_DEFAULTS[n] for n in found})

@@ -1,0 +1,258 @@
+"""Typed access to the workflow statements of ``workflow_sql`` (migration 0014)
+through one pool, qualified for one schema: :class:`WorkflowStore`.
+
+See ``workflow_sql`` for what each statement does and why no wake-up is lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import NamedTuple
+
+import asyncpg
+
+from .names import DEFAULT_SCHEMA, Executor, Qualifier
+from .workflow_sql import (
+    _CHECKPOINT,
+    _FINISH_WAIT,
+    _LOAD,
+    _LOCK_RUN,
+    _PARK,
+    _PARK_SLEEP,
+    _RECORD,
+    _SET_DEADLINE,
+    _SIGNAL,
+    _SPAWN,
+    _SPAWNED,
+    _TAKE_SIGNAL,
+    _WAKE_DUE,
+)
+
+
+class Lease(NamedTuple):
+    """Which run may write: the job, the worker running it, the attempt."""
+
+    job_id: str
+    worker_id: str
+    attempt: int
+
+
+class Loaded(NamedTuple):
+    incarnation: int
+    deadline: datetime | None
+    db_now: datetime
+    steps: str  # JSON: [[seq, kind, name, key, status, result, error, attempts], ...]
+
+
+class Spawned(NamedTuple):
+    """A child to write: its row's fields and its spawn step's."""
+
+    job_id: str
+    job_name: str
+    task_name: str
+    task_data: str
+    priority: int
+    max_retries: int
+    timeout: float | None
+    retry_policy: str | None
+    queue: str
+    seq: int
+    name: str
+    key: str
+    record: str  # the spawn step's result: {"job_id": ..., "detached": ...}
+
+
+class WorkflowStore:
+    """The workflow statements of one schema, through one pool."""
+
+    def __init__(self, pool: asyncpg.Pool, schema: str = DEFAULT_SCHEMA) -> None:
+        self.pool = pool
+        #: The application's own pool (statements of ``ctx.transaction()``
+        #: bodies are the application's, not bounded by the scheduler).
+        self.raw_pool: asyncpg.Pool = getattr(pool, "raw", pool)
+        self.timeout: float | None = getattr(pool, "statement_timeout", None)
+        q = Qualifier(schema)
+        self._load = q(_LOAD)
+        self._set_deadline = q(_SET_DEADLINE)
+        self._checkpoint = q(_CHECKPOINT)
+        self._record = q(_RECORD)
+        self._park_sleep = q(_PARK_SLEEP)
+        self._lock_run = q(_LOCK_RUN)
+        self._take_signal = q(_TAKE_SIGNAL)
+        self._spawned = q(_SPAWNED)
+        self._finish_wait = q(_FINISH_WAIT)
+        self._park = q(_PARK)
+        self._spawn = q(_SPAWN)
+        self._signal = q(_SIGNAL)
+        self._wake_due = q(_WAKE_DUE)
+
+    async def load(self, db: Executor, job_id: str) -> Loaded | None:
+        row = await db.fetchrow(self._load, job_id, timeout=self.timeout)
+        return None if row is None else Loaded(*row)
+
+    async def set_deadline(self, db: Executor, lease: Lease, seconds: float) -> datetime | None:
+        return await db.fetchval(self._set_deadline, *lease, seconds, timeout=self.timeout)
+
+    async def checkpoint(
+        self,
+        db: Executor,
+        lease: Lease,
+        seq: int,
+        kind: str,
+        name: str,
+        key: str,
+        status: str,
+        result: str | None,
+        error: str | None,
+        attempts: int,
+        started_at: datetime | None,
+    ) -> tuple[bool, bool]:
+        """(the run still holds the job, the record was written)."""
+        row = await db.fetchrow(
+            self._checkpoint,
+            *lease,
+            seq,
+            kind,
+            name,
+            key,
+            status,
+            result,
+            error,
+            attempts,
+            started_at,
+            timeout=self.timeout,
+        )
+        return bool(row["held"]), bool(row["written"])
+
+    async def record(self, db: Executor, job_id: str, seq: int) -> asyncpg.Record | None:
+        return await db.fetchrow(self._record, job_id, seq, timeout=self.timeout)
+
+    async def park_sleep(
+        self,
+        db: Executor,
+        lease: Lease,
+        seq: int,
+        name: str,
+        key: str,
+        until: datetime | None,
+        delay: float,
+        lookahead: float,
+        started_at: datetime | None,
+    ) -> asyncpg.Record | None:
+        """(how, until, wake, ...); None: the run no longer holds the job."""
+        return await db.fetchrow(
+            self._park_sleep,
+            *lease,
+            seq,
+            name,
+            key,
+            until,
+            delay,
+            lookahead,
+            started_at,
+            timeout=self.timeout,
+        )
+
+    async def lock_run(self, conn: asyncpg.Connection, lease: Lease) -> asyncpg.Record | None:
+        return await conn.fetchrow(self._lock_run, *lease, timeout=self.timeout)
+
+    async def take_signal(
+        self, conn: asyncpg.Connection, job_id: str, seq: int, name: str
+    ) -> asyncpg.Record | None:
+        return await conn.fetchrow(self._take_signal, job_id, seq, name, timeout=self.timeout)
+
+    async def spawned(self, db: Executor, job_id: str, seqs: Sequence[int]) -> list[asyncpg.Record]:
+        return await db.fetch(self._spawned, job_id, list(seqs), timeout=self.timeout)
+
+    async def finish_wait(
+        self,
+        db: Executor,
+        lease: Lease,
+        seq: int,
+        kind: str,
+        name: str,
+        key: str,
+        result: str,
+        started_at: datetime | None,
+    ) -> tuple[bool, bool]:
+        row = await db.fetchrow(
+            self._finish_wait,
+            *lease,
+            seq,
+            kind,
+            name,
+            key,
+            result,
+            started_at,
+            timeout=self.timeout,
+        )
+        return bool(row["held"]), bool(row["written"])
+
+    async def park(
+        self,
+        conn: asyncpg.Connection,
+        lease: Lease,
+        seq: int,
+        kind: str,
+        name: str,
+        key: str,
+        result: str,
+        wait_kind: str,
+        wait_for: str | None,
+        wake_at: datetime | None,
+        soon: bool,
+        children: tuple[int, int] | None,
+        started_at: datetime | None,
+    ) -> str | None:
+        """The row's new status (waiting, or pending when due soon); None: lost."""
+        span = None if children is None else asyncpg.Range(children[0], children[1])
+        row = await conn.fetchrow(
+            self._park,
+            *lease,
+            seq,
+            kind,
+            name,
+            key,
+            result,
+            wait_kind,
+            wait_for,
+            wake_at,
+            soon,
+            started_at,
+            span,
+            timeout=self.timeout,
+        )
+        return None if row is None else str(row["status"])
+
+    async def spawn(
+        self,
+        db: Executor,
+        lease: Lease,
+        children: Sequence[Spawned],
+        started_at: datetime | None,
+    ) -> tuple[bool, int]:
+        """(the run still holds the job, how many spawn steps were new)."""
+        columns = list(zip(*children, strict=True))
+        row = await db.fetchrow(
+            self._spawn,
+            *lease,
+            *(list(c) for c in columns[:10]),
+            list(columns[10]),
+            list(columns[11]),
+            list(columns[12]),
+            started_at,
+            timeout=self.timeout,
+        )
+        return bool(row["held"]), int(row["recorded"])
+
+    async def signal(
+        self, db: Executor, job_id: str, name: str, payload: str | None
+    ) -> asyncpg.Record | None:
+        """(status, signal_id, woken); None: no such job. ``signal_id`` is None
+        when the job is final (nothing written)."""
+        return await db.fetchrow(self._signal, job_id, name, payload, timeout=self.timeout)
+
+    async def wake_due(self, lookahead: float, limit: int) -> int:
+        row = await self.pool.fetchrow(self._wake_due, lookahead, limit)
+        return int(row["woken"])
