@@ -126,6 +126,7 @@ _NUMERIC_COLUMNS = {
     "due",
     "scheduled",
     "running",
+    "waiting",
     "completed",
     "failed",
     "cancelled",

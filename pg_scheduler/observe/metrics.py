@@ -70,7 +70,15 @@ class _QueueCollector:
             "pg_scheduler_jobs_due", "Pending jobs already due, by task", labels=["task"]
         )
         for t in stats.by_task:
-            for status in ("pending", "running", "completed", "failed", "cancelled", "expired"):
+            for status in (
+                "pending",
+                "running",
+                "waiting",
+                "completed",
+                "failed",
+                "cancelled",
+                "expired",
+            ):
                 jobs.add_metric([status, t.task_name], getattr(t, status))
             due.add_metric([t.task_name], t.due)
         yield jobs
@@ -78,14 +86,14 @@ class _QueueCollector:
 
         queue = GaugeMetricFamily(
             "pg_scheduler_queue_jobs",
-            "Jobs per queue: pending, due (pending and due) and running",
+            "Jobs per queue: pending, due (pending and due), running and waiting (parked)",
             labels=["queue", "state"],
         )
         paused = GaugeMetricFamily(
             "pg_scheduler_queue_paused", "1 for a paused queue", labels=["queue"]
         )
         for q in stats.by_queue:
-            for state in ("pending", "due", "running"):
+            for state in ("pending", "due", "running", "waiting"):
                 queue.add_metric([q.queue, state], getattr(q, state))
             paused.add_metric([q.queue], 1.0 if q.paused else 0.0)
         yield queue
