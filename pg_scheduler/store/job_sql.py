@@ -384,7 +384,8 @@ _JOB_COLUMNS = """
     started_at, finished_at, last_heartbeat, lease_until, attempts, retry_count,
     max_retries, rescue_count, worker_id, misfire_grace_time, timeout,
     retry_policy::text AS retry_policy, task_data::text AS task_data,
-    result::text AS result, error_message, error_traceback, dedupe_key, dedupe_scope
+    result::text AS result, error_message, error_traceback, dedupe_key, dedupe_scope,
+    parent_job_id, wait_kind, wait_for, wake_at
 """
 
 _EXISTING_IDS = "SELECT job_id FROM scheduled_jobs WHERE job_id = ANY($1::text[])"
