@@ -257,6 +257,36 @@ async def test_steps_and_children_come_a_page_at_a_time(client, pool, make_sched
         assert response.status_code == 400 and "steps_after" in response.json()["error"]
 
 
+async def test_views_in_a_schema_of_their_own(pool, make_scheduler):
+    schema = "wf_views"
+    await pool.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    scheduler = await make_scheduler(schema=schema)
+    app = dashboard_app(pool, schema=schema)
+    try:
+        job_id = await scheduler.schedule(wf.approval, execution_time=now(), args=("s-1",))
+
+        async def parked() -> bool:
+            status = f"SELECT status FROM {schema}.scheduled_jobs WHERE job_id = $1"
+            return await pool.fetchval(status, job_id) == "waiting"
+
+        await wait_until(parked, message="the park on the signal")
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://dash"
+        ) as c:
+            w = (await get(c, f"/api/job?id={job_id}"))["workflow"]
+            assert w["wait"]["signal"] == "approved" and w["steps_total"] == 2
+            assert (await get(c, "/api/overview"))["counts"]["waiting"] == 1
+        assert (await scheduler.stats()).counts["waiting"] == 1
+        assert {q.queue: q.waiting for q in (await scheduler.stats()).by_queue} == {"default": 1}
+        # Nothing of it in the public schema's views.
+        assert await WorkflowViews(pool).waits([job_id]) == {}
+        assert await WorkflowViews(pool).waiting_by_queue() == {}
+    finally:
+        await app.state.dashboard.close()
+        await scheduler.shutdown()
+        await pool.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
 async def test_views_of_a_schema_without_workflows(pool):
     views = WorkflowViews(pool, "no_workflows_here")
     assert await views.available() is False
