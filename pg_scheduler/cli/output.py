@@ -128,6 +128,7 @@ _NUMERIC_COLUMNS = {
     "due",
     "scheduled",
     "running",
+    "waiting",
     *FINAL_STATUS_VALUES,
     "pid",
     "attempts",

@@ -18,6 +18,7 @@ from ..models import Job
 from ..observe.stats import QueueStats, collect_stats
 from ..store import Store
 from ..store.cli import CliStore
+from ..store.workflow_views import WorkflowViews, is_workflow_row
 from .output import (
     EXIT_USAGE,
     CommandError,
@@ -97,9 +98,8 @@ def render_status(stats: QueueStats, out: Any = None) -> None:
     out.print(
         f"[bold]Queue[/bold] at {when(stats.taken_at)}: {stats.due} due "
         f"(oldest waiting {ago(stats.oldest_pending_age)}), {stats.scheduled} scheduled, "
-        f"{counts['running']} running"
-        + (f", {counts['waiting']} waiting (parked workflows)" if counts.get("waiting") else "")
-        + f"; {stats.live_workers} live worker(s)"
+        f"{counts['running']} running, {counts['waiting']} waiting; "
+        f"{stats.live_workers} live worker(s)"
     )
     task_rows = [
         (
@@ -107,6 +107,7 @@ def render_status(stats: QueueStats, out: Any = None) -> None:
             t.due,
             t.pending - t.due,
             t.running,
+            t.waiting,
             t.completed,
             t.failed,
             t.cancelled,
@@ -120,22 +121,30 @@ def render_status(stats: QueueStats, out: Any = None) -> None:
             stats.due,
             stats.scheduled,
             counts["running"],
+            counts["waiting"],
             counts["completed"],
             counts["failed"],
             counts["cancelled"],
             counts["expired"],
         )
     )
-    columns = ("task", "due", "scheduled", "running", *FINAL_STATUS_VALUES)
+    columns = ("task", "due", "scheduled", "running", "waiting", *FINAL_STATUS_VALUES)
     out.print(table("Jobs by task", columns, task_rows))
     # Only once queues are in use: a single "default" queue says nothing new.
     if any(q.queue != DEFAULT_QUEUE or q.paused for q in stats.by_queue):
         out.print(
             table(
                 "Queues",
-                ("queue", "due", "scheduled", "running", "state"),
+                ("queue", "due", "scheduled", "running", "waiting", "state"),
                 [
-                    (q.queue, q.due, q.pending - q.due, q.running, "PAUSED" if q.paused else "")
+                    (
+                        q.queue,
+                        q.due,
+                        q.pending - q.due,
+                        q.running,
+                        q.waiting,
+                        "PAUSED" if q.paused else "",
+                    )
                     for q in stats.by_queue
                 ],
             )
@@ -212,70 +221,242 @@ async def load_job(pool: asyncpg.Pool, job_id: str, schema: str = "public") -> J
 
 
 async def cmd_jobs(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
+    views = WorkflowViews(pool, args.schema)
     if args.job_id is not None:
         if args.status or args.task or args.since or args.until:
             raise CommandError("JOB_ID cannot be combined with filters", EXIT_USAGE)
         job = await load_job(pool, args.job_id, args.schema)
+        family = (await views.waits([job.job_id])).get(job.job_id)
+        workflow = await load_workflow(views, job.job_id, family)
         if args.json:
-            emit_json(job_json(job))
+            data = job_json(job, family)
+            if workflow is not None:
+                data["workflow"] = workflow
+            emit_json(data)
         else:
-            render_job(job)
+            render_job(job, family, workflow)
         return 0
     rows = await CliStore(pool, args.schema).list_jobs(
         args.status, args.task, args.since, args.until, args.limit
     )
     jobs = [Job.from_record(r, RetryPolicy()) for r in rows]
+    families = await views.waits([j.job_id for j in jobs])
     if args.json:
-        emit_json([job_json(j) for j in jobs])
+        emit_json([job_json(j, families.get(j.job_id)) for j in jobs])
         return 0
     out = console()
     if not jobs:
         out.print("No jobs match.")
         return 0
-    out.print(
-        table(
-            None,
-            ("job id", "task", "status", "priority", "attempts", "due", "finished", "error"),
-            [
-                (
-                    j.job_id,
-                    j.task_name,
-                    j.status.value,
-                    j.priority.value,
-                    j.attempts,
-                    when(j.execution_time),
-                    when(j.finished_at),
-                    first_line(j.error, 60),
-                )
-                for j in jobs
-            ],
-        )
+    waits = {i: describe_wait(f) for i, f in families.items() if f["wait_kind"] is not None}
+    columns: tuple[str, ...] = (
+        "job id",
+        "task",
+        "status",
+        "priority",
+        "attempts",
+        "due",
+        "finished",
+        "error",
     )
+    listed: list[tuple[Any, ...]] = [
+        (
+            j.job_id,
+            j.task_name,
+            j.status.value,
+            j.priority.value,
+            j.attempts,
+            when(j.execution_time),
+            when(j.finished_at),
+            first_line(j.error, 60),
+        )
+        for j in jobs
+    ]
+    if waits:  # a column for what parked workflows wait for, only when one is listed
+        columns = (*columns[:3], "waits for", *columns[3:])
+        listed = [(*r[:3], waits.get(j.job_id), *r[3:]) for r, j in zip(listed, jobs, strict=True)]
+    out.print(table(None, columns, listed))
     if len(jobs) == args.limit:
         out.print(f"(first {args.limit}; use --limit for more)")
     return 0
 
 
-def job_json(job: Job) -> dict[str, Any]:
+def job_json(job: Job, family: asyncpg.Record | None = None) -> dict[str, Any]:
     """A job's one JSON shape, in a listing and in detail: every field of
-    :class:`~pg_scheduler.models.Job`, times in ISO 8601 UTC, priority by name."""
-    return json_value(job.model_dump())
+    :class:`~pg_scheduler.models.Job`, times in ISO 8601 UTC, priority by name;
+    ``wait``: what a parked workflow waits for (else null); ``parent_job_id``:
+    the workflow that spawned it (else null). The detail of a workflow (or of
+    a workflow's child) adds ``workflow``: its steps, children and unread signals."""
+    data: dict[str, Any] = json_value(job.model_dump())
+    data["wait"] = wait_json(family)
+    data["parent_job_id"] = None if family is None else family["parent_job_id"]
+    return data
 
 
-def _waits_for(job: Job) -> str | None:
-    """What a parked workflow waits for: "signal approved until ...", "sleep until ..."."""
-    if job.wait_kind is None:
+# -- workflows ------------------------------------------------------------------------------
+
+#: Steps, children and unread signals a job's detail shows (totals are given).
+STEPS_SHOWN = 200
+CHILDREN_SHOWN = 50
+SIGNALS_SHOWN = 20
+
+
+def wait_json(family: asyncpg.Record | None) -> dict[str, Any] | None:
+    """What a parked workflow waits for: ``kind`` sleep (``until``), signal
+    (``signal``; ``until``: its timeout or the workflow's deadline, if any),
+    children (``children``: how many have not ended; ``until``: the deadline)."""
+    if family is None or family["wait_kind"] is None:
         return None
-    what = job.wait_kind if job.wait_for is None else f"{job.wait_kind} {job.wait_for}"
-    return what if job.wake_at is None else f"{what} until {when(job.wake_at)}"
+    return {
+        "kind": family["wait_kind"],
+        "signal": family["wait_for"],
+        "until": family["wake_at"],
+        "seq": family["wait_seq"],
+        "children": family["children_waiting"],
+    }
 
 
-def render_job(job: Job) -> None:
+def describe_wait(family: asyncpg.Record) -> str | None:
+    """``sleep until T``, ``signal "name" until T``, ``N children to end``."""
+    kind, until = family["wait_kind"], family["wake_at"]
+    if kind is None:
+        return None
+    if kind == "sleep":
+        return f"sleep until {when(until)}"
+    if kind == "signal":
+        name = family["wait_for"]
+        return f'signal "{name}"' + (f" until {when(until)}" if until else " (no timeout)")
+    if kind == "children":
+        n = family["children_waiting"]
+        text = "children" if n is None else f"{n} child{'' if n == 1 else 'ren'} to end"
+        return text + (f" (deadline {when(until)})" if until else "")
+    return str(kind)
+
+
+async def load_workflow(
+    views: WorkflowViews, job_id: str, family: asyncpg.Record | None
+) -> dict[str, Any] | None:
+    """A workflow's steps, children and unread signals (None for a plain job)."""
+    if family is None:
+        return None
+    totals = await views.totals(job_id)
+    if not is_workflow_row(family, totals):
+        return None
+    return {
+        "wait": wait_json(family),
+        "deadline": family["workflow_deadline"],
+        "parent": (
+            None
+            if family["parent_job_id"] is None
+            else {
+                "job_id": family["parent_job_id"],
+                "seq": family["parent_seq"],
+                "task_name": family["parent_task"],
+                "status": family["parent_status"],
+            }
+        ),
+        "steps": [dict(r) for r in await views.steps(job_id, limit=STEPS_SHOWN)],
+        "steps_total": totals["steps"],
+        "children": [dict(r) for r in await views.children(job_id, limit=CHILDREN_SHOWN)],
+        "children_total": totals["children"],
+        "children_counts": await views.child_counts(job_id) if totals["children"] else {},
+        "signals": [dict(r) for r in await views.pending_signals(job_id, limit=SIGNALS_SHOWN)],
+        "signals_total": totals["pending_signals"],
+    }
+
+
+def _step_outcome(step: dict[str, Any]) -> str | None:
+    if step["error"]:
+        return first_line(step["error"], 60)
+    if step["child_job_id"]:
+        return f"child {step['child_job_id']}"
+    return first_line(step["result"], 60)
+
+
+def _duration(step: dict[str, Any]) -> str | None:
+    if step["status"] == "waiting" or step["duration"] is None:
+        return None
+    seconds = float(step["duration"])
+    return f"{seconds * 1000:.0f}ms" if seconds < 1 else ago(seconds)
+
+
+def render_workflow(workflow: dict[str, Any], out: Any) -> None:
+    steps = workflow["steps"]
+    shown = f" (the first {len(steps)})" if len(steps) < workflow["steps_total"] else ""
+    if steps:  # a plain job spawned by a workflow has none (its parent is a field)
+        out.print(
+            table(
+                f"steps: {workflow['steps_total']}{shown}",
+                ("seq", "kind", "name", "key", "status", "attempts", "duration", "result or error"),
+                [
+                    (
+                        s["seq"],
+                        s["kind"],
+                        s["name"],
+                        s["key"] or None,
+                        s["status"],
+                        s["attempts"],
+                        _duration(s),
+                        _step_outcome(s),
+                    )
+                    for s in steps
+                ],
+            )
+        )
+    if workflow["children_total"]:
+        counts = ", ".join(
+            f"{n} {status}" for status, n in sorted(workflow["children_counts"].items())
+        )
+        children = workflow["children"]
+        shown = f"; the first {len(children)}" if len(children) < workflow["children_total"] else ""
+        out.print(
+            table(
+                f"children: {workflow['children_total']} ({counts}{shown})",
+                ("job id", "task", "status", "attempts", "finished", "error"),
+                [
+                    (
+                        c["job_id"],
+                        c["task_name"],
+                        c["status"] + (" (detached)" if c["detached"] else ""),
+                        c["attempts"],
+                        when(c["finished_at"]),
+                        first_line(c["error"], 60),
+                    )
+                    for c in children
+                ],
+            )
+        )
+    if workflow["signals_total"]:
+        out.print(
+            table(
+                f"unread signals: {workflow['signals_total']}",
+                ("id", "name", "sent", "payload"),
+                [
+                    (g["id"], g["name"], when(g["sent_at"]), first_line(g["payload"], 60))
+                    for g in workflow["signals"]
+                ],
+            )
+        )
+
+
+def render_job(
+    job: Job, family: asyncpg.Record | None = None, workflow: dict[str, Any] | None = None
+) -> None:
+    parent = None
+    if family is not None and family["parent_job_id"] is not None:
+        parent = (
+            f"{family['parent_job_id']} ({family['parent_task'] or 'deleted'}"
+            f"{', ' + family['parent_status'] if family['parent_status'] else ''}"
+            f"; step {family['parent_seq']})"
+        )
     fields = [
         ("job id", job.job_id),
         ("job name", job.job_name),
         ("task", job.task_name),
         ("status", job.status.value),
+        ("waits for", describe_wait(family) if family is not None else None),
+        ("deadline", when(family["workflow_deadline"]) if family is not None else None),
+        ("parent", parent),
         ("priority", job.priority.value),
         ("due", when(job.execution_time)),
         ("created", when(job.created_at)),
@@ -284,8 +465,6 @@ def render_job(job: Job) -> None:
         ("attempts", f"{job.attempts} (retries {job.retry_count}/{job.max_retries})"),
         ("rescues", job.rescue_count),
         ("worker", job.worker_id),
-        ("waits for", _waits_for(job)),
-        ("parent", job.parent_job_id),
         ("dedupe key", f"{job.dedupe_key} (scope {job.dedupe_scope})" if job.dedupe_key else None),
         ("next retry", when(job.next_retry_at) if job.next_retry_at else None),
         ("args", json.dumps(job.args, default=str)),
@@ -293,6 +472,9 @@ def render_job(job: Job) -> None:
         ("result", None if job.result is None else json.dumps(job.result, default=str)),
         ("error", job.error),
     ]
+    # The workflow lines only where they say something.
+    optional = ("waits for", "deadline", "parent")
+    fields = [(k, v) for k, v in fields if k not in optional or (v is not None and v != "-")]
     out = console()
     out.print(table(None, ("field", "value"), fields, header=False))
     if job.traceback:
@@ -315,6 +497,8 @@ def render_job(job: Job) -> None:
         ]
         header = ("attempt", "outcome", "worker", "started", "finished", "error")
         out.print(table("attempts", header, attempts))
+    if workflow is not None:
+        render_workflow(workflow, out)
 
 
 # -- metrics ----------------------------------------------------------------------------------

@@ -280,7 +280,11 @@ def build_app(dashboard: Dashboard) -> Starlette:
     api = {
         "overview": lambda s, r: s.overview(),
         "jobs": lambda s, r: s.jobs(dict(r.query_params)),
-        "job": lambda s, r: s.job(r.query_params.get("id", "")),
+        "job": lambda s, r: s.job(
+            r.query_params.get("id", ""),
+            r.query_params.get("steps_after"),
+            r.query_params.get("children_after"),
+        ),
         "workers": lambda s, r: s.workers(),
         "queues": lambda s, r: s.queues(),
         "periodic": lambda s, r: s.periodic(),

@@ -26,6 +26,7 @@ from ..models import Job
 from ..store import Store
 from ..store.dashboard import Cursor, DashboardStore
 from ..store.housekeeping import RETRYABLE_STATUSES, OpsStore, StatsStore
+from ..store.workflow_views import is_workflow_row
 from ..support.codec import decode_json
 from ..support.validation import check_queue
 
@@ -39,6 +40,11 @@ SERIES_BUCKET = 60.0
 #: Seconds an overview is reused: many open pages cost one table pass per second.
 OVERVIEW_TTL = 1.0
 MAX_PAGE = 500
+#: A workflow's steps and children shown per page of its job page; unread
+#: signals shown (their total is given).
+STEPS_PAGE = 200
+CHILDREN_PAGE = 200
+SIGNALS_SHOWN = 50
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -98,6 +104,33 @@ def decode_cursor(text: str | None) -> Cursor | None:
         return Cursor(datetime.fromisoformat(when), job_id)
     except ValueError:
         raise ValueError(f"not a page cursor: {text!r}") from None
+
+
+def _seq(name: str, value: str | None) -> int:
+    """A page position: the step seq after which to start (0: from the first)."""
+    if not value:
+        return 0
+    try:
+        seq = int(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if seq < 0:
+        raise ValueError(f"{name} must be 0 or more, got {seq}")
+    return seq
+
+
+def _wait(row: asyncpg.Record) -> dict[str, Any] | None:
+    """What a parked workflow waits for: kind sleep (until), signal (name, until
+    its timeout or the workflow's deadline, if any), children (how many)."""
+    if row["wait_kind"] is None:
+        return None
+    return {
+        "kind": row["wait_kind"],
+        "signal": row["wait_for"],
+        "until": plain(row["wake_at"]),
+        "seq": row["wait_seq"],
+        "children": row["children_waiting"],
+    }
 
 
 class DashboardService:
@@ -263,7 +296,12 @@ class DashboardService:
         data["priority"] = JobPriority.from_db_value(row["priority"]).value
         return data
 
-    async def job(self, job_id: str) -> dict[str, Any]:
+    async def job(
+        self, job_id: str, steps_after: str | None = None, children_after: str | None = None
+    ) -> dict[str, Any]:
+        """One job in full; for a workflow (or a workflow's child) also
+        ``workflow``: its wait, parent, steps, children and unread signals,
+        steps and children a page at a time (after the given step seq)."""
         row = await self.jobs_store.get_job(job_id)
         if row is None:
             raise NotFound(f"no job with id {job_id!r}")
@@ -271,7 +309,51 @@ class DashboardService:
         data = plain(job.model_dump())
         data["queue"] = await self.store.job_queue(job_id)
         data["timeline"] = self._timeline(job)
+        data["workflow"] = await self._workflow(
+            job_id, _seq("steps_after", steps_after), _seq("children_after", children_after)
+        )
         return data
+
+    async def _workflow(
+        self, job_id: str, steps_after: int, children_after: int
+    ) -> dict[str, Any] | None:
+        views = self.store.workflows
+        wait = (await views.waits([job_id])).get(job_id)
+        if wait is None:  # no workflows in this schema (or the job just went)
+            return None
+        totals = await views.totals(job_id)
+        if not is_workflow_row(wait, totals):
+            return None  # a plain job
+        steps = await views.steps(job_id, after=steps_after, limit=STEPS_PAGE + 1)
+        children = await views.children(job_id, after=children_after, limit=CHILDREN_PAGE + 1)
+        signals = await views.pending_signals(job_id, limit=SIGNALS_SHOWN)
+        return {
+            "wait": _wait(wait),
+            "deadline": plain(wait["workflow_deadline"]),
+            "parent": (
+                None
+                if wait["parent_job_id"] is None
+                else {
+                    "job_id": wait["parent_job_id"],
+                    "seq": wait["parent_seq"],
+                    "task_name": wait["parent_task"],
+                    "status": wait["parent_status"],
+                }
+            ),
+            "steps": [plain(r) for r in steps[:STEPS_PAGE]],
+            "steps_total": totals["steps"],
+            "steps_after": steps_after,
+            "steps_next": steps[STEPS_PAGE - 1]["seq"] if len(steps) > STEPS_PAGE else None,
+            "children": [plain(r) for r in children[:CHILDREN_PAGE]],
+            "children_total": totals["children"],
+            "children_counts": await views.child_counts(job_id) if totals["children"] else {},
+            "children_after": children_after,
+            "children_next": (
+                children[CHILDREN_PAGE - 1]["seq"] if len(children) > CHILDREN_PAGE else None
+            ),
+            "signals": [plain(r) for r in signals],
+            "signals_total": totals["pending_signals"],
+        }
 
     @staticmethod
     def _timeline(job: Job) -> list[dict[str, Any]]:
@@ -320,7 +402,7 @@ class DashboardService:
     async def cancel(self, job_id: str) -> dict[str, Any]:
         if await self.jobs_store.cancel(job_id):
             return {"cancelled": job_id}
-        await self._explain(job_id, "only pending or running jobs can be cancelled")
+        await self._explain(job_id, "only pending, running or waiting jobs can be cancelled")
         raise AssertionError("unreachable")
 
     async def _explain(self, job_id: str, rule: str) -> None:

@@ -79,14 +79,14 @@ class _QueueCollector:
 
         queue = GaugeMetricFamily(
             "pg_scheduler_queue_jobs",
-            "Jobs per queue: pending, due (pending and due) and running",
+            "Jobs per queue: pending, due (pending and due), running and waiting (parked)",
             labels=["queue", "state"],
         )
         paused = GaugeMetricFamily(
             "pg_scheduler_queue_paused", "1 for a paused queue", labels=["queue"]
         )
         for q in stats.by_queue:
-            for state in ("pending", "due", "running"):
+            for state in ("pending", "due", "running", "waiting"):
                 queue.add_metric([q.queue, state], getattr(q, state))
             paused.add_metric([q.queue], 1.0 if q.paused else 0.0)
         yield queue

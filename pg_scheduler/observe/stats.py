@@ -22,13 +22,15 @@ from ..store import QueueStore
 from ..store.housekeeping import StatsStore
 from ..store.limits import LimitStore
 from ..store.names import Qualifier
+from ..store.workflow_views import WorkflowViews
 
 #: The default windows for throughput and failure rate: 1 minute, 5 minutes, 1 hour.
 DEFAULT_WINDOWS: tuple[float, ...] = (60.0, 300.0, 3600.0)
 
 
 class TaskCounts(BaseModel):
-    """Jobs of one task name by status; ``due`` counts the pending ones already due."""
+    """Jobs of one task name by status; ``due`` counts the pending ones already due;
+    ``waiting``: parked workflows (sleeping, waiting for a signal or children)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -36,7 +38,6 @@ class TaskCounts(BaseModel):
     pending: int = 0
     due: int = 0
     running: int = 0
-    #: Workflows parked (sleeping, waiting for a signal or for children).
     waiting: int = 0
     completed: int = 0
     failed: int = 0
@@ -45,8 +46,8 @@ class TaskCounts(BaseModel):
 
 
 class QueueCounts(BaseModel):
-    """One queue: its pending (``due`` of them already due) and running jobs, and
-    whether it is paused."""
+    """One queue: its pending (``due`` of them already due), running and waiting
+    (parked workflows) jobs, and whether it is paused."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -55,6 +56,7 @@ class QueueCounts(BaseModel):
     pending: int = 0
     due: int = 0
     running: int = 0
+    waiting: int = 0
 
 
 class WindowStats(BaseModel):
@@ -120,7 +122,7 @@ class QueueStats(BaseModel):
     #: Pending jobs due in the future.
     scheduled: int
     by_task: list[TaskCounts]
-    #: Every queue with pending or running jobs, or a stored setting (paused).
+    #: Every queue with pending, running or waiting jobs, or a stored setting (paused).
     by_queue: list[QueueCounts] = []
     #: worker_id -> running jobs (including workers no longer alive).
     running_by_worker: dict[str, int]
@@ -158,6 +160,7 @@ async def collect_stats(
         running_rows = await store.running_by_worker(conn)
         oldest = await store.oldest_due_seconds(conn)
         queue_rows = await QueueStore(pool, schema).queues(conn)
+        waiting_by_queue = await WorkflowViews(pool, schema).waiting_by_queue(conn)
         window_rows = await store.finished_in_windows(conn, windows)
         worker_rows = await store.workers(conn)
         limit_rows = await LimitStore(pool, Qualifier(schema)).listing(conn)
@@ -213,19 +216,24 @@ async def collect_stats(
         )
         for r in worker_rows
     ]
+    by_queue = {
+        r["name"]: QueueCounts(
+            queue=r["name"],
+            paused=r["paused"],
+            pending=r["pending"],
+            due=r["due"],
+            running=r["running"],
+            waiting=waiting_by_queue.get(r["name"], 0),
+        )
+        for r in queue_rows
+    }
+    # A queue whose only jobs are parked workflows: after the others.
+    for name, n in sorted(waiting_by_queue.items()):
+        by_queue.setdefault(name, QueueCounts(queue=name, waiting=n))
     return QueueStats(
         taken_at=taken_at,
         counts=counts,
-        by_queue=[
-            QueueCounts(
-                queue=r["name"],
-                paused=r["paused"],
-                pending=r["pending"],
-                due=r["due"],
-                running=r["running"],
-            )
-            for r in queue_rows
-        ],
+        by_queue=list(by_queue.values()),
         due=due,
         scheduled=counts[JobStatus.PENDING] - due,
         by_task=[TaskCounts(**t) for _, t in sorted(tasks.items())],

@@ -13,7 +13,8 @@ still uses them as index conditions.
 Named queues (a ``queue`` column and a ``scheduler_queues`` table) may or may
 not exist in the schema: :meth:`DashboardStore.open` looks in the catalog once
 and builds the statements for what it finds; without them every job is in
-one queue, "default".
+one queue, "default". Likewise the workflow columns (migration 0014): without
+them a job row has no wait to show.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ..enums import DEFAULT_QUEUE, FINAL_STATUSES, JobStatus
 from .limits import LimitStore
 from .names import DEFAULT_SCHEMA, Qualifier
 from .queues import QueueStore
+from .workflow_views import WorkflowViews
 
 ALL_STATUSES = [s.value for s in JobStatus]
 _FINAL = sorted(s.value for s in FINAL_STATUSES)
@@ -37,7 +39,10 @@ SELECT to_regclass($1) IS NOT NULL AS has_jobs,
        EXISTS (SELECT 1 FROM pg_attribute a
                 WHERE a.attrelid = to_regclass($1) AND a.attname = 'queue'
                   AND NOT a.attisdropped) AS has_queue_column,
-       to_regclass($2) IS NOT NULL AS has_queue_table
+       to_regclass($2) IS NOT NULL AS has_queue_table,
+       EXISTS (SELECT 1 FROM pg_attribute a
+                WHERE a.attrelid = to_regclass($1) AND a.attname = 'wait_kind'
+                  AND NOT a.attisdropped) AS has_workflows
 """
 # One pass over the table: the overview's and the queues page's counts.
 _COUNTS = """
@@ -59,8 +64,20 @@ _LIST_COLUMNS = """
     j.job_id, j.job_name, j.task_name, j.status, j.priority, {queue} AS queue,
     j.created_at, j.execution_time, j.started_at, j.finished_at, j.attempts,
     j.max_retries, j.worker_id, j.progress, left(j.task_data::text, 300) AS args,
-    left(j.error_message, 300) AS error
+    left(j.error_message, 300) AS error, {workflow}
 """
+# What a parked workflow waits for (for children: how many have not ended,
+# read from its spawn steps, only on such rows), and a child's parent (0014).
+_WORKFLOW_COLUMNS = """j.wait_kind, j.wait_for, j.wake_at, j.parent_job_id,
+    CASE WHEN j.wait_kind = 'children' THEN (
+        SELECT count(*) FROM workflow_steps s
+         WHERE s.job_id = j.job_id AND s.kind = 'spawn' AND s.status = 'waiting'
+           AND s.seq >= lower(j.wait_children) AND s.seq < upper(j.wait_children))
+    END AS children_waiting"""
+_NO_WORKFLOW_COLUMNS = (
+    "NULL::text AS wait_kind, NULL::text AS wait_for, NULL::timestamptz AS wake_at, "
+    "NULL::text AS parent_job_id, NULL::bigint AS children_waiting"
+)
 # $1 statuses, ($2, $3) the keyset cursor (exclusive; an "until" time is
 # folded into it), $4 task or job name, $5 created_at lower bound, $6 search
 # text (a job id, or text in the arguments), $7 page size, $8 queue. One
@@ -110,11 +127,12 @@ _QUEUE_SETTINGS = "SELECT name, paused, to_jsonb(q)::text AS settings FROM {tabl
 
 @dataclass(frozen=True, slots=True)
 class Catalog:
-    """What this schema has, read once: the job table, named queues."""
+    """What this schema has, read once: the job table, named queues, workflows."""
 
     has_jobs: bool
     has_queue_column: bool
     has_queue_table: bool
+    has_workflows: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +163,12 @@ class DashboardStore:
         )
         self._list = q(
             _LIST.format(
-                columns=_LIST_COLUMNS.format(queue=queue),
+                columns=_LIST_COLUMNS.format(
+                    queue=queue,
+                    workflow=(
+                        _WORKFLOW_COLUMNS if self.catalog.has_workflows else _NO_WORKFLOW_COLUMNS
+                    ),
+                ),
                 filters=_LIST_FILTERS.format(queue_filter=queue_filter),
             )
         )
@@ -155,6 +178,7 @@ class DashboardStore:
         self._queue_settings = _QUEUE_SETTINGS.format(table=queues_table)
         self._queues = QueueStore(pool, schema)
         self.limits = LimitStore(pool, q)
+        self.workflows = WorkflowViews(pool, schema)
 
     @classmethod
     async def open(cls, pool: asyncpg.Pool, schema: str = DEFAULT_SCHEMA) -> DashboardStore:

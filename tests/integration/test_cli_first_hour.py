@@ -148,7 +148,7 @@ async def test_status_and_jobs_without_rich(pool, dsn):
     assert status.returncode == 0, status.stderr
     assert "Jobs by task" in status.stdout and "│" not in status.stdout
     row = next(line for line in status.stdout.splitlines() if line.startswith("mod:plain"))
-    assert row.split()[1:] == ["0", "0", "0", "0", "1", "0", "0"]
+    assert row.split()[1:] == ["0", "0", "0", "0", "0", "1", "0", "0"]
     listing = await asyncio.to_thread(_without_rich, ["jobs"], dsn)
     assert listing.returncode == 0, listing.stderr
     header, rule, line = listing.stdout.splitlines()[:3]

@@ -123,7 +123,8 @@ async def test_status_table_and_json(pool, dsn, make_scheduler):
     assert "Jobs by task" in table.out and "Workers" in table.out
     assert "Finished recently" in table.out
     waiting = next(line for line in table.out.splitlines() if "mod:waiting" in line)
-    assert [c for c in waiting.split() if c != "│"][1:] == ["1", "1", "0", "0", "1", "0", "0"]
+    # due, scheduled, running, waiting, completed, failed, cancelled, expired
+    assert [c for c in waiting.split() if c != "│"][1:] == ["1", "1", "0", "0", "0", "1", "0", "0"]
     assert scheduler.worker_id in table.out and "alive" in table.out
     assert "50.0%" in table.out  # failure rate: 1 failed of 2 finished
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 
 from pg_scheduler import RetryPolicy
 from pg_scheduler.dashboard import dashboard_app
-from tests.support import dashboard_tasks
+from tests.support import dashboard_tasks, workflow_view_tasks
 from tests.support.common import wait_for_status, wait_until
 from tests.support.dashboard_support import Browser, browser_missing, chromium, serve
 
@@ -236,3 +237,96 @@ async def test_polling_fallback_updates_counts(browser, pool):
             await shows(browser, "[data-count=pending]", "1")
     finally:
         await app.state.dashboard.close()
+
+
+async def test_a_workflow_job_page_shows_steps_children_and_its_wait(
+    browser, site, pool, make_scheduler
+):
+    workflow_view_tasks.gate.clear()
+    scheduler = await make_scheduler()
+    try:
+        parent = await scheduler.schedule(
+            workflow_view_tasks.fan_out, execution_time=now(), args=([1, 2, 3],)
+        )
+        sleeping = await scheduler.schedule(
+            workflow_view_tasks.sleeper, execution_time=now(), args=(5,)
+        )
+        await wait_for_status(pool, parent, "waiting")
+        await wait_for_status(pool, sleeping, "waiting")
+        children = [
+            r["job_id"]
+            for r in await pool.fetch(
+                "SELECT job_id FROM scheduled_jobs WHERE parent_job_id = $1 ORDER BY parent_seq",
+                parent,
+            )
+        ]
+        for child in children:
+            await wait_for_status(pool, child, "running")
+
+        await load(browser, f"{site}/job?id={parent}")
+        await shows(browser, "[data-field=status]", "waiting")
+        await shows(browser, "[data-field='waits for']", "3 children to end")
+        await shows(browser, "[data-section=steps]", "Steps (5)")
+        assert await browser.js("return document.querySelectorAll('tr[data-step]').length") == 5
+        await shows(browser, "tr[data-step='2'] [data-status]", "waiting")
+        await shows(browser, "tr[data-step='1'] [data-status]", "completed")
+        await shows(browser, "[data-section=children]", "Children (3)")
+        await shows(browser, "[data-child-status=running]", "running 3")
+        for child in children:
+            await shows(browser, f"tr[data-child='{child}'] td a", child)
+        colour = await browser.js(
+            "return getComputedStyle(document.querySelector(arguments[0])).color",
+            "tr[data-step='2'] [data-status]",
+        )
+        assert colour == "rgb(123, 79, 196)"  # the waiting colour
+        shots = os.environ.get("PG_SCHEDULER_DASHBOARD_SCREENSHOTS")
+        if shots:
+            await asyncio.to_thread(Path(shots).mkdir, parents=True, exist_ok=True)
+            await browser.screenshot(Path(shots) / "dashboard-workflow.png")
+
+        # A child links back to its parent.
+        await load(browser, f"{site}/job?id={children[0]}")
+        await shows(browser, "[data-field=parent] a", parent)
+        assert await browser.text("[data-section=steps]") is None
+        await browser.click("[data-field=parent] a")
+        await shows(browser, "[data-section=children]", "Children (3)")
+
+        # A sleeping workflow: its wake time, its steps' results (a long one clipped).
+        await load(browser, f"{site}/job?id={sleeping}")
+        wait_text = await browser.text("[data-field='waits for']")
+        assert wait_text is not None and wait_text.startswith("sleep until ")
+        assert "(in 2 h)" in wait_text or "(in 120 min)" in wait_text, wait_text
+        clipped = await browser.text("tr[data-step='2'] [data-clipped]")
+        assert clipped is not None and "characters" in clipped
+
+        # The lists: a filter for waiting, its own count on the overview.
+        await load(browser, f"{site}/jobs?status=waiting")
+        await shows(browser, f"tr[data-job-id='{parent}'] [data-status]", "waiting")
+        await shows(browser, f"tr[data-job-id='{parent}'] [data-wait]", "3 children to end")
+        assert await browser.js("return document.querySelectorAll('tr[data-job-id]').length") == 2
+        await load(browser, f"{site}/")
+        await shows(browser, "[data-count=waiting]", "2")
+
+        # The children end: the parent's page follows.
+        workflow_view_tasks.gate.set()
+        await wait_for_status(pool, parent, "completed")
+        await load(browser, f"{site}/job?id={parent}")
+        await shows(browser, "[data-child-status=completed]", "completed 3")
+        assert await browser.text("[data-field='waits for']") is None
+    finally:
+        workflow_view_tasks.gate.set()
+
+
+async def test_many_pages_in_a_row_each_load_at_once(browser, site, pool, make_scheduler):
+    # Each page holds a live stream; a page left must let its connection go, or
+    # the browser (a few connections per server) stalls the next pages.
+    scheduler = await make_scheduler(start=False)
+    job_id = await scheduler.schedule(
+        dashboard_tasks.echo, execution_time=now() + timedelta(hours=1), args=("x",)
+    )
+    paths = ["/", "/jobs", f"/job?id={job_id}", "/workers", "/queues", "/periodic"] * 2
+    for path in paths:
+        started = time.monotonic()
+        await load(browser, site + path)
+        assert time.monotonic() - started < 10, f"{path} took {time.monotonic() - started:.1f}s"
+    await shows(browser, "#live", "live")

@@ -8,7 +8,7 @@ const BASE = body.dataset.base || "";
 const PAGE = body.dataset.page || "overview";
 const READ_ONLY = body.dataset.readonly === "true";
 const POLL_MS = Math.max(1, parseFloat(body.dataset.poll || "5")) * 1000;
-const STATUSES = ["pending", "running", "completed", "failed", "cancelled", "expired"];
+const STATUSES = ["pending", "running", "waiting", "completed", "failed", "cancelled", "expired"];
 const main = document.getElementById("main");
 
 // -- building blocks ---------------------------------------------------------------
@@ -67,6 +67,33 @@ function link(page, params, text) {
   return el("a", { href: `${BASE}/${page}${query ? "?" + query : ""}` }, text);
 }
 
+// "2026-05-01T10:00:00Z (in 2 h)": a time and how far it is.
+function at(iso) {
+  return el("span", {}, iso, " (", when(iso), ")");
+}
+
+// What a parked workflow waits for: a sleep's end, a signal (until its timeout
+// or the workflow's deadline), its children.
+function waitNode(kind, signal, until, children) {
+  if (!kind) return null;
+  const parts = [];
+  if (kind === "sleep") parts.push("sleep until ", until ? at(until) : "?");
+  else if (kind === "signal") parts.push(`signal "${signal}"`, until ? [" until ", at(until)] : " (no timeout)");
+  else if (kind === "children") {
+    parts.push(children === null || children === undefined ? "children"
+      : `${children} child${children === 1 ? "" : "ren"} to end`);
+    if (until) parts.push(" (deadline ", at(until), ")");
+  } else parts.push(kind);
+  return el("span", { "data-wait": kind }, parts);
+}
+
+// A clipped text (a step's result, an error, a payload) and its full length.
+function clipped(text, length) {
+  if (text === null || text === undefined) return "";
+  return [text, length > text.length
+    ? el("span", { class: "muted", "data-clipped": length }, ` … (${length} characters)`) : null];
+}
+
 function card(label, value, key) {
   return el("div", { class: "card" }, el("div", { class: "label" }, label),
     el("div", { class: "value", "data-count": key }, value));
@@ -117,7 +144,7 @@ function actionButton(name, payload, label, danger) {
 
 function jobActions(job) {
   const buttons = [];
-  if (job.status === "pending" || job.status === "running") {
+  if (["pending", "running", "waiting"].includes(job.status)) {
     buttons.push(actionButton("cancel", { job_id: job.job_id }, "cancel", true));
   }
   if (["failed", "cancelled", "expired"].includes(job.status)) {
@@ -224,7 +251,9 @@ async function jobs() {
     el("td", { class: "id" }, link("job", { id: j.job_id }, j.job_id)),
     el("td", {}, j.task_name), statusCell(j.status), el("td", {}, j.queue),
     el("td", {}, j.priority), el("td", { class: "num" }, j.attempts),
-    el("td", {}, when(j.created_at)), el("td", {}, when(j.execution_time)),
+    el("td", {}, when(j.created_at)),
+    el("td", {}, j.status === "waiting" && j.wait_kind
+      ? waitNode(j.wait_kind, j.wait_for, j.wake_at, j.children_waiting) : when(j.execution_time)),
     el("td", { class: "args", title: j.args || "" }, j.args || ""),
     el("td", {}, j.error || ""), el("td", {}, jobActions(j))));
   const pager = el("div", { class: "pager" });
@@ -237,18 +266,85 @@ async function jobs() {
     pager.append(el("a", { href: `${BASE}/jobs?${next}`, "data-next": "1" }, "next page"));
   }
   return [el("h2", {}, "Jobs"), filterForm(params),
-    table(["id", "task", "status", "queue", "priority", "attempts", "created", "due", "arguments", "error", ""],
+    table(["id", "task", "status", "queue", "priority", "attempts", "created", "due / waits for", "arguments", "error", ""],
       rows, "No jobs match."), pager];
 }
 
+function stepResult(s) {
+  if (s.error) return el("span", { class: "status-failed" }, clipped(s.error, s.error_length));
+  if (s.child_job_id) return link("job", { id: s.child_job_id }, s.child_job_id);
+  return clipped(s.result, s.result_length);
+}
+
+// A page link of the job page: the same job, one paging parameter changed.
+function jobPageLink(param, value, text) {
+  const params = new URLSearchParams(location.search);
+  if (value) params.set(param, value); else params.delete(param);
+  return el("a", { href: `${BASE}/job?${params}`, [`data-${param}`]: value || "0" }, text);
+}
+
+function workflowSections(w) {
+  if (!w) return [];
+  const out = [];
+  const stepsFrom = w.steps_after ? ` (after step ${w.steps_after})` : "";
+  // A plain job spawned by a workflow has no steps: its parent is one of its fields.
+  if (w.steps_total) out.push(el("h3", { "data-section": "steps" }, `Steps (${w.steps_total})${stepsFrom}`));
+  if (w.steps_total) out.push(table(["seq", "kind", "name", "key", "status", "attempts", "started", "duration", "result or error"],
+    w.steps.map((s) => el("tr", { "data-step": s.seq, "data-kind": s.kind },
+      el("td", { class: "num" }, s.seq), el("td", {}, s.kind), el("td", { class: "mono" }, s.name),
+      el("td", { class: "mono" }, s.key), statusCell(s.status), el("td", { class: "num" }, s.attempts),
+      el("td", {}, when(s.started_at)),
+      el("td", { class: "num" }, s.status === "waiting" ? "-" : seconds(s.duration)),
+      el("td", { class: "result" }, stepResult(s)))), "No step recorded yet."));
+  const stepPager = el("div", { class: "pager" },
+    w.steps_after ? jobPageLink("steps_after", null, "first steps") : null,
+    w.steps_next ? jobPageLink("steps_after", w.steps_next, "next steps") : null);
+  if (stepPager.childNodes.length) out.push(stepPager);
+  if (w.children_total) {
+    const from = w.children_after ? ` (after step ${w.children_after})` : "";
+    out.push(el("h3", { "data-section": "children" }, `Children (${w.children_total})${from}`));
+    out.push(el("div", { class: "chips", "data-child-counts": "1" },
+      Object.entries(w.children_counts).sort().map(([status, n]) =>
+        el("span", { class: `chip status-${status}`, "data-child-status": status }, `${status} ${n}`))));
+    out.push(table(["step", "job", "task", "status", "attempts", "finished", "error"],
+      w.children.map((c) => el("tr", { "data-child": c.job_id },
+        el("td", { class: "num" }, c.seq), el("td", { class: "id" }, link("job", { id: c.job_id }, c.job_id)),
+        el("td", {}, c.task_name, c.detached ? el("span", { class: "muted" }, " (detached)") : null),
+        statusCell(c.status), el("td", { class: "num" }, c.attempts ?? "-"),
+        el("td", {}, when(c.finished_at)), el("td", {}, c.error || "")))));
+    const childPager = el("div", { class: "pager" },
+      w.children_after ? jobPageLink("children_after", null, "first children") : null,
+      w.children_next ? jobPageLink("children_after", w.children_next, "next children") : null);
+    if (childPager.childNodes.length) out.push(childPager);
+  }
+  if (w.signals_total) {
+    out.push(el("h3", { "data-section": "signals" }, `Unread signals (${w.signals_total})`));
+    out.push(table(["id", "name", "sent", "payload"], w.signals.map((g) => el("tr", { "data-signal": g.name },
+      el("td", { class: "num" }, g.id), el("td", { class: "mono" }, g.name), el("td", {}, when(g.sent_at)),
+      el("td", { class: "result" }, clipped(g.payload, g.payload_length))))));
+  }
+  return out;
+}
+
 async function job() {
-  const id = new URLSearchParams(location.search).get("id") || "";
-  const j = await api(`job?id=${encodeURIComponent(id)}`);
+  const params = new URLSearchParams(location.search);
+  const query = new URLSearchParams({ id: params.get("id") || "" });
+  for (const name of ["steps_after", "children_after"]) if (params.get(name)) query.set(name, params.get(name));
+  const j = await api(`job?${query}`);
+  const w = j.workflow;
   const fields = [["id", j.job_id], ["name", j.job_name], ["task", j.task_name],
     ["status", j.status], ["queue", j.queue], ["priority", j.priority],
     ["attempts", `${j.attempts} (max retries ${j.max_retries})`], ["worker", j.worker_id || ""],
     ["created", j.created_at || ""], ["due", j.execution_time], ["started", j.started_at || ""],
     ["finished", j.finished_at || ""], ["next retry", j.next_retry_at || ""]];
+  if (w && w.wait) {
+    fields.splice(4, 0, ["waits for", waitNode(w.wait.kind, w.wait.signal, w.wait.until, w.wait.children)]);
+  }
+  if (w && w.deadline) fields.push(["deadline", at(w.deadline)]);
+  if (w && w.parent) {
+    fields.push(["parent", el("span", {}, link("job", { id: w.parent.job_id }, w.parent.job_id),
+      ` (${w.parent.task_name || "deleted"}${w.parent.status ? ", " + w.parent.status : ""}; step ${w.parent.seq})`)]);
+  }
   const progress = j.progress === null || j.progress === undefined ? null
     : el("div", {}, el("div", { class: "bar" }, el("span", { style: `width:${Math.round(j.progress * 100)}%` })),
       `${Math.round(j.progress * 100)} % ${j.progress_message || ""}`);
@@ -257,6 +353,7 @@ async function job() {
     el("dl", { class: "fields", "data-job-status": j.status },
       fields.map(([k, v]) => [el("dt", {}, k), el("dd", { "data-field": k }, v)])),
     progress && el("h3", {}, "Progress"), progress,
+    workflowSections(w),
     el("h3", {}, "Arguments"),
     el("pre", { "data-field": "arguments" }, JSON.stringify({ args: j.args, kwargs: j.kwargs }, null, 2)),
     el("h3", {}, "Result"), el("pre", {}, JSON.stringify(j.result, null, 2)),
@@ -353,9 +450,13 @@ function setMode(text, cls) {
   node.className = `pill ${cls}`;
 }
 
+let stream = null;
+
 function connect() {
   if (!window.EventSource) { setMode("polling", "poll"); return; }
+  if (stream) stream.close();
   const source = new EventSource(`${BASE}/api/stream`);
+  stream = source;
   source.addEventListener("mode", (e) => {
     const live = JSON.parse(e.data).live;
     setMode(live ? "live" : "polling", live ? "live" : "poll");
@@ -383,6 +484,10 @@ function setup() {
   }
   refresh();
   connect();
+  // A page left (or kept in the back/forward cache) lets its stream go: a
+  // browser opens only a few connections per server, and each stream holds one.
+  window.addEventListener("pagehide", () => { if (stream) { stream.close(); stream = null; } });
+  window.addEventListener("pageshow", (e) => { if (e.persisted) { connect(); refresh(); } });
   // Heartbeats and due times change without events: poll slowly regardless.
   setInterval(() => { if (!document.hidden) refresh(); }, POLL_MS);
 }
