@@ -13,6 +13,16 @@ from .scheduler import Scheduler
 from .store.migrate import MigrationError
 from .sync_client import SyncClient
 from .tasks import task
+from .workflows import (
+    StepFailed,
+    StepRetry,
+    WaitTimeout,
+    WorkflowContext,
+    WorkflowError,
+    WorkflowMismatch,
+    WorkflowTimeout,
+    workflow,
+)
 
 __version__ = "0.3.0"
 
@@ -36,13 +46,21 @@ __all__ = [
     "RateLimit",
     "RetryPolicy",
     "Scheduler",
+    "StepFailed",
+    "StepRetry",
     "Subscription",
     "SyncClient",
     "TaskInventory",
     "VacuumConfig",
     "VacuumPolicy",
     "VacuumTrigger",
+    "WaitTimeout",
+    "WorkflowContext",
+    "WorkflowError",
+    "WorkflowMismatch",
+    "WorkflowTimeout",
     "current_job",
     "periodic",
     "task",
+    "workflow",
 ]

@@ -56,6 +56,9 @@ class JobStatus(StrEnum):
 
     PENDING = "pending"
     RUNNING = "running"
+    #: A workflow parked: sleeping, waiting for a signal or for its children.
+    #: No worker holds it; what it waits for is on its row (Job.wait_kind).
+    WAITING = "waiting"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"

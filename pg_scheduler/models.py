@@ -44,6 +44,14 @@ def _attempt_history(row: Any, status: JobStatus) -> list[Attempt]:
     return history
 
 
+def _waiting(row: Any) -> dict[str, Any]:
+    return {
+        "wait_kind": row.get("wait_kind"),
+        "wait_for": row.get("wait_for"),
+        "wake_at": row.get("wake_at"),
+    }
+
+
 class Job(BaseModel):
     """One job as stored, returned by :meth:`Scheduler.get_job`."""
 
@@ -86,6 +94,14 @@ class Job(BaseModel):
     #: The job's dedupe key and its scope ("active" or "pending"), or None.
     dedupe_key: str | None = None
     dedupe_scope: str | None = None
+    #: A parked workflow (status ``waiting``): what it waits for ("sleep",
+    #: "signal" or "children"), the signal's name, and the latest time it
+    #: wakes (a sleep's end, a wait's timeout, its deadline). None otherwise.
+    wait_kind: str | None = None
+    wait_for: str | None = None
+    wake_at: datetime | None = None
+    #: The workflow that spawned this job (``ctx.spawn``), or None.
+    parent_job_id: str | None = None
 
     @classmethod
     def from_record(cls, row: Any, default_retry: RetryPolicy) -> Job:
@@ -132,6 +148,8 @@ class Job(BaseModel):
             progress_at=row.get("progress_at"),
             dedupe_key=row.get("dedupe_key"),
             dedupe_scope=row.get("dedupe_scope"),
+            parent_job_id=row.get("parent_job_id"),
+            **(_waiting(row) if status is JobStatus.WAITING else {}),
         )
 
 

@@ -26,7 +26,7 @@ from .enqueue.producer import Enqueuer
 from .notify.events import EventHub
 from .notify.listener import Listener
 from .periodic.runtime import PeriodicManager
-from .services import HeartbeatService, RescuerService, VacuumService
+from .services import HeartbeatService, RescuerService, VacuumService, WorkflowTimerService
 from .services.stall import StallGuard, default_stall_limit
 from .services.watchdog import LoopWatchdog
 from .store import (
@@ -44,6 +44,9 @@ from .support.process_gc import freeze_objects, thaw_objects
 from .support.reconnect import retry_on_disconnect
 from .support.validation import check_bool, check_int, check_seconds
 from .tasks import TaskRegistry, default_registry
+from .workflows import is_workflow
+from .workflows.runner import WAKE_LOOKAHEAD, workflow_store
+from .workflows.signals import send_signal
 
 log = get_logger(__name__)
 
@@ -240,12 +243,17 @@ class Scheduler(JobsAPI, SchedulerOps, LimitsAPI, QueueOps, ResultsAPI, Schedule
             self.vacuum_store, self.vacuum_config, self.worker_id, transaction_locks=pgbouncer
         )
         self.periodic = PeriodicManager(self)
+        # Wakes parked workflows at their time; runs once a workflow is registered.
+        self.workflow_timer = WorkflowTimerService(
+            workflow_store(self.store), interval=WAKE_LOOKAHEAD / 2, lookahead=WAKE_LOOKAHEAD
+        )
         self.watchdog = (
             None
             if loop_stall_warning is None
             else LoopWatchdog(loop_stall_warning, lambda: self.worker.running, self._stall_guard())
         )
         self.registry.add_listener(lambda _name: self.worker.wake())
+        self.registry.add_listener(self._start_workflow_timer)
 
         self.is_running = False
         self.is_shutting_down = False
@@ -325,6 +333,7 @@ class Scheduler(JobsAPI, SchedulerOps, LimitsAPI, QueueOps, ResultsAPI, Schedule
             if self.watchdog is not None:
                 self.watchdog.start()
             self.rescuer.start()
+            self._start_workflow_timer()
             if self.vacuum_enabled:
                 # Its first round a moment after the first claim rather than with it.
                 self.vacuum.start(first_after=min(STARTUP_DEFER, self.vacuum.interval))
@@ -370,6 +379,7 @@ class Scheduler(JobsAPI, SchedulerOps, LimitsAPI, QueueOps, ResultsAPI, Schedule
             if self.watchdog is not None:
                 await self.watchdog.stop()
             await self.rescuer.stop()
+            await self.workflow_timer.stop()
             await self.vacuum.stop()
             await self.listener.stop()
             try:
@@ -386,6 +396,28 @@ class Scheduler(JobsAPI, SchedulerOps, LimitsAPI, QueueOps, ResultsAPI, Schedule
                 self._froze = False
                 thaw_objects()
             log.info("scheduler stopped", worker_id=self.worker_id)
+
+    def _start_workflow_timer(self, task_name: str | None = None) -> None:
+        # Once this scheduler runs and has a workflow to run (registered now or later).
+        if not self.is_running or self.workflow_timer.running:
+            return
+        names = [task_name] if task_name is not None else self.registry.names()
+        if any(is_workflow(self.registry.resolve(name)) for name in names):
+            self.workflow_timer.start()
+
+    async def signal(
+        self,
+        job_id: str,
+        name: str,
+        payload: Any = None,
+        *,
+        connection: asyncpg.Connection | None = None,
+    ) -> None:
+        """Send signal ``name`` (with a JSON ``payload``) to workflow ``job_id``:
+        kept until the workflow waits for it (``ctx.wait_for_signal(name)``), or
+        waking it at once if it waits already. JobNotFound for an unknown job,
+        ValueError for a finished one (README: Durable workflows)."""
+        await send_signal(workflow_store(self.store), job_id, name, payload, connection)
 
     def request_immediate_shutdown(self) -> None:
         """Make a shutdown in progress (or the next one) skip the grace period:

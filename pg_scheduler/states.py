@@ -1,10 +1,15 @@
 """The job state machine: every transition of ``scheduled_jobs.status`` as a table.
 
 Each row names the statement (a constant of the ``store`` package, by module
-and name) that makes the transition and who calls it. ``tests/test_house.py``
-checks that every statement of the store that writes ``status`` is listed here,
-so a new writer cannot appear without a row. ``None`` as a source: the row is
-written new (an INSERT).
+and name, or ``function:<name>``: a function the migrations define, run by a
+trigger) that makes the transition and who calls it. ``tests/test_house.py``
+checks that every statement of the store and every migration function that
+writes ``status`` is listed here, so a new writer cannot appear without a row.
+``None`` as a source: the row is written new (an INSERT).
+
+``waiting`` (migration 0014) is a parked workflow: no worker, no lease. It
+leaves only for ``pending`` (its event came: a signal, its last awaited
+child's end, its time) or ``cancelled``.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import NamedTuple
 
 from .enums import JobStatus
 
-PENDING, RUNNING = JobStatus.PENDING, JobStatus.RUNNING
+PENDING, RUNNING, WAITING = JobStatus.PENDING, JobStatus.RUNNING, JobStatus.WAITING
 COMPLETED, FAILED = JobStatus.COMPLETED, JobStatus.FAILED
 CANCELLED, EXPIRED = JobStatus.CANCELLED, JobStatus.EXPIRED
 FINAL = (COMPLETED, FAILED, CANCELLED, EXPIRED)
@@ -121,9 +126,11 @@ TRANSITIONS: tuple[Transition, ...] = (
         "services/rescuer.py (dead worker; failed after max_rescues)",
     ),
     # -- single-job operations ------------------------------------------------------
-    Transition((PENDING, RUNNING), (CANCELLED,), "job_sql._CANCEL", "Scheduler.cancel_job"),
     Transition(
-        (PENDING, RUNNING, *FINAL),
+        (PENDING, RUNNING, WAITING), (CANCELLED,), "job_sql._CANCEL", "Scheduler.cancel_job"
+    ),
+    Transition(
+        (PENDING, RUNNING, WAITING, *FINAL),
         (PENDING, RUNNING, *FINAL),
         "job_sql._SET_STATUS",
         "compat: Scheduler.update_job_status (0.2.x, forces any status)",
@@ -146,6 +153,51 @@ TRANSITIONS: tuple[Transition, ...] = (
         (CANCELLED,),
         "periodic._CANCEL_PENDING_WINDOWS",
         "periodic/runtime.py (job disabled or rescheduled)",
+    ),
+    # -- durable workflows (migration 0014) ---------------------------------------------
+    Transition(
+        (None,),
+        (PENDING,),
+        "workflows._SPAWN",
+        "workflows/children.py: a workflow's children, written with their spawn steps",
+    ),
+    Transition(
+        (RUNNING,),
+        (WAITING, PENDING),
+        "workflows._PARK_SLEEP",
+        "workflows/parking.py: ctx.sleep (pending, due then, when that is within the "
+        "timer's lookahead)",
+    ),
+    Transition(
+        (RUNNING,),
+        (WAITING, PENDING),
+        "workflows._PARK",
+        "workflows/parking.py, children.py: a wait for a signal or for children, nothing "
+        "there yet (the row locked first; pending when a timeout or deadline is near)",
+    ),
+    Transition(
+        (WAITING, PENDING),
+        (PENDING,),
+        "workflows._SIGNAL",
+        "Scheduler.signal: the workflow waits for this signal (due now)",
+    ),
+    Transition(
+        (WAITING,),
+        (PENDING,),
+        "workflows._WAKE_DUE",
+        "services/workflow_timer.py: a sleep's end, a signal wait's timeout, a deadline",
+    ),
+    Transition(
+        (WAITING,),
+        (PENDING,),
+        "function:pg_scheduler_workflow_job_done",
+        "trigger (0014): the last child a parked workflow waits for ended",
+    ),
+    Transition(
+        (PENDING, RUNNING, WAITING),
+        (CANCELLED,),
+        "function:pg_scheduler_workflow_cancel_children",
+        "trigger (0014): a workflow ended (or was replaced); its children not spawned detached",
     ),
 )
 

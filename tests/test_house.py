@@ -247,14 +247,36 @@ def test_the_package_ships_py_typed() -> None:
 _SET_CLAUSE = re.compile(r"\bSET\b(.*?)(?:\bWHERE\b|\bFROM\b|\bRETURNING\b|$)", re.S | re.I)
 _WRITES_STATUS = re.compile(r"(?<![\w.])status\s*=", re.I)
 _INSERT_JOBS = re.compile(r"\bINSERT\s+INTO\s+scheduled_jobs\b[^(]*\(([^)]*)\)", re.S | re.I)
+_TARGET = re.compile(r"\b(?:UPDATE|INSERT\s+INTO)\s+(\w+)", re.I)
 
 
 def _writes_status(sql: str) -> bool:
-    """An UPDATE whose SET assigns ``status``, or an INSERT into scheduled_jobs
-    whose columns include ``status``."""
-    if any(_WRITES_STATUS.search(m[1]) for m in _SET_CLAUSE.finditer(sql)):
-        return True
+    """An UPDATE of scheduled_jobs whose SET assigns ``status`` (or a SET with
+    no table before it: a fragment such as an ON CONFLICT clause), or an INSERT
+    into scheduled_jobs whose columns include ``status``."""
+    for m in _SET_CLAUSE.finditer(sql):
+        targets = _TARGET.findall(sql, 0, m.start())
+        if targets and targets[-1].lower() != "scheduled_jobs":
+            continue  # another table's status (workflow_steps)
+        if _WRITES_STATUS.search(m[1]):
+            return True
     return any(re.search(r"\bstatus\b", m[1]) for m in _INSERT_JOBS.finditer(sql))
+
+
+_FUNCTION = re.compile(
+    r"CREATE\s+OR\s+REPLACE\s+FUNCTION\s+(\w+)\s*\(.*?\$\$(.*?)\$\$", re.S | re.I
+)
+
+
+def _migration_function_writers() -> set[str]:
+    """``function:<name>`` for each function the migrations define (its last
+    definition) whose body writes scheduled_jobs.status."""
+    bodies: dict[str, str] = {}
+    for path in sorted((PACKAGE / "store" / "migrations").glob("*.sql")):
+        text = re.sub(r"--[^\n]*", "", path.read_text())
+        for name, body in _FUNCTION.findall(text):
+            bodies[name.lower()] = body
+    return {f"function:{name}" for name, body in bodies.items() if _writes_status(body)}
 
 
 def test_every_statement_that_writes_status_is_in_the_transition_table() -> None:
@@ -276,7 +298,12 @@ def test_every_statement_that_writes_status_is_in_the_transition_table() -> None
             value = getattr(module, name)
             if name.lstrip("_").isupper() and isinstance(value, str) and _writes_status(value):
                 writers.add(f"{path.stem}.{name}")
+    functions = _migration_function_writers()
+    # The parsers work: statements, and trigger functions of the migrations.
+    assert "job_sql._CLAIM" in writers and "workers._RESCUE" in writers
+    assert "function:pg_scheduler_workflow_job_done" in functions
+    assert "workflows._CHECKPOINT" not in writers  # workflow_steps.status is another column
+    writers |= functions
     listed = {t.statement for t in TRANSITIONS}
-    assert "job_sql._CLAIM" in writers and "workers._RESCUE" in writers  # the parser works
     assert writers - listed == set(), "status writers missing from states.TRANSITIONS"
     assert listed - writers == set(), "TRANSITIONS names statements that do not exist"

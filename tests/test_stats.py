@@ -60,6 +60,7 @@ async def test_snapshot_of_counts_ages_rates_and_workers(pool):
     assert stats.counts == {
         "pending": 6,
         "running": 3,
+        "waiting": 0,
         "completed": 10,
         "failed": 2,
         "cancelled": 1,

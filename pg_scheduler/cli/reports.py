@@ -259,6 +259,14 @@ def job_json(job: Job) -> dict[str, Any]:
     return json_value(job.model_dump())
 
 
+def _waits_for(job: Job) -> str | None:
+    """What a parked workflow waits for: "signal approved until ...", "sleep until ..."."""
+    if job.wait_kind is None:
+        return None
+    what = job.wait_kind if job.wait_for is None else f"{job.wait_kind} {job.wait_for}"
+    return what if job.wake_at is None else f"{what} until {when(job.wake_at)}"
+
+
 def render_job(job: Job) -> None:
     fields = [
         ("job id", job.job_id),
@@ -273,6 +281,8 @@ def render_job(job: Job) -> None:
         ("attempts", f"{job.attempts} (retries {job.retry_count}/{job.max_retries})"),
         ("rescues", job.rescue_count),
         ("worker", job.worker_id),
+        ("waits for", _waits_for(job)),
+        ("parent", job.parent_job_id),
         ("dedupe key", f"{job.dedupe_key} (scope {job.dedupe_scope})" if job.dedupe_key else None),
         ("next retry", when(job.next_retry_at) if job.next_retry_at else None),
         ("args", json.dumps(job.args, default=str)),

@@ -27,6 +27,9 @@ from ..store import Completion, Store
 from ..support.codec import UnstorableResult, decode_task_data, encode_result
 from ..support.log import get_logger
 from ..tasks import EXECUTOR_ATTR, TaskRegistry
+from ..workflows.decorator import WORKFLOW
+from ..workflows.errors import FINAL_ATTR, LeaseLost, Parked
+from ..workflows.runner import run_workflow
 from .job import ClaimedJob, RunningJob
 from .outcome import Outcomes
 from .sync import SyncRunners, default_process_pool_size
@@ -159,7 +162,22 @@ class Executor:
             try:
                 args, kwargs = decode_task_data(job.task_data)
                 if kind is not None:
-                    result = await self._run_sync(kind, running, func, args, kwargs, timeout)
+                    if kind == WORKFLOW:
+                        result = await run_workflow(
+                            func,
+                            store=self.store,
+                            registry=self.registry,
+                            worker_id=self.worker_id,
+                            job_id=job.job_id,
+                            attempt=job.attempt,
+                            task=job.task_name,
+                            row=job_row,
+                            args=args,
+                            kwargs=kwargs,
+                            job_timeout=self.job_timeout,
+                        )
+                    else:
+                        result = await self._run_sync(kind, running, func, args, kwargs, timeout)
                 elif timeout is None:
                     result = await func(*args, **kwargs)
                 else:
@@ -210,7 +228,27 @@ class Executor:
                     message = f"timed out after {timeout:g} s"
                 else:
                     message = f"{type(exc).__name__}: {exc}"
-                outcome = await self._failed(job, message, tb.format_exc(), duration)
+                # A workflow's code disagreeing with its record (and the like):
+                # the same run would fail the same way, so no retry.
+                final = getattr(exc, FINAL_ATTR, False) is True
+                outcome = await self._failed(job, message, tb.format_exc(), duration, final)
+                return False
+            except (Parked, LeaseLost) as exc:
+                # A workflow parked (its row is waiting, or pending again) or
+                # found its job no longer its own: nothing more to write.
+                self.running.pop(job.job_id, None)
+                self._slot_done(running)
+                duration = time.perf_counter() - started
+                outcome = "parked" if isinstance(exc, Parked) else "lost"
+                if outcome == "lost":
+                    log.warning(
+                        "workflow stopped: its job is no longer this run's; nothing written",
+                        event_type="lease_lost",
+                        duration=duration,
+                        **self._fields(job),
+                    )
+                elif self.log_debug:
+                    log.debug("workflow parked", event_type="parked", **self._fields(job))
                 return False
             except BaseException as exc:
                 # SystemExit, KeyboardInterrupt, GeneratorExit raised by the job's

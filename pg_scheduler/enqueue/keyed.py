@@ -137,8 +137,8 @@ class KeyedWriter:
         self, conn: asyncpg.Connection, rows: list[NewJob], user_ids: bool
     ) -> dict[Key, str | None]:
         """A pending holder takes the new fields and keeps its id; a free key
-        gets a new row; a running holder (scope active) is left alone and its
-        id returned."""
+        gets a new row; a running or parked holder (scope active) is left alone
+        and its id returned."""
         outcome: dict[Key, str | None] = {}
         for scope, jobs in _by_scope(rows).items():
             replaced = await self.dedupe.replace_pending(conn, scope, jobs)
@@ -163,7 +163,7 @@ class KeyedWriter:
         held = await self.holders(conn, others)
         for row in others:
             holder = held.get(key_of(row))
-            if holder is None or holder[1] != "running":
+            if holder is None or holder[1] not in ("running", "waiting"):
                 # Freed, or a pending holder appeared after our update: again.
                 raise KeyRace(row.dedupe_key)
             outcome[key_of(row)] = holder[0]

@@ -36,6 +36,8 @@ class TaskCounts(BaseModel):
     pending: int = 0
     due: int = 0
     running: int = 0
+    #: Workflows parked (sleeping, waiting for a signal or for children).
+    waiting: int = 0
     completed: int = 0
     failed: int = 0
     cancelled: int = 0

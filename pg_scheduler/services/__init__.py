@@ -4,5 +4,12 @@ from .base import Service
 from .heartbeat import HeartbeatService
 from .rescuer import RescuerService
 from .vacuum import VacuumService
+from .workflow_timer import WorkflowTimerService
 
-__all__ = ["HeartbeatService", "RescuerService", "Service", "VacuumService"]
+__all__ = [
+    "HeartbeatService",
+    "RescuerService",
+    "Service",
+    "VacuumService",
+    "WorkflowTimerService",
+]

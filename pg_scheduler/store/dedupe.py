@@ -15,10 +15,11 @@ from .jobs import NewJob
 from .names import Executor, Qualifier
 
 #: What holding a key means in each scope: the predicate of its unique index.
+#: "active": pending, running, or a workflow parked (migration 0014).
 #: "pending": no attempt has started (``started_before``, migration 0013), and
 #: the job is pending or waits claimed ahead in a worker's buffer.
 HELD_IN_SCOPE = {
-    "active": "j.dedupe_scope = 'active' AND j.status IN ('pending', 'running')",
+    "active": "j.dedupe_scope = 'active' AND j.status IN ('pending', 'running', 'waiting')",
     "pending": "j.dedupe_scope = 'pending' AND NOT j.started_before"
     " AND (j.status = 'pending' OR (j.status = 'running' AND j.claimed_ahead))",
 }

@@ -36,7 +36,9 @@ _INSERT_ONE = f"""
     VALUES ($1, $2, $3, $4, 'pending', $5::jsonb, $6, $7, $8, $9, $10::jsonb, $11, $12, $13)
 """
 # REPLACE overwrites a pending or finished job and makes it pending with fresh
-# counters; a running attempt is never touched (its lease stays valid).
+# counters; a running attempt is never touched (its lease stays valid), nor a
+# parked workflow (under way, as a running job is). A job that had run is new:
+# its workflow steps, signals and children go (migration 0014's trigger).
 _REPLACE_SET = """
     DO UPDATE SET job_name = EXCLUDED.job_name, task_name = EXCLUDED.task_name,
         execution_time = EXCLUDED.execution_time, task_data = EXCLUDED.task_data,
@@ -50,7 +52,7 @@ _REPLACE_SET = """
         result = NULL, worker_id = NULL, last_heartbeat = NULL, lease_until = NULL,
         started_at = NULL, finished_at = NULL, created_at = now(),
         claimed_ahead = false, started_before = false
-    WHERE scheduled_jobs.status <> 'running'
+    WHERE scheduled_jobs.status NOT IN ('running', 'waiting')
 """
 
 # What the worker reads of a claimed row (the claim and the in-process start).
@@ -349,17 +351,19 @@ _RELEASE_GHOSTS = _release_where(
 )
 
 # A running attempt cancelled goes to job_attempts; ``target`` is the row
-# before the update (locked, so the status read is the one replaced).
+# before the update (locked, so the status read is the one replaced). A parked
+# workflow (waiting) is cancelled like a pending job; the children of a
+# workflow are cancelled with it (migration 0014's trigger).
 _CANCEL = f"""
 WITH target AS (
     SELECT job_id, status, attempts, worker_id, started_at FROM scheduled_jobs
-     WHERE job_id = $1 AND status IN ('pending', 'running')
+     WHERE job_id = $1 AND status IN ('pending', 'running', 'waiting')
        FOR UPDATE
 ), cancelled AS (
     UPDATE scheduled_jobs j
        SET status = 'cancelled', finished_at = now(), lease_until = NULL
       FROM target t
-     WHERE j.job_id = t.job_id AND j.status IN ('pending', 'running')
+     WHERE j.job_id = t.job_id AND j.status IN ('pending', 'running', 'waiting')
     RETURNING j.job_id, j.task_name, j.attempts, j.queue
 ), kept AS (
     INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome, error)
@@ -380,7 +384,8 @@ _JOB_COLUMNS = """
     started_at, finished_at, last_heartbeat, lease_until, attempts, retry_count,
     max_retries, rescue_count, worker_id, misfire_grace_time, timeout,
     retry_policy::text AS retry_policy, task_data::text AS task_data,
-    result::text AS result, error_message, error_traceback, dedupe_key, dedupe_scope
+    result::text AS result, error_message, error_traceback, dedupe_key, dedupe_scope,
+    parent_job_id, wait_kind, wait_for, wake_at
 """
 
 _EXISTING_IDS = "SELECT job_id FROM scheduled_jobs WHERE job_id = ANY($1::text[])"

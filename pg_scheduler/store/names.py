@@ -35,6 +35,8 @@ TABLES = (
     "scheduler_limits",
     "scheduler_event_flags",
     "scheduler_queues",
+    "workflow_steps",
+    "workflow_signals",
 )
 _TABLE_RE = re.compile(r'(?<![."\w])(' + "|".join(TABLES) + r")\b")
 _CHANNEL_RE = re.compile(rf"'({JOBS_CHANNEL}|{CANCEL_CHANNEL}|{QUEUES_CHANNEL}|{EVENTS_CHANNEL})'")

@@ -1,4 +1,4 @@
--- The pg_scheduler schema as its migrations leave it (migrations/, 0001 to 0013),
+-- The pg_scheduler schema as its migrations leave it (migrations/, 0001 to 0014),
 -- in schema public: tables, indexes, triggers and functions as PostgreSQL 16
 -- prints them from the catalog of a freshly migrated database.
 --
@@ -87,9 +87,19 @@ CREATE TABLE public.scheduled_jobs (
     dedupe_key text,
     dedupe_scope text,
     started_before boolean DEFAULT false NOT NULL,
+    parent_job_id text,
+    parent_seq integer,
+    has_children boolean DEFAULT false NOT NULL,
+    wait_kind text,
+    wait_for text,
+    wake_at timestamp with time zone,
+    wait_seq integer,
+    wait_children int4range,
+    workflow_deadline timestamp with time zone,
     CONSTRAINT scheduled_jobs_pkey PRIMARY KEY (job_id),
     CONSTRAINT scheduled_jobs_priority_check CHECK ((priority = ANY (ARRAY[1, 3, 5, 8]))),
-    CONSTRAINT scheduled_jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])))
+    CONSTRAINT scheduled_jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'waiting'::text, 'completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text]))),
+    CONSTRAINT scheduled_jobs_wait_kind_check CHECK ((wait_kind = ANY (ARRAY['sleep'::text, 'signal'::text, 'children'::text])))
 )
 WITH (
     fillfactor=90,
@@ -107,7 +117,7 @@ CREATE INDEX scheduled_jobs_claim_idx ON public.scheduled_jobs USING btree (queu
 CREATE INDEX scheduled_jobs_dashboard_idx ON public.scheduled_jobs USING btree (status, created_at, job_id) WHERE (status <> 'running'::text);
 
 -- [index] scheduled_jobs_dedupe_active_idx on scheduled_jobs
-CREATE UNIQUE INDEX scheduled_jobs_dedupe_active_idx ON public.scheduled_jobs USING btree (dedupe_key) WHERE ((dedupe_scope = 'active'::text) AND (status = ANY (ARRAY['pending'::text, 'running'::text])));
+CREATE UNIQUE INDEX scheduled_jobs_dedupe_active_idx ON public.scheduled_jobs USING btree (dedupe_key) WHERE ((dedupe_scope = 'active'::text) AND (status = ANY (ARRAY['pending'::text, 'running'::text, 'waiting'::text])));
 
 -- [index] scheduled_jobs_dedupe_pending_idx on scheduled_jobs
 CREATE UNIQUE INDEX scheduled_jobs_dedupe_pending_idx ON public.scheduled_jobs USING btree (dedupe_key) WHERE ((dedupe_scope = 'pending'::text) AND (NOT started_before) AND ((status = 'pending'::text) OR ((status = 'running'::text) AND claimed_ahead)));
@@ -121,6 +131,9 @@ CREATE INDEX scheduled_jobs_periodic_pending_idx ON public.scheduled_jobs USING 
 -- [index] scheduled_jobs_running_idx on scheduled_jobs
 CREATE INDEX scheduled_jobs_running_idx ON public.scheduled_jobs USING btree (worker_id) WHERE (status = 'running'::text);
 
+-- [index] scheduled_jobs_wake_idx on scheduled_jobs
+CREATE INDEX scheduled_jobs_wake_idx ON public.scheduled_jobs USING btree (wake_at) WHERE (status = 'waiting'::text);
+
 -- [trigger] scheduled_jobs_events_delete on scheduled_jobs
 CREATE TRIGGER scheduled_jobs_events_delete AFTER DELETE ON public.scheduled_jobs REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_job_events();
 
@@ -132,6 +145,21 @@ CREATE TRIGGER scheduled_jobs_notify_insert AFTER INSERT ON public.scheduled_job
 
 -- [trigger] scheduled_jobs_truncate_attempts on scheduled_jobs
 CREATE TRIGGER scheduled_jobs_truncate_attempts AFTER TRUNCATE ON public.scheduled_jobs FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_truncate_attempts();
+
+-- [trigger] scheduled_jobs_workflow_deleted on scheduled_jobs
+CREATE TRIGGER scheduled_jobs_workflow_deleted AFTER DELETE ON public.scheduled_jobs FOR EACH ROW WHEN ((((old.parent_job_id IS NOT NULL) OR old.has_children) AND (old.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])))) EXECUTE FUNCTION pg_scheduler_workflow_job_done();
+
+-- [trigger] scheduled_jobs_workflow_done on scheduled_jobs
+CREATE TRIGGER scheduled_jobs_workflow_done AFTER UPDATE OF status ON public.scheduled_jobs FOR EACH ROW WHEN ((((new.parent_job_id IS NOT NULL) OR new.has_children) AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])) AND (old.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])))) EXECUTE FUNCTION pg_scheduler_workflow_job_done();
+
+-- [trigger] scheduled_jobs_workflow_forget on scheduled_jobs
+CREATE TRIGGER scheduled_jobs_workflow_forget AFTER DELETE ON public.scheduled_jobs REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_workflow_forget();
+
+-- [trigger] scheduled_jobs_workflow_replaced on scheduled_jobs
+CREATE TRIGGER scheduled_jobs_workflow_replaced AFTER UPDATE OF created_at ON public.scheduled_jobs FOR EACH ROW WHEN (((old.created_at IS DISTINCT FROM new.created_at) AND ((old.started_at IS NOT NULL) OR old.has_children))) EXECUTE FUNCTION pg_scheduler_workflow_replaced();
+
+-- [trigger] scheduled_jobs_workflow_truncate on scheduled_jobs
+CREATE TRIGGER scheduled_jobs_workflow_truncate AFTER TRUNCATE ON public.scheduled_jobs FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_workflow_forget();
 
 -- [table] scheduler_event_flags
 CREATE TABLE public.scheduler_event_flags (
@@ -197,6 +225,42 @@ CREATE TABLE public.vacuum_stats (
     deleted_expired integer DEFAULT 0,
     CONSTRAINT vacuum_stats_pkey PRIMARY KEY (stat_date)
 );
+
+-- [table] workflow_signals
+CREATE TABLE public.workflow_signals (
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    job_id text NOT NULL,
+    name text NOT NULL,
+    payload jsonb,
+    sent_at timestamp with time zone DEFAULT now() NOT NULL,
+    consumed_seq integer,
+    CONSTRAINT workflow_signals_pkey PRIMARY KEY (id)
+);
+
+-- [index] workflow_signals_job_idx on workflow_signals
+CREATE INDEX workflow_signals_job_idx ON public.workflow_signals USING btree (job_id, id);
+
+-- [table] workflow_steps
+CREATE TABLE public.workflow_steps (
+    job_id text NOT NULL,
+    seq integer NOT NULL,
+    kind text NOT NULL,
+    name text NOT NULL,
+    key text DEFAULT ''::text NOT NULL,
+    status text NOT NULL,
+    result jsonb,
+    error text,
+    attempts integer DEFAULT 1 NOT NULL,
+    started_at timestamp with time zone,
+    finished_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT workflow_steps_pkey PRIMARY KEY (job_id, seq),
+    CONSTRAINT workflow_steps_job_id_name_key_key UNIQUE (job_id, name, key),
+    CONSTRAINT workflow_steps_kind_check CHECK ((kind = ANY (ARRAY['step'::text, 'transaction'::text, 'sleep'::text, 'signal'::text, 'spawn'::text, 'wait'::text]))),
+    CONSTRAINT workflow_steps_status_check CHECK ((status = ANY (ARRAY['completed'::text, 'failed'::text, 'waiting'::text])))
+);
+
+-- [index] workflow_steps_waiting_idx on workflow_steps
+CREATE INDEX workflow_steps_waiting_idx ON public.workflow_steps USING btree (job_id, seq) WHERE (status = 'waiting'::text);
 
 -- [function] pg_scheduler_job_events()
 CREATE OR REPLACE FUNCTION public.pg_scheduler_job_events()
@@ -301,6 +365,170 @@ BEGIN
            FROM (SELECT json_build_array(o.worker_id, o.hostname, o.pid)::text AS item
                    FROM old_rows o LIMIT 50) w
          HAVING count(*) > 0;
+    END IF;
+    RETURN NULL;
+END $function$;
+
+-- [function] pg_scheduler_workflow_cancel_children(parent text, reason text)
+CREATE OR REPLACE FUNCTION public.pg_scheduler_workflow_cancel_children(parent text, reason text)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO 'public'
+AS $function$
+DECLARE
+    schema_suffix TEXT := CASE WHEN current_schema() = 'public' THEN ''
+                               ELSE ':' || current_schema() END;
+    n INTEGER;
+    told_count INTEGER;
+    sent_count INTEGER;
+BEGIN
+    WITH doomed AS (
+        SELECT s.result ->> 'job_id' AS job_id FROM workflow_steps s
+         WHERE s.job_id = parent AND s.status = 'waiting' AND s.kind = 'spawn'
+           AND NOT coalesce((s.result ->> 'detached')::boolean, false)
+    ), target AS (
+        SELECT j.job_id, j.status, j.attempts, j.worker_id, j.started_at
+          FROM scheduled_jobs j
+         WHERE j.job_id IN (SELECT d.job_id FROM doomed d)
+           AND j.status IN ('pending', 'running', 'waiting')
+         ORDER BY j.job_id
+           FOR UPDATE
+    ), cancelled AS (
+        UPDATE scheduled_jobs j
+           SET status = 'cancelled', finished_at = now(), lease_until = NULL,
+               error_message = reason
+          FROM target t
+         WHERE j.job_id = t.job_id AND j.status IN ('pending', 'running', 'waiting')
+        RETURNING j.job_id, j.task_name, j.attempts, j.queue, t.status AS old_status,
+                  t.worker_id, t.started_at
+    ), kept AS (
+        INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome, error)
+        SELECT c.job_id, c.attempts, c.worker_id, c.started_at, 'cancelled', reason
+          FROM cancelled c WHERE c.old_status = 'running'
+    ), told AS (
+        SELECT pg_notify('pg_scheduler_cancel' || schema_suffix, c.job_id)
+          FROM cancelled c WHERE c.old_status = 'running'
+    ), sent AS (
+        SELECT pg_notify('pg_scheduler_events' || schema_suffix,
+                         format('{"k":"cancelled","t":%s,"j":[%s]}',
+                                extract(epoch FROM now()), string_agg(e.item, ',')))
+          FROM (SELECT json_build_array(c.job_id, c.task_name, c.attempts, c.worker_id,
+                                        NULL, c.queue)::text AS item,
+                       (row_number() OVER (ORDER BY c.job_id) - 1) / 20 AS chunk
+                  FROM cancelled c) e
+         GROUP BY e.chunk
+    )
+    SELECT (SELECT count(*) FROM cancelled), (SELECT count(*) FROM told),
+           (SELECT count(*) FROM sent)
+      INTO n, told_count, sent_count;
+    RETURN n;
+END $function$;
+
+-- [function] pg_scheduler_workflow_forget()
+CREATE OR REPLACE FUNCTION public.pg_scheduler_workflow_forget()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public'
+AS $function$
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        -- DELETE, not TRUNCATE: a TRUNCATE of several tables may name these too.
+        DELETE FROM workflow_steps;
+        DELETE FROM workflow_signals;
+        RETURN NULL;
+    END IF;
+    IF EXISTS (SELECT 1 FROM workflow_steps LIMIT 1) THEN
+        DELETE FROM workflow_steps s USING old_rows o WHERE s.job_id = o.job_id;
+    END IF;
+    IF EXISTS (SELECT 1 FROM workflow_signals LIMIT 1) THEN
+        DELETE FROM workflow_signals s USING old_rows o WHERE s.job_id = o.job_id;
+    END IF;
+    RETURN NULL;
+END $function$;
+
+-- [function] pg_scheduler_workflow_job_done()
+CREATE OR REPLACE FUNCTION public.pg_scheduler_workflow_job_done()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public'
+AS $function$
+DECLARE
+    child RECORD;
+    parent RECORD;
+    outcome JSONB;
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        child := OLD;
+        -- A running row deleted is a completion that deletes its row (vacuum
+        -- trigger IMMEDIATE): its result was not kept.
+        outcome := CASE WHEN OLD.status = 'running'
+                        THEN jsonb_build_object('status', 'completed', 'result', NULL,
+                                                'deleted', true)
+                        ELSE jsonb_build_object('status', 'failed', 'error',
+                                                'the job was deleted before it finished')
+                   END;
+    ELSE
+        child := NEW;
+        outcome := jsonb_build_object('status', NEW.status, 'result', NEW.result,
+                                      'error', NEW.error_message);
+    END IF;
+    IF child.has_children THEN
+        PERFORM pg_scheduler_workflow_cancel_children(
+            child.job_id,
+            format('cancelled: its parent job %s ended (%s)', child.job_id,
+                   CASE WHEN TG_OP = 'DELETE' THEN 'deleted' ELSE NEW.status END));
+    END IF;
+    IF child.parent_job_id IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT j.job_id, j.status, j.wait_kind, j.wait_children, j.queue INTO parent
+      FROM scheduled_jobs j WHERE j.job_id = child.parent_job_id
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    UPDATE workflow_steps s
+       SET status = 'completed', finished_at = now(),
+           result = s.result || jsonb_build_object('outcome', outcome)
+     WHERE s.job_id = parent.job_id AND s.seq = child.parent_seq AND s.status = 'waiting'
+       AND s.kind = 'spawn' AND s.result ->> 'job_id' = child.job_id;
+    IF parent.status = 'waiting' AND parent.wait_kind = 'children' AND NOT EXISTS (
+        SELECT 1 FROM workflow_steps s
+         WHERE s.job_id = parent.job_id AND s.status = 'waiting' AND s.kind = 'spawn'
+           AND s.seq >= lower(parent.wait_children) AND s.seq < upper(parent.wait_children))
+    THEN
+        UPDATE scheduled_jobs
+           SET status = 'pending', execution_time = now(), wait_kind = NULL, wait_for = NULL,
+               wake_at = NULL, wait_seq = NULL, wait_children = NULL
+         WHERE job_id = parent.job_id;
+        PERFORM pg_notify(CASE WHEN current_schema() = 'public' THEN 'pg_scheduler_jobs'
+                               ELSE 'pg_scheduler_jobs:' || current_schema() END,
+                          CASE WHEN parent.queue = 'default' THEN '' ELSE parent.queue END);
+    END IF;
+    RETURN NULL;
+END $function$;
+
+-- [function] pg_scheduler_workflow_replaced()
+CREATE OR REPLACE FUNCTION public.pg_scheduler_workflow_replaced()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public'
+AS $function$
+BEGIN
+    IF OLD.has_children THEN
+        PERFORM pg_scheduler_workflow_cancel_children(
+            OLD.job_id, format('cancelled: its parent job %s was replaced', OLD.job_id));
+    END IF;
+    DELETE FROM workflow_steps WHERE job_id = OLD.job_id;
+    DELETE FROM workflow_signals WHERE job_id = OLD.job_id;
+    IF NEW.wait_kind IS NOT NULL OR NEW.has_children OR NEW.workflow_deadline IS NOT NULL THEN
+        UPDATE scheduled_jobs
+           SET wait_kind = NULL, wait_for = NULL, wake_at = NULL, wait_seq = NULL,
+               wait_children = NULL, workflow_deadline = NULL, has_children = false
+         WHERE job_id = NEW.job_id;
     END IF;
     RETURN NULL;
 END $function$;

@@ -1,0 +1,250 @@
+"""Children: ``ctx.spawn``, ``ctx.wait`` and ``ctx.gather``.
+
+A child is a normal job whose row names its parent and the spawn step that
+made it. Its id is decided by that step (the parent's id, the parent's
+incarnation and the step's place), so a run that reaches the spawn again
+spawns nothing new. Spawns are kept in the run until something needs them
+written (a wait, another step, a park, the workflow's end), then written in
+one statement with their steps.
+
+A child's end (completed, failed, cancelled, expired) is written on its spawn
+step by the database itself (migration 0014's trigger), in the transaction
+that ends it, and wakes a parent parked waiting for it. A wait reads those
+outcomes: a result, or the JobFailed / JobCancelled / JobExpired the results
+API raises, always the same on a replay.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Generator, Sequence
+from datetime import timedelta
+from typing import Any
+
+from ..api.results import outcome as job_outcome
+from ..config import RetryPolicy
+from ..enqueue.checks import check_max_retries, check_priority, check_retry_policy, check_timeout
+from ..enums import PRIORITY_DB_VALUE_OF, JobPriority, JobStatus
+from ..models import Job
+from ..store.workflows import Spawned
+from ..support.codec import decode_json, encode_json, encode_retry_policy, encode_task_data
+from ..tasks import QUEUE_ATTR, ensure_async, queue_of, task_name_of
+from .errors import WorkflowTimeout
+from .replay import COMPLETED, WAITING, Record
+from .run import RunState
+
+_VARIANT = dict(zip("0123456789abcdef", "89ab" * 4, strict=True))
+
+
+def child_job_id(parent: str, incarnation: int, seq: int) -> str:
+    """The id of the child spawned at ``seq``: a version 7 UUID whose time is
+    the parent's creation, then 42 bits of a hash of the parent, then ``seq``.
+    The same for every run of the parent; children of one parent sort
+    together, in spawn order."""
+    clock = f"{(incarnation // 1000) & 0xFFFFFFFFFFFF:012x}"
+    h = hashlib.sha256(f"{parent}\x1f{incarnation}".encode("utf-8", "surrogatepass")).hexdigest()
+    tail = f"{h[7:11]}{seq & 0xFFFFFFFF:08x}"
+    return f"{clock[:8]}-{clock[8:]}-7{h[0:3]}-{_VARIANT[h[3]]}{h[4:7]}-{tail}"
+
+
+class ChildHandle:
+    """A spawned child: ``job_id`` is its job's id (``scheduler.get_job`` and
+    ``scheduler.result`` work on it from anywhere). ``await`` it to get it back
+    (``child = await ctx.spawn(...)``); ``ctx.wait(child)`` for its result."""
+
+    __slots__ = ("detached", "job_id", "seq", "task_name")
+
+    def __init__(self, job_id: str, seq: int, task_name: str, detached: bool) -> None:
+        self.job_id = job_id
+        self.seq = seq
+        self.task_name = task_name
+        self.detached = detached
+
+    def __await__(self) -> Generator[Any, None, ChildHandle]:
+        return self
+        yield  # a generator that returns at once
+
+    def __repr__(self) -> str:
+        return f"<ChildHandle {self.job_id} ({self.task_name}, step {self.seq})>"
+
+
+def spawn(
+    run: RunState,
+    buffer: list[Spawned],
+    func: Callable[..., Any],
+    args: tuple,
+    kwargs: dict[str, Any],
+    *,
+    queue: str | None,
+    priority: JobPriority | None,
+    detached: bool,
+    max_retries: int,
+    timeout: float | None,
+    retry_policy: RetryPolicy | None,
+) -> ChildHandle:
+    """A child of ``func(*args, **kwargs)``, kept in ``buffer`` until written."""
+    run.check()
+    # Every check before anything is taken or written.
+    ensure_async(func)
+    if priority is not None:
+        check_priority(priority)
+    check_max_retries(max_retries)
+    check_timeout(timeout)
+    check_retry_policy(retry_policy)
+    if not isinstance(detached, bool):
+        raise TypeError(f"detached must be True or False, got {detached!r}")
+    child_queue = queue_of(func, queue) if queue is not None else None
+    run.registry.register(func)  # this worker can run it, as schedule() does
+    task_name = task_name_of(func)
+    task_data = encode_task_data(args, kwargs, task_name)
+    key = str(run.replay.next_seq)
+    seq, record = run.replay.take("spawn", task_name, key)
+    if record is not None:
+        recorded = record.result or {}
+        return ChildHandle(recorded["job_id"], seq, task_name, bool(recorded.get("detached")))
+    job_id = child_job_id(run.lease.job_id, run.incarnation, seq)
+    if child_queue is None:
+        # The task's own queue if it declares one, else the parent's.
+        child_queue = queue_of(func) if hasattr(func, QUEUE_ATTR) else run.queue
+    buffer.append(
+        Spawned(
+            job_id,
+            func.__name__,
+            task_name,
+            task_data,
+            run.priority if priority is None else PRIORITY_DB_VALUE_OF[priority],
+            max_retries,
+            None if timeout is None else float(timeout),
+            None if retry_policy is None else encode_retry_policy(retry_policy),
+            child_queue,
+            seq,
+            task_name,
+            key,
+            encode_json({"job_id": job_id, "detached": detached}),
+        )
+    )
+    return ChildHandle(job_id, seq, task_name, detached)
+
+
+async def flush(run: RunState, buffer: list[Spawned]) -> None:
+    """Write every spawn kept in ``buffer``: the children and their steps, in one statement."""
+    if not buffer:
+        return
+    run.check()
+    children = list(buffer)
+    held, _ = await run.write(lambda c: run.store.spawn(c, run.lease, children, run.now()))
+    if not held:
+        raise run.lost()
+    buffer.clear()
+    for child in children:
+        run.replay.keep(
+            Record(
+                child.seq,
+                "spawn",
+                child.name,
+                child.key,
+                WAITING,
+                decode_json(child.record),
+                None,
+                1,
+            )
+        )
+
+
+def _ended(run: RunState, seqs: Sequence[int]) -> dict[int, dict[str, Any]]:
+    """The outcomes of the children at ``seqs`` known to this run."""
+    found: dict[int, dict[str, Any]] = {}
+    for seq in seqs:
+        record = run.replay.records.get(seq)
+        if record is not None and record.status == COMPLETED:
+            found[seq] = (record.result or {}).get("outcome") or {}
+    return found
+
+
+def _span(run: RunState, awaited: set[int], ended: dict[int, Any]) -> tuple[int, int]:
+    """The seqs a park waits on: from the first unfinished awaited child, as
+    far as only awaited spawns follow (a spawn not waited for ends the span;
+    the next park takes the rest), as a half-open range."""
+    spawns = sorted(s for s, r in run.replay.records.items() if r.kind == "spawn")
+    first = min(s for s in awaited if s not in ended)
+    last = first
+    for seq in spawns[spawns.index(first) + 1 :]:
+        if seq not in awaited:
+            break
+        last = seq
+    return first, last + 1
+
+
+async def wait(
+    run: RunState, buffer: list[Spawned], handles: Sequence[ChildHandle], name: str
+) -> list[dict[str, Any]]:
+    """The outcomes of ``handles``' children, in their order, once all ended."""
+    await flush(run, buffer)
+    run.check()
+    seqs = [h.seq for h in handles]
+    key = str(run.replay.next_seq)
+    seq, record = run.replay.take("wait", name, key)
+    result = encode_json({"children": seqs})
+    ended = _ended(run, seqs)
+    if len(ended) == len(set(seqs)):
+        if record is None:
+            await run.record(seq, "wait", name, key, COMPLETED, result, started_at=run.now())
+        elif record.status == WAITING:
+            await _finish(run, seq, name, key, result)
+        return [ended[s] for s in seqs]
+    started = run.now()
+    store, lease = run.store, run.lease
+    async with store.pool.acquire() as conn, conn.transaction():
+        locked = await store.lock_run(conn, lease)
+        if locked is None:
+            raise run.lost()
+        for row in await store.spawned(conn, lease.job_id, sorted(set(seqs))):
+            kept = run.replay.records.get(row["seq"])
+            if kept is not None:
+                kept.status = row["status"]
+                kept.result = decode_json(row["result"])
+        ended = _ended(run, seqs)
+        if len(ended) == len(set(seqs)):
+            held, _ = await store.finish_wait(conn, lease, seq, "wait", name, key, result, started)
+            if not held:
+                raise run.lost()
+            run.replay.keep(Record(seq, "wait", name, key, COMPLETED, None, None, 1))
+            return [ended[s] for s in seqs]
+        deadline = locked["workflow_deadline"]
+        if deadline is not None and deadline <= locked["db_now"]:
+            raise run.halt(WorkflowTimeout("the workflow ran past its deadline"))
+        soon = deadline is not None and deadline <= locked["db_now"] + timedelta(
+            seconds=run.lookahead
+        )
+        span = _span(run, set(seqs), ended)
+        parked = await store.park(
+            conn, lease, seq, "wait", name, key, result, "children", None, deadline, soon, span,
+            started,
+        )  # fmt: skip
+        if parked is None:
+            raise run.lost()
+    raise run.parked()
+
+
+async def _finish(run: RunState, seq: int, name: str, key: str, result: str) -> None:
+    held, _ = await run.write(
+        lambda c: run.store.finish_wait(c, run.lease, seq, "wait", name, key, result, run.now())
+    )
+    if not held:
+        raise run.lost()
+
+
+def result_of(handle: ChildHandle, ended: dict[str, Any]) -> Any:
+    """A child's result, or the JobFailed / JobCancelled / JobExpired of its end."""
+    status = ended.get("status")
+    if status == "completed":
+        return ended.get("result")
+    job = Job.model_construct(
+        job_id=handle.job_id,
+        task_name=handle.task_name,
+        status=JobStatus(status or "failed"),
+        error=ended.get("error"),
+        traceback=None,
+        result=None,
+    )
+    return job_outcome(job)

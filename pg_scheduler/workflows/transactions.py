@@ -1,0 +1,144 @@
+"""Exactly-once steps: database writes committed in one transaction with
+their checkpoint.
+
+``async with ctx.transaction() as conn`` opens a transaction on a connection
+of the application's pool; at the end of the block the step's record is
+written in that same transaction (lease-guarded), then it commits. The
+writes and the record commit together or not at all, and a place is
+recorded once: two runs racing (a stale one and its successor) cannot both
+commit it; the one that finds it taken rolls back and goes on as a replay.
+On a replay (the record exists) the block runs again, but its transaction
+is rolled back at the end: only database writes through ``conn`` belong in
+the block. ``ctx.transaction_step(name, fn)`` does not even call ``fn(conn)``
+on a replay and returns its stored result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any
+
+import asyncpg
+
+from ..support.codec import decode_json
+from .replay import COMPLETED, Record
+from .run import RunState, encode_step_result
+
+KIND = "transaction"
+
+
+class _Open:
+    """A transaction on a connection of the application's pool."""
+
+    def __init__(self, run: RunState) -> None:
+        self.run = run
+        self.conn: Any = None
+        self.tx: Any = None
+
+    async def open(self) -> asyncpg.Connection:
+        pool = self.run.store.raw_pool
+        self.conn = await pool.acquire()
+        try:
+            self.tx = self.conn.transaction()
+            await self.tx.start()
+        except BaseException:
+            await pool.release(self.conn)
+            self.conn = None
+            raise
+        return self.conn
+
+    async def close(self, commit: bool) -> None:
+        conn, self.conn = self.conn, None
+        try:
+            if commit:
+                await self.tx.commit()
+            else:
+                await self.tx.rollback()
+        finally:
+            await self.run.store.raw_pool.release(conn)
+
+    async def record(self, seq: int, name: str, key: str, result: str | None) -> bool:
+        """Write the step's record in this transaction. True: written (commit);
+        False: the place or the name is taken, by a run that committed it first
+        (roll back, then adopt it) or at another place (adopting finds out)."""
+        run = self.run
+        try:
+            held, written = await run.store.checkpoint(
+                self.conn, run.lease, seq, KIND, name, key, COMPLETED, result, None, 1, run.now()
+            )
+        except asyncpg.UniqueViolationError:
+            return False
+        if not held:
+            raise run.lost()
+        return written
+
+
+class TransactionStep:
+    """``async with ctx.transaction(...) as conn`` (see the module docstring)."""
+
+    def __init__(self, run: RunState, name: str, key: str) -> None:
+        self._run = run
+        self._name = name
+        self._key = key
+        self._open = _Open(run)
+        self._seq = 0
+        self._replayed: Record | None = None
+
+    async def __aenter__(self) -> asyncpg.Connection:
+        run = self._run
+        run.check()
+        self._seq, self._replayed = run.replay.take(KIND, self._name, self._key)
+        return await self._open.open()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        opened = self._open
+        if exc_type is not None or self._replayed is not None:
+            await opened.close(commit=False)
+            return
+        try:
+            written = await opened.record(self._seq, self._name, self._key, None)
+        except BaseException:
+            await opened.close(commit=False)
+            raise
+        await opened.close(commit=written)
+        if written:
+            self._run.replay.keep(
+                Record(self._seq, KIND, self._name, self._key, COMPLETED, None, None, 1)
+            )
+        else:
+            await self._run.adopt(self._seq, KIND, self._name, self._key)
+
+
+async def transaction_step(
+    run: RunState,
+    name: str,
+    key: str,
+    fn: Callable[[asyncpg.Connection], Awaitable[Any]],
+) -> Any:
+    """``fn(conn)`` in a transaction committed with its record; on a replay,
+    its stored result without calling it."""
+    run.check()
+    seq, replayed = run.replay.take(KIND, name, key)
+    if replayed is not None:
+        return replayed.result
+    opened = _Open(run)
+    conn = await opened.open()
+    try:
+        value = await fn(conn)
+        text = encode_step_result(f"transaction step {name!r}", value)
+        written = await opened.record(seq, name, key, text)
+    except BaseException:
+        await opened.close(commit=False)
+        raise
+    await opened.close(commit=written)
+    if not written:
+        return (await run.adopt(seq, KIND, name, key)).result
+    made = Record(seq, KIND, name, key, COMPLETED, decode_json(text), None, 1)
+    run.replay.keep(made)
+    return made.result
