@@ -119,6 +119,8 @@ class Contender:
     async def close(self) -> None:
         if self.scheduler is not None:
             await self.stop_worker()
+        if self.producer is not None:
+            await self.producer.shutdown()  # never started: stops what it may have opened
         for pool in (self.pool, self.client_pool):
             if pool is not None:
                 await pool.close()

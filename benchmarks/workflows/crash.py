@@ -162,6 +162,7 @@ async def run(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
 
         kills = asyncio.create_task(killer())
         finished = 0
+        shown = time.monotonic()
         while time.monotonic() < deadline:
             finished = await pool.fetchval(
                 "SELECT count(*) FROM scheduled_jobs WHERE job_id LIKE 'w%' AND status = ANY($1)",
@@ -169,10 +170,14 @@ async def run(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
             )
             if finished >= args.n:
                 break
+            if time.monotonic() - shown > 5:
+                shown = time.monotonic()
+                print(f"[crash] {finished}/{args.n} done, {len(killed)} kills", file=sys.stderr)
             await asyncio.sleep(0.1)
         elapsed = time.monotonic() - began
         done.set()
         await kills
+        print(f"[crash] {finished}/{args.n} done; checking", file=sys.stderr)
         return {**await checks(pool, args.n, killed), "elapsed_s": round(elapsed, 2)} | {
             "workflows": args.n,
             "workers": args.workers,
@@ -195,17 +200,21 @@ async def checks(pool: asyncpg.Pool, n: int, killed: set[int]) -> dict[str, Any]
             " WHERE job_id LIKE 'w%' GROUP BY status"
         )
     }
+    # result() of a Scheduler that never started opens its listener: shut it down.
     reader = Scheduler(pool)
     wrong: list[str] = []
     unread = 0
-    for i in range(n):
-        try:
-            value = await reader.result(f"w{i}", timeout=5)
-        except Exception:
-            unread += 1
-            continue
-        if value != crash_flows.expected(i):
-            wrong.append(f"w{i}={value!r}")
+    try:
+        for i in range(n):
+            try:
+                value = await reader.result(f"w{i}", timeout=5)
+            except Exception:
+                unread += 1
+                continue
+            if value != crash_flows.expected(i):
+                wrong.append(f"w{i}={value!r}")
+    finally:
+        await reader.shutdown()
     runs = await pool.fetch(
         "SELECT key, step, count(*) AS n, array_agg(pid) AS pids"
         " FROM wf_step_runs GROUP BY key, step"

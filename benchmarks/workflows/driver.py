@@ -371,6 +371,10 @@ async def parked(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     RECORD.reset(n, lambda i: i)
     RECORD.park_target = n
     await c.start_worker(cfg["concurrency"], queue=False)
+    # What the idle worker holds by itself (its LISTEN connection and the like):
+    # parked workflows should add nothing to it.
+    await asyncio.sleep(cfg.get("quiet_before", 2.0))
+    pool_idle = c.pool_in_use()
     t0 = time.perf_counter()
     await c.start_parked(range(n))
     start_calls_s = time.perf_counter() - t0
@@ -435,6 +439,12 @@ async def parked(c: Any, cfg: dict[str, Any]) -> dict[str, Any]:
         "running_rows_max": peak("running_rows"),
         "bodies_in_memory_max": peak("bodies_in_memory"),
         "pool_in_use_max": peak("pool_in_use"),
+        "pool_in_use_idle_worker": pool_idle,
+        "pool_in_use_for_parked": (
+            peak("pool_in_use") - pool_idle
+            if peak("pool_in_use") is not None and pool_idle is not None
+            else None
+        ),
         "server_busy_backends_max": peak("server_busy"),
         "server_backends": peak("server_backends"),
         "server_cpu_pct_of_core": round(server_cpu / window * 100, 2) if monitor.pids else None,
