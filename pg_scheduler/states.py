@@ -158,40 +158,40 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(
         (None,),
         (PENDING,),
-        "workflows._SPAWN",
+        "workflow_sql._SPAWN",
         "workflows/children.py: a workflow's children, written with their spawn steps",
     ),
     Transition(
         (RUNNING,),
         (WAITING, PENDING),
-        "workflows._PARK_SLEEP",
+        "workflow_sql._PARK_SLEEP",
         "workflows/parking.py: ctx.sleep (pending, due then, when that is within the "
         "timer's lookahead)",
     ),
     Transition(
         (RUNNING,),
         (WAITING, PENDING),
-        "workflows._PARK",
+        "workflow_sql._PARK",
         "workflows/parking.py, children.py: a wait for a signal or for children, nothing "
         "there yet (the row locked first; pending when a timeout or deadline is near)",
     ),
     Transition(
         (WAITING, PENDING),
         (PENDING,),
-        "workflows._SIGNAL",
+        "workflow_sql._SIGNAL",
         "Scheduler.signal: the workflow waits for this signal (due now)",
     ),
     Transition(
         (WAITING,),
         (PENDING,),
-        "workflows._WAKE_DUE",
+        "workflow_sql._WAKE_DUE",
         "services/workflow_timer.py: a sleep's end, a signal wait's timeout, a deadline",
     ),
     Transition(
-        (WAITING,),
+        (WAITING, PENDING),
         (PENDING,),
         "function:pg_scheduler_workflow_job_done",
-        "trigger (0014): the last child a parked workflow waits for ended",
+        "trigger (0014): the last child a parked workflow waits for ended (due now)",
     ),
     Transition(
         (PENDING, RUNNING, WAITING),

@@ -200,6 +200,11 @@ class SyncClient:
         """Cancel a pending or running job (its worker hears it by NOTIFY)."""
         return self._call(lambda s: s.cancel_job(job_id))
 
+    def signal(self, job_id: str, name: str, payload: Any = None) -> None:
+        """Send signal ``name`` to workflow ``job_id`` (see ``Scheduler.signal``),
+        on the client's own connection."""
+        return self._call(lambda s: s.signal(job_id, name, payload))
+
     def close(self) -> None:
         """Close the client's pool and stop its thread (it can be used again after)."""
         with self._lock:

@@ -174,6 +174,20 @@ def test_the_enqueue_wing_never_imports_the_engine() -> None:
     assert arrows == []
 
 
+def test_the_workflows_wing_never_imports_the_engine() -> None:
+    """The executor calls workflows/runner.py; never the other way round."""
+    graph = _import_graph(everywhere=True)
+    assert "pg_scheduler.workflows.runner" in graph["pg_scheduler.engine.executor"]
+    arrows = [
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        if name.startswith("pg_scheduler.workflows")
+        for target in targets
+        if target == "pg_scheduler.engine" or target.startswith("pg_scheduler.engine.")
+    ]
+    assert arrows == []
+
+
 def test_only_the_faces_and_the_tools_import_the_scheduler() -> None:
     """The parts see the Scheduler through small protocols, never by importing
     scheduler.py (TYPE_CHECKING and function-level imports included)."""
@@ -302,7 +316,7 @@ def test_every_statement_that_writes_status_is_in_the_transition_table() -> None
     # The parsers work: statements, and trigger functions of the migrations.
     assert "job_sql._CLAIM" in writers and "workers._RESCUE" in writers
     assert "function:pg_scheduler_workflow_job_done" in functions
-    assert "workflows._CHECKPOINT" not in writers  # workflow_steps.status is another column
+    assert "workflow_sql._CHECKPOINT" not in writers  # workflow_steps.status is another column
     writers |= functions
     listed = {t.statement for t in TRANSITIONS}
     assert writers - listed == set(), "status writers missing from states.TRANSITIONS"

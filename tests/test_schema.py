@@ -33,6 +33,8 @@ GRANT SELECT, INSERT, UPDATE ON {schema}.periodic_jobs TO {role};
 GRANT SELECT, INSERT, DELETE ON {schema}.job_attempts TO {role};
 GRANT SELECT ON {schema}.scheduler_event_flags TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.scheduler_limits TO {role};
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.workflow_steps TO {role};
+GRANT SELECT, INSERT, UPDATE ON {schema}.workflow_signals TO {role};
 """
 
 

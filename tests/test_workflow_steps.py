@@ -270,3 +270,22 @@ async def test_bad_step_arguments_raise_at_the_call(pool, make_scheduler):
         StepRetry(max_attempts=0)
     with pytest.raises(TypeError):
         workflow(lambda ctx: None)
+
+
+@workflow
+async def swallowing(ctx: WorkflowContext) -> str:
+    await ctx.step("same", lambda: 1)
+    try:
+        await ctx.step("same", lambda: 2)
+    except Exception:
+        pass  # the workflow's code swallows the error: the run still ends with it
+    return "swallowed"
+
+
+async def test_a_swallowed_duplicate_still_fails_the_job(pool, make_scheduler):
+    scheduler = await make_scheduler()
+    job = await _finished(
+        scheduler, await scheduler.schedule(swallowing, execution_time=datetime.now(UTC))
+    )
+    assert job.status is JobStatus.FAILED
+    assert "DuplicateStep" in job.error

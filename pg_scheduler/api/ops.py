@@ -13,6 +13,7 @@ from ..periodic import PeriodicJobConfig
 from ..store.migrate import migrate
 from ..support.reconnect import retry_on_disconnect
 from ..support.validation import check_int
+from ..workflows.decorator import is_workflow
 
 if TYPE_CHECKING:
     import asyncpg
@@ -107,6 +108,10 @@ class SchedulerOps:
             needed["periodic_jobs"] = "SELECT,INSERT,UPDATE"
         if self.vacuum_enabled and self.vacuum_config.track_metrics:
             needed["vacuum_stats"] = "SELECT,INSERT,UPDATE"
+        # Migration 0014: a worker that runs workflows writes their records.
+        if any(is_workflow(self.registry.resolve(name)) for name in self.registry.names()):
+            needed["workflow_steps"] = "SELECT,INSERT,UPDATE,DELETE"
+            needed["workflow_signals"] = "SELECT,INSERT,UPDATE"
         return needed
 
     async def check_privileges(self) -> None:

@@ -96,7 +96,9 @@ def render_status(stats: QueueStats, out: Any = None) -> None:
     out.print(
         f"[bold]Queue[/bold] at {when(stats.taken_at)}: {stats.due} due "
         f"(oldest waiting {ago(stats.oldest_pending_age)}), {stats.scheduled} scheduled, "
-        f"{counts['running']} running; {stats.live_workers} live worker(s)"
+        f"{counts['running']} running"
+        + (f", {counts['waiting']} waiting (parked workflows)" if counts.get("waiting") else "")
+        + f"; {stats.live_workers} live worker(s)"
     )
     task_rows = [
         (

@@ -41,6 +41,7 @@ from ..store.periodic import PERIODIC_TASK_PREFIX, WINDOW_ID_PREFIX
 from ..support.log import get_logger
 from ..support.validation import INT4_MAX, check_name, check_queue
 from ..tasks import default_registry
+from ..workflows.decorator import is_workflow, mark_workflow, options_of
 from .cron import CronError, CronSchedule
 from .windows import MICROSECOND, CoalescePolicy, IntervalSchedule, Schedule
 
@@ -123,10 +124,12 @@ class PeriodicJobConfig:
                 f"functions only, got {func!r}"
             )
         try:
-            inspect.signature(func).bind()
+            # A workflow takes its context, nothing else.
+            inspect.signature(func).bind(*((None,) if is_workflow(func) else ()))
         except TypeError as exc:
             raise TypeError(
-                f"@periodic function {func.__qualname__} must be callable without arguments: {exc}"
+                f"@periodic function {func.__qualname__} must be callable without arguments"
+                f" (a workflow: with its context only): {exc}"
             ) from None
         exactly_one = "@periodic needs exactly one of every= (a timedelta) or cron= (an expression)"
         if self.interval is None and self.cron is None:
@@ -152,6 +155,11 @@ class PeriodicJobConfig:
         for name in ("use_advisory_lock", "enabled"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}= must be True or False, got {getattr(self, name)!r}")
+        if self.use_advisory_lock and is_workflow(self.func):
+            raise ValueError(
+                "use_advisory_lock=True cannot apply to a workflow: its runs park between "
+                "steps, and a session's lock cannot be held across them"
+            )
         if not isinstance(self.priority, JobPriority):
             raise TypeError(f"priority= must be a JobPriority, got {self.priority!r}")
         if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int):
@@ -215,7 +223,9 @@ class WindowRunner(Protocol):
 
     def runs_in_current_task(self, job_id: str) -> bool: ...
 
-    async def run(self, config: PeriodicJobConfig, job_id: str, window: str | None) -> Any: ...
+    async def run(
+        self, config: PeriodicJobConfig, job_id: str, window: str | None, ctx: Any = None
+    ) -> Any: ...
 
 
 # Every live runtime adds itself here; a runner task finds the one whose worker
@@ -256,10 +266,21 @@ def _make_runner(config: PeriodicJobConfig) -> Callable[..., Any]:
             raise RuntimeError(f"periodic job {key!r} run outside of a Scheduler")
         return await runtime.run(current, job_id, window)
 
+    async def run_periodic_workflow(ctx: Any, job_id: str, window: str | None = None) -> Any:
+        current = _registry.get(key, config)
+        runtime = _runtime_running(job_id)
+        if runtime is None:
+            raise RuntimeError(f"periodic job {key!r} run outside of a Scheduler")
+        return await runtime.run(current, job_id, window, ctx)
+
     # A unique bare name, so this runner never makes a user function's bare
     # (0.2.x) name ambiguous.
-    run_periodic.__name__ = run_periodic.__qualname__ = config.task_name
-    return run_periodic
+    runner: Callable[..., Any] = run_periodic
+    if is_workflow(config.func):
+        # A workflow's window is a workflow too: the runner gets its context.
+        runner = mark_workflow(run_periodic_workflow, options_of(config.func))
+    runner.__name__ = runner.__qualname__ = config.task_name
+    return runner
 
 
 def periodic(

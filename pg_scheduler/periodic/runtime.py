@@ -353,8 +353,10 @@ class PeriodicManager:
         await self._record("run_finished", key, job_id, "skipped", why)
         return {"skipped": why}
 
-    async def run(self, config: PeriodicJobConfig, job_id: str, window: str | None) -> Any:
-        """Run one window (or manual run) of ``config``; called by its runner task."""
+    async def _begin(
+        self, config: PeriodicJobConfig, job_id: str, window: str | None
+    ) -> str | None:
+        """Record that a window's run started; why it is skipped (coalesced), or None."""
         key = config.dedup_key
         fire_time = None if window is None else datetime.fromisoformat(window)
         previous = await self._record("run_started", key, job_id, fire_time)
@@ -377,10 +379,26 @@ class PeriodicManager:
             ):
                 # Runs of overdue windows may record their start in any order.
                 why = "coalesced: an earlier overdue window is running (coalesce='earliest')"
-            if why is not None:
-                return await self._skip(key, job_id, why)
+            return why
+        return None
+
+    async def run(
+        self, config: PeriodicJobConfig, job_id: str, window: str | None, ctx: Any = None
+    ) -> Any:
+        """Run one window (or manual run) of ``config``; called by its runner task.
+        ``ctx``: a workflow's context (its window is a workflow run: the start is
+        a step, so a run resumed after a park does not start the window again)."""
+        key = config.dedup_key
+        if ctx is None:
+            why = await self._begin(config, job_id, window)
+        else:
+            why = await ctx.step("periodic:start", self._begin, config, job_id, window)
+        if why is not None:
+            return await self._skip(key, job_id, why)
         try:
-            if config.use_advisory_lock:
+            if ctx is not None:
+                result = await config.func(ctx)
+            elif config.use_advisory_lock:
                 async with self.scheduler.db_pool.acquire() as conn, conn.transaction():
                     if not await self.store.try_xact_lock(conn, config.lock_key):
                         why = "skipped: another run of this job holds its advisory lock"

@@ -98,7 +98,7 @@ def spawn(
     task_name = task_name_of(func)
     task_data = encode_task_data(args, kwargs, task_name)
     key = str(run.replay.next_seq)
-    seq, record = run.replay.take("spawn", task_name, key)
+    seq, record = run.take("spawn", task_name, key)
     if record is not None:
         recorded = record.result or {}
         return ChildHandle(recorded["job_id"], seq, task_name, bool(recorded.get("detached")))
@@ -183,7 +183,7 @@ async def wait(
     run.check()
     seqs = [h.seq for h in handles]
     key = str(run.replay.next_seq)
-    seq, record = run.replay.take("wait", name, key)
+    seq, record = run.take("wait", name, key)
     result = encode_json({"children": seqs})
     ended = _ended(run, seqs)
     if len(ended) == len(set(seqs)):

@@ -36,6 +36,13 @@ def options_of(func: Any) -> WorkflowOptions:
     return getattr(func, OPTIONS_ATTR, None) or WorkflowOptions()
 
 
+def mark_workflow(func: F, options: WorkflowOptions) -> F:
+    """Make ``func`` (``async def f(ctx, ...)``) run as a workflow once registered."""
+    setattr(func, EXECUTOR_ATTR, WORKFLOW)
+    setattr(func, OPTIONS_ATTR, options)
+    return func
+
+
 @overload
 def workflow(func: F, /) -> F: ...
 @overload
@@ -77,8 +84,7 @@ def workflow(
             raise TypeError(
                 f"@workflow needs an async def function taking the context first, got {f!r}"
             )
-        setattr(f, EXECUTOR_ATTR, WORKFLOW)
-        setattr(f, OPTIONS_ATTR, options)
+        mark_workflow(f, options)
         decorated: F = default_registry.decorator(
             f,
             name=name,

@@ -40,7 +40,7 @@ async def sleep(run: RunState, seconds: float | None, until: datetime | None) ->
     """Park until ``seconds`` from now (database clock) or ``until``."""
     run.check()
     key = str(run.replay.next_seq)
-    seq, record = run.replay.take("sleep", "sleep", key)
+    seq, record = run.take("sleep", "sleep", key)
     if record is not None:
         until = _until(record)
         if until is not None and until <= run.now():
@@ -71,7 +71,7 @@ async def wait_for_signal(
     """(True, payload) when a signal ``signal`` came; (False, None) on timeout."""
     run.check()
     key = key if key is not None else str(run.replay.next_seq)
-    seq, record = run.replay.take("signal", signal, key)
+    seq, record = run.take("signal", signal, key)
     if record is not None and record.status == COMPLETED:
         result = record.result or {}
         return ("timeout" not in result), result.get("payload")

@@ -22,7 +22,7 @@ from ..support.codec import decode_json, encode_json
 from ..support.pool_release import autocommitted
 from ..support.reconnect import retry_on_disconnect
 from ..tasks import TaskRegistry
-from .errors import LeaseLost, Parked, WorkflowError, WorkflowMismatch
+from .errors import DuplicateStep, LeaseLost, Parked, WorkflowError, WorkflowMismatch
 from .replay import Record, Replay, describe
 
 T = TypeVar("T")
@@ -106,6 +106,15 @@ class RunState:
 
     def parked(self) -> BaseException:
         return self.halt(Parked())
+
+    def take(self, kind: str, name: str, key: str) -> tuple[int, Record | None]:
+        """The next place and its record (see Replay.take); a mismatch or a
+        duplicate ends the run, whatever the workflow makes of the exception."""
+        self.check()
+        try:
+            return self.replay.take(kind, name, key)
+        except (WorkflowMismatch, DuplicateStep) as exc:
+            raise self.halt(exc) from None
 
     # -- writing -------------------------------------------------------------------
 

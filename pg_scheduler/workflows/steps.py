@@ -85,7 +85,7 @@ async def run_step(
 ) -> Any:
     """The step's result: recorded, or computed now and recorded."""
     run.check()
-    seq, record = run.replay.take("step", name, key)
+    seq, record = run.take("step", name, key)
     if record is not None:
         if record.status == COMPLETED:
             return record.result

@@ -88,7 +88,7 @@ class TransactionStep:
     async def __aenter__(self) -> asyncpg.Connection:
         run = self._run
         run.check()
-        self._seq, self._replayed = run.replay.take(KIND, self._name, self._key)
+        self._seq, self._replayed = run.take(KIND, self._name, self._key)
         return await self._open.open()
 
     async def __aexit__(
@@ -124,7 +124,7 @@ async def transaction_step(
     """``fn(conn)`` in a transaction committed with its record; on a replay,
     its stored result without calling it."""
     run.check()
-    seq, replayed = run.replay.take(KIND, name, key)
+    seq, replayed = run.take(KIND, name, key)
     if replayed is not None:
         return replayed.result
     opened = _Open(run)

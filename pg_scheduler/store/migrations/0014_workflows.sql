@@ -208,7 +208,8 @@ BEGIN
            result = s.result || jsonb_build_object('outcome', outcome)
      WHERE s.job_id = parent.job_id AND s.seq = child.parent_seq AND s.status = 'waiting'
        AND s.kind = 'spawn' AND s.result ->> 'job_id' = child.job_id;
-    IF parent.status = 'waiting' AND parent.wait_kind = 'children' AND NOT EXISTS (
+    -- Pending too: a parent parked with its deadline near is pending, due then.
+    IF parent.status IN ('waiting', 'pending') AND parent.wait_kind = 'children' AND NOT EXISTS (
         SELECT 1 FROM workflow_steps s
          WHERE s.job_id = parent.job_id AND s.status = 'waiting' AND s.kind = 'spawn'
            AND s.seq >= lower(parent.wait_children) AND s.seq < upper(parent.wait_children))
