@@ -52,6 +52,10 @@ class Compat:
             raise ValueError(
                 f"unknown status {status!r}; one of {[s.value for s in JobStatus]}"
             ) from None
+        if value is JobStatus.WAITING:
+            # Only a workflow's own park writes it, with what wakes the row;
+            # forced, nothing would ever wake it.
+            raise ValueError("status 'waiting' is written only by a workflow parking itself")
         return await self.store.set_status(job_id, value.value)
 
     async def send_heartbeat(self, job_id: str) -> bool:

@@ -340,3 +340,21 @@ async def test_arguments_over_the_size_limit(pool, make_scheduler):
     ):
         await scheduler.schedule(app_tasks.record, execution_time=later(), args=(huge,))
     assert await pool.fetchval("SELECT count(*) FROM scheduled_jobs") == 0
+
+
+async def test_update_job_status_refuses_waiting_and_writes_nothing(pool, make_scheduler):
+    """'waiting' is a workflow's park, written with what wakes it; forced on a
+    row, nothing would ever wake it again."""
+    scheduler = await make_scheduler(start=False)
+    job_id = await scheduler.schedule(
+        _noop_for_waiting, execution_time=datetime.now(UTC) + timedelta(hours=1)
+    )
+    with pytest.raises(ValueError, match="waiting"):
+        await scheduler.update_job_status(job_id, "waiting")
+    assert await pool.fetchval("SELECT status FROM scheduled_jobs WHERE job_id = $1", job_id) == (
+        "pending"
+    )
+
+
+async def _noop_for_waiting() -> None:
+    return None
