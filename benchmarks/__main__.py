@@ -97,7 +97,7 @@ SCENARIOS = [
     "big_backlog",
     "scaling",
 ]
-# Issue 13's: a worker next to a due backlog it cannot run (run them by name).
+# Queue scenarios: a worker next to a due backlog it cannot run (run them by name).
 QUEUE_SCENARIOS = ["queue_empty", "queue_foreign", "queue_unregistered", "queue_idle_cpu"]
 # Scenarios run for this library only (the peers take minutes per 1M rows).
 # latency_cross and critical need a contender method the peers' modules lack.
@@ -320,7 +320,7 @@ def scenario_cfg(scenario: str, sizes: dict[str, Any], concurrency: int) -> dict
 
 
 def queue_ratios(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Issue 13's figures: each backlog drain against the empty-table drain."""
+    """The queue scenarios' figures: each backlog drain against the empty-table drain."""
     out: dict[str, Any] = {}
     empty = median_of(runs.get("queue_empty", []), "jobs_per_s")
     for scenario in ("queue_foreign", "queue_unregistered"):
@@ -534,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         ratios["drain_del_vs_pgqueuer"] = round(
             dele["drain_jobs_per_s"] / pgq["drain_jobs_per_s"], 2
         )
-    # The share of the raw limit (same sitting, same acknowledgement mode).
+    # The share of the raw limit (same run, same acknowledgement mode).
     for mine, limit, label in (
         ("pg_scheduler", "raw_limit", "drain_vs_raw_limit"),
         ("pg_scheduler_del", "raw_limit_del", "drain_del_vs_raw_limit_del"),

@@ -7,7 +7,7 @@ The harness's drain scenario (same contenders, same checks: exactly once,
 nothing lost), each run on a fresh database of one server, with some of the
 migrations' indexes dropped after the schema is made and before the jobs are
 enqueued. ``raw_limit`` (its own narrow table) runs in every round as the
-reference, so the ratios come from one sitting. Rounds alternate the order.
+reference, so the ratios come from one run. Rounds alternate the order.
 
 Dropping an index here is a measurement, not a configuration: the library's
 statements need them (claims and the heartbeat read them; the dashboard and the
@@ -98,7 +98,7 @@ def main() -> None:
                 flush=True,
             )
     raw = statistics.median(r["jobs_per_s"] for r in results[("raw_limit", "full")])
-    print(f"\nmedians of {args.rounds}, {args.n:,} jobs; ratio to raw_limit in this sitting")
+    print(f"\nmedians of {args.rounds}, {args.n:,} jobs; ratio to raw_limit in this run")
     print("contender        variant                  jobs/s  ratio  worker µs  server µs")
     for (name, variant), outs in results.items():
         rate = statistics.median(r["jobs_per_s"] for r in outs)

@@ -1,4 +1,4 @@
-"""Queue scenarios (issue 13), this library only: a worker next to a due backlog
+"""Queue scenarios, this library only: a worker next to a due backlog
 it cannot run.
 
 ``foreign``: ``cfg["foreign"]`` due jobs that the worker must not touch

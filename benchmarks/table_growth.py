@@ -1,4 +1,4 @@
-"""Does the job table stay small, and the claim fast? (issue 5; outside the test suite)
+"""Does the job table stay small, and the claim fast? (outside the test suite)
 
 Part 1 pushes N short jobs (default 500,000) through the statements a worker
 runs (``Store.insert``, ``Store.claim``, ``Store.complete``: the same SQL, minus

@@ -1,5 +1,5 @@
 """This repository's pg_scheduler running plain ``def`` jobs in its thread pool
-(``@task(executor="thread")``, issue 14): the drain scenario only."""
+(``@task(executor="thread")``): the drain scenario only."""
 
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run.register(commands)
     ops.register(commands)
-    dashboard.register(commands)  # issue 16
+    dashboard.register(commands)
     # Global options work after the command too (``status --dsn X``).
     for sub in _subcommand_parsers(parser):
         add_global_options(sub, suppress=True)

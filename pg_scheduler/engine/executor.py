@@ -147,7 +147,7 @@ class Executor:
         running = RunningJob(job, current, time.monotonic())
         self.running[job.job_id] = running
         token = enter_job(self.store, running, job_row)  # current_job()
-        # Metrics and tracing observers (issue 16); none installed: one attribute read.
+        # Metrics and tracing observers; none installed: one attribute read.
         observed = instrument.started(job_row, job.task_name) if instrument.observers else None
         outcome = "interrupted"
         duration: float | None = None

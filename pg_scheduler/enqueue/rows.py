@@ -103,7 +103,7 @@ def _rows(
     # func -> (job name, task name, has a task-level dedupe key, its queue)
     tasks: dict[Any, tuple[str, str, bool, str]] = {}
     fresh_ids = iter(new_job_ids(len(jobs)))
-    inject = instrument.trace_injector  # the caller's trace context (issue 16)
+    inject = instrument.trace_injector  # the caller's trace context
     grace_default: Any = UNSET
     last_time = last_priority = last_retries = last_grace = last_timeout = last_queue = _NOT_SEEN
     aware: Any = None

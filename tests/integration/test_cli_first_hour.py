@@ -1,4 +1,4 @@
-"""The operations CLI of issue 16: options anywhere, --watch, one JSON shape per job,
+"""The operations CLI: options anywhere, --watch, one JSON shape per job,
 unwrapped ids, dry runs and confirmations, the embedded DSN, tables without rich."""
 
 from __future__ import annotations

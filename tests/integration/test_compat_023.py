@@ -1,4 +1,4 @@
-"""What code and test fixtures written for pg-scheduler 0.2.3 rely on (issue 10):
+"""What code and test fixtures written for pg-scheduler 0.2.3 rely on:
 the schema coming back after its tables are dropped, the ``_UNSET`` import,
 schedule_bulk's IGNORE return, JobSpec of a plain function, re-registered
 periodic jobs, the key words of 0.2.x's error messages, and priority order."""

@@ -60,7 +60,7 @@ async def test_failing_job_retries_then_completes(pool, make_scheduler):
     assert job.attempts == 3
     assert job.retry_count == 2
     assert job.result == "ok"
-    # issue 15: the error of a completed job is None; earlier attempts keep theirs.
+    # The error of a completed job is None; earlier attempts keep theirs.
     assert job.error is None and job.traceback is None
     assert [(a.attempt, a.outcome) for a in job.attempt_history] == [
         (1, "failed"),

@@ -444,7 +444,7 @@ async def test_job_timeout_and_retry_schedule_visible(pool, make_scheduler):
 
     await wait_until(retried)
     job = await scheduler.get_job(job_id)
-    # issue 15: pending again, no current error; the timed-out attempt is in the history.
+    # Pending again, no current error; the timed-out attempt is in the history.
     assert job.error is None
     assert [(a.outcome, a.error) for a in job.attempt_history] == [
         ("timed_out", "timed out after 0.2 s")

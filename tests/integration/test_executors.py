@@ -1,4 +1,4 @@
-"""Issue 14: plain functions in a thread pool and in spawned processes."""
+"""Plain functions in a thread pool and in spawned processes."""
 
 from __future__ import annotations
 

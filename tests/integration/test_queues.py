@@ -1,5 +1,5 @@
 """Named queues: routing, worker pools, pause/resume, validation, wake-ups, and
-claims that do not read rows they cannot run (issue 13)."""
+claims that do not read rows they cannot run."""
 
 from __future__ import annotations
 

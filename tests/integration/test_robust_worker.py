@@ -1,4 +1,4 @@
-"""Issue 11, the worker's half: outcomes the database refuses, BaseException from
+"""A robust worker: outcomes the database refuses, BaseException from
 job code, and the bound on rows a worker holds. In-process schedulers on real
 PostgreSQL."""
 
@@ -340,7 +340,7 @@ async def test_rescue_counts_only_jobs_that_started(pool, make_scheduler):
         assert (by_id[job_id]["rescue_count"], by_id[job_id]["unstarted_rescues"]) == (1, 0)
     for job_id in ahead:
         assert (by_id[job_id]["rescue_count"], by_id[job_id]["unstarted_rescues"]) == (0, 1)
-        # issue 15: a pending row has no current error; the rescue is in its history.
+        # A pending row has no current error; the rescue is in its history.
         assert by_id[job_id]["error_message"] is None
         history = await pool.fetchval(
             "SELECT error FROM job_attempts WHERE job_id = $1 AND outcome = 'rescued'", job_id

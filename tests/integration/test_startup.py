@@ -1,4 +1,4 @@
-"""Start-up (issue 17): the claim prepared beside the schema check, nothing left behind."""
+"""Start-up: the claim prepared beside the schema check, nothing left behind."""
 
 from __future__ import annotations
 

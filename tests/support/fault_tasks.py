@@ -117,7 +117,7 @@ async def stale(key: str, first_seconds: float, fail: bool = False) -> dict[str,
     return {"pid": os.getpid(), "run": run}
 
 
-# Outcomes a job must not be able to loop on (issue 11): each run is recorded,
+# Outcomes a job must not be able to loop on: each run is recorded,
 # then the job returns or raises something the database or asyncio chokes on.
 POISON_KINDS = ("nul-result", "surrogate-result", "big-result", "nul-error", "system-exit")
 
@@ -147,7 +147,7 @@ async def _wait_for_go(key: str) -> None:
 
 @task(name="fault.block_loop")
 async def block_loop(key: str, seconds: float, await_after: bool = True) -> dict[str, Any]:
-    """Issue 14: wait for a 'go' row for ``key``, then block the event loop for
+    """Wait for a 'go' row for ``key``, then block the event loop for
     ``seconds`` (time.sleep in an async def, the mistake under test)."""
     run = await record(key, "start")
     await _wait_for_go(key)

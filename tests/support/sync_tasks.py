@@ -58,7 +58,7 @@ def ignore_timeout() -> str:
     return "too late"
 
 
-# Issue 14: a timed-out thread job's retry must not start while its old thread runs.
+# A timed-out thread job's retry must not start while its old thread runs.
 overlap = {"active": 0, "max_active": 0, "runs": 0}
 overlap_lock = threading.Lock()
 

@@ -113,7 +113,7 @@ async def test_kill_9_mid_job_is_rescued_and_completed_elsewhere(pool, spawn, pr
     row = await job_row(pool, job_id)
     assert row["worker_id"] == survivor.worker_id
     assert row["attempts"] == 2 and row["rescue_count"] == 1
-    # issue 15: the rescue is in the attempt history; a completed job has no error.
+    # The rescue is in the attempt history; a completed job has no error.
     assert row["error_message"] is None
     rescued = await pool.fetchrow(
         "SELECT outcome, error, worker_id FROM job_attempts WHERE job_id = $1", job_id

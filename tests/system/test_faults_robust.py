@@ -1,4 +1,4 @@
-"""Issue 11 in a real worker process: a job's SystemExit or unstorable result
+"""Poison outcomes in a real worker process: a job's SystemExit or unstorable result
 must not stop the worker, nor make the job run again."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 14, item 4: a job that blocks the event loop is blamed; its worker's
+"""A job that blocks the event loop is blamed; its worker's
 innocent jobs are spared.
 
 Workers run in their own processes with the fault-test timings (heartbeat

@@ -1,4 +1,4 @@
-"""Issue 15: awaiting results across processes, attempt history, events, job context."""
+"""Awaiting results across processes, attempt history, events, job context."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
--- 0006: attempt history, progress, and job events (issue 15).
+-- 0006: attempt history, progress, and job events.
 
 -- Attempts that did not complete: retried, failed, timed out, cancelled while
 -- running, rescued, handed back. The running or completed attempt is the job

@@ -1,4 +1,4 @@
--- 0007: named queues (issue 13).
+-- 0007: named queues.
 
 -- Every job belongs to one queue; rows written before this migration, and by
 -- 0.2.x code that does not name one, land in "default". A constant default:

@@ -1,4 +1,4 @@
--- 0008: dedupe keys (issue 13). A job may carry a key; at most one job per key
+-- 0008: dedupe keys. A job may carry a key; at most one job per key
 -- holds it at a time, enforced by a partial unique index per scope, so it holds
 -- under concurrent schedules and in bulk. Rows without a key (dedupe_scope NULL)
 -- match neither predicate and are never entered in these indexes.

@@ -1,4 +1,4 @@
--- 0009: the dashboard's job list (issue 16).
+-- 0009: the dashboard's job list.
 
 -- The list pages newest first by (created_at, job_id), one status at a time:
 -- a keyset page is one short index range per status, however large the

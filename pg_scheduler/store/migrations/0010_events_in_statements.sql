@@ -1,4 +1,4 @@
--- 0010: job events sent by the statements that make the transitions (issue 17).
+-- 0010: job events sent by the statements that make the transitions.
 --
 -- 0006's statement-level UPDATE trigger captured transition tables and ran a
 -- PL/pgSQL function on every claim, completion, heartbeat and lease renewal,

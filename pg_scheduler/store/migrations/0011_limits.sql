@@ -1,4 +1,4 @@
--- 0011: global limits per task and per queue (issue 13), enforced in the claim.
+-- 0011: global limits per task and per queue, enforced in the claim.
 -- A row limits how many jobs of one task or queue run at once anywhere
 -- (max_running) and how many start in any rolling window (rate_count starts
 -- per rate_period seconds). recent_starts keeps one database timestamp per
