@@ -145,8 +145,9 @@ async def run_eagerly(
 
 class WorkflowStuck(RuntimeError):
     """A workflow helper cannot take the workflow further: it waits for a signal
-    that ``signals=`` does not hold, with no timeout to end the wait, or it ran
-    parked more than ``max_parks`` times without ending. ``job``: the Job as it stands."""
+    that ``signals=`` does not hold, with no timeout to end the wait, or it
+    parked more than ``max_parks`` times without ending. ``job``: the Job as
+    it stands."""
 
     def __init__(self, message: str, job: Job) -> None:
         super().__init__(message)
@@ -316,6 +317,12 @@ async def _until_parked(scheduler: Scheduler, job_id: str) -> Job:
             return job
         attempt = row["attempts"]
         await scheduler.worker.executor.execute_job(row)
+        if row["task_name"] not in scheduler.registry:
+            # The executor handed it back: nothing here can run it.
+            raise LookupError(
+                f"job {job_id}: task {row['task_name']!r} is not registered in this "
+                "Scheduler (import the module that defines it)"
+            )
         job = await _job(scheduler, job_id)
         if job.status is JobStatus.PENDING and job.attempts >= attempt:
             continue  # a failed attempt's retry: taken at once, as run_job does

@@ -423,6 +423,18 @@ async def test_a_crash_point_past_the_workflows_end_is_an_error(pool, make_sched
 # -- bad input ----------------------------------------------------------------------------
 
 
+async def test_a_task_this_scheduler_cannot_run_is_an_error_not_a_loop(pool, make_scheduler):
+    scheduler = await make_scheduler(start=False)
+    job_id = await scheduler.schedule(leaky, execution_time=datetime.now(UTC))
+    await pool.execute(
+        "UPDATE scheduled_jobs SET task_name = 'elsewhere:unknown' WHERE job_id = $1", job_id
+    )
+    with pytest.raises(LookupError, match="'elsewhere:unknown' is not registered"):
+        await resume_workflow(scheduler, job_id)
+    assert (await scheduler.get_job(job_id)).status is JobStatus.PENDING
+    assert ran == Counter()
+
+
 async def test_bad_input_is_refused_before_anything_is_written(pool, make_scheduler):
     scheduler = await make_scheduler(start=False)
     with pytest.raises(TypeError, match="not a @workflow"):
