@@ -30,6 +30,12 @@ T = TypeVar("T")
 #: Seconds a write of a run keeps retrying while the database is unreachable.
 WRITE_PATIENCE = 30.0
 
+#: Crash points set by pg_scheduler.testing (``run_until_crash``): job id -> a
+#: place. That job's run stops once it is past that place and its record is
+#: written, as if its worker were killed there: nothing more is written (the
+#: entry is removed when it fires). Empty outside tests.
+CRASH_AFTER: dict[str, int] = {}
+
 
 class UnstorableStep(WorkflowError, ValueError):
     """A step's result cannot be stored as JSON (the job fails without a retry:
@@ -82,6 +88,7 @@ class RunState:
         #: Set once the run parked, lost its job or met a mismatch: every later
         #: call raises it again, and the run ends with it.
         self.stop: BaseException | None = None
+        self._crash_after = CRASH_AFTER.get(lease.job_id) if CRASH_AFTER else None
 
     # -- the clock ---------------------------------------------------------------
 
@@ -94,6 +101,10 @@ class RunState:
     def check(self) -> None:
         if self.stop is not None:
             raise self.stop
+        crash = self._crash_after
+        if crash is not None and self.replay.next_seq > crash and crash in self.replay.records:
+            CRASH_AFTER.pop(self.lease.job_id, None)
+            raise self.halt(LeaseLost(f"job {self.lease.job_id}: stopped after step {crash}"))
 
     def halt(self, error: BaseException) -> BaseException:
         """Remember why the run ends (the first reason wins); returns it to raise."""
