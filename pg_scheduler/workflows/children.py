@@ -28,7 +28,6 @@ from ..models import Job
 from ..store.workflows import Spawned
 from ..support.codec import decode_json, encode_json, encode_retry_policy, encode_task_data
 from ..tasks import QUEUE_ATTR, ensure_async, queue_of, task_name_of
-from .errors import WorkflowTimeout
 from .replay import COMPLETED, WAITING, Record
 from .run import RunState
 
@@ -190,10 +189,7 @@ async def wait(
         return [ended[s] for s in seqs]
     started = run.now()
     store, lease = run.store, run.lease
-    async with store.pool.acquire() as conn, conn.transaction():
-        locked = await store.lock_run(conn, lease)
-        if locked is None:
-            raise run.lost()
+    async with run.locked() as (conn, locked):
         for row in await store.spawned(conn, lease.job_id, sorted(set(seqs))):
             kept = run.replay.records.get(row["seq"])
             if kept is not None:
@@ -208,7 +204,7 @@ async def wait(
             return [ended[s] for s in seqs]
         deadline = locked["workflow_deadline"]
         if deadline is not None and deadline <= locked["db_now"]:
-            raise run.halt(WorkflowTimeout("the workflow ran past its deadline"))
+            raise run.halt(run.deadline_passed())
         soon = deadline is not None and deadline <= locked["db_now"] + timedelta(
             seconds=run.lookahead
         )

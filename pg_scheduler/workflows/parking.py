@@ -19,7 +19,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ..support.codec import decode_json, encode_json
-from .errors import WorkflowTimeout
 from .replay import COMPLETED, WAITING, Record
 from .run import RunState
 
@@ -27,13 +26,6 @@ from .run import RunState
 def _until(record: Record) -> datetime | None:
     value = (record.result or {}).get("until")
     return None if value is None else datetime.fromisoformat(value)
-
-
-def deadline_passed(run: RunState) -> WorkflowTimeout:
-    return WorkflowTimeout(
-        f"the workflow ran past its deadline ({run.deadline.isoformat() if run.deadline else '?'}:"
-        " its timeout counts from its first start, across parks)"
-    )
 
 
 async def sleep(run: RunState, seconds: float | None, until: datetime | None) -> None:
@@ -59,7 +51,7 @@ async def sleep(run: RunState, seconds: float | None, until: datetime | None) ->
         Record(seq, "sleep", "sleep", key, status, {"until": row["until"].isoformat()}, None, 1)
     )
     if row["wake"] < row["until"] and over:
-        raise run.halt(deadline_passed(run))
+        raise run.halt(run.deadline_passed())
     if over:
         return
     raise run.parked()
@@ -78,10 +70,7 @@ async def wait_for_signal(
     until = None if record is None else _until(record)
     started = run.now()
     store, lease = run.store, run.lease
-    async with store.pool.acquire() as conn, conn.transaction():
-        locked = await store.lock_run(conn, lease)
-        if locked is None:
-            raise run.lost()
+    async with run.locked() as (conn, locked):
         db_now: datetime = locked["db_now"]
         if record is None and timeout is not None:
             until = db_now + timedelta(seconds=timeout)
@@ -102,7 +91,7 @@ async def wait_for_signal(
             return ("timeout" not in outcome), outcome.get("payload")
         deadline = locked["workflow_deadline"]
         if deadline is not None and deadline <= db_now:
-            raise run.halt(deadline_passed(run))
+            raise run.halt(run.deadline_passed())
         wake = min((t for t in (until, deadline) if t is not None), default=None)
         soon = wake is not None and wake <= db_now + timedelta(seconds=run.lookahead)
         parked = await store.park(

@@ -11,7 +11,8 @@ this run had replayed it. When the run no longer holds its job, it stops
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -22,7 +23,14 @@ from ..support.codec import decode_json, encode_json
 from ..support.pool_release import autocommitted
 from ..support.reconnect import retry_on_disconnect
 from ..tasks import TaskRegistry
-from .errors import DuplicateStep, LeaseLost, Parked, WorkflowError, WorkflowMismatch
+from .errors import (
+    DuplicateStep,
+    LeaseLost,
+    Parked,
+    WorkflowError,
+    WorkflowMismatch,
+    WorkflowTimeout,
+)
 from .replay import Record, Replay, describe
 
 T = TypeVar("T")
@@ -111,6 +119,25 @@ class RunState:
         if self.stop is None:
             self.stop = error
         return self.stop
+
+    @asynccontextmanager
+    async def locked(self) -> AsyncIterator[tuple[asyncpg.Connection, asyncpg.Record]]:
+        """A transaction holding this run's own row locked, its lease checked (the
+        run's lost error if the job is no longer its own). A park reads next, in a
+        new statement, so it sees every signal or child's end committed before
+        the lock: whatever came meanwhile waited for it, and finds the row parked."""
+        async with self.store.pool.acquire() as conn, conn.transaction():
+            row = await self.store.lock_run(conn, self.lease)
+            if row is None:
+                raise self.lost()
+            yield conn, row
+
+    def deadline_passed(self) -> WorkflowTimeout:
+        return WorkflowTimeout(
+            "the workflow ran past its deadline"
+            f" ({self.deadline.isoformat() if self.deadline else '?'}:"
+            " its timeout counts from its first start, across parks)"
+        )
 
     def lost(self) -> BaseException:
         return self.halt(LeaseLost(f"job {self.lease.job_id} is no longer this run's"))
