@@ -4,7 +4,7 @@ the work (``api/``); the parts are built from the settings in ``api/wiring.py``.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -28,7 +28,7 @@ from .store import DEFAULT_SCHEMA
 from .store.bounded import DEFAULT_STATEMENT_TIMEOUT
 from .tasks import TaskOptions, TaskRegistry, default_registry
 from .workflows.runner import workflow_store
-from .workflows.signals import send_signal
+from .workflows.signals import send_signal, send_signals
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -480,6 +480,18 @@ class Scheduler:
         waking it at once if it waits already. JobNotFound for an unknown job,
         ValueError for a finished one (README: Durable workflows)."""
         await send_signal(workflow_store(self.store), job_id, name, payload, connection)
+
+    async def signal_bulk(
+        self,
+        signals: Iterable[tuple[str, str] | tuple[str, str, Any]],
+        *,
+        connection: asyncpg.Connection | None = None,
+    ) -> int:
+        """Send many signals, each ``(job_id, name)`` or ``(job_id, name, payload)``,
+        in one transaction: all or none (JobNotFound, ValueError for a finished
+        job, TypeError/ValueError for a bad item; nothing written). Returns how
+        many workflows were waiting for theirs and were woken."""
+        return await send_signals(workflow_store(self.store), signals, connection)
 
     # -- periodic jobs -------------------------------------------------------------
 

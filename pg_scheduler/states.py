@@ -178,8 +178,14 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(
         (WAITING, PENDING),
         (PENDING,),
-        "workflow_sql._SIGNAL",
+        "signal_sql._SIGNAL",
         "Scheduler.signal: the workflow waits for this signal (due now)",
+    ),
+    Transition(
+        (WAITING, PENDING),
+        (PENDING,),
+        "signal_sql._SIGNAL_MANY",
+        "Scheduler.signal_bulk: each workflow waiting for one of these signals (due now)",
     ),
     Transition(
         (WAITING,),
@@ -191,7 +197,7 @@ TRANSITIONS: tuple[Transition, ...] = (
         (WAITING, PENDING),
         (PENDING,),
         "function:pg_scheduler_workflow_job_done",
-        "trigger (0014): the last child a parked workflow waits for ended (due now)",
+        "trigger (0016): the last child a parked workflow waits for ended (due now)",
     ),
     Transition(
         (PENDING, RUNNING, WAITING),

@@ -67,13 +67,9 @@ _LIST_COLUMNS = """
     left(j.error_message, 300) AS error, {workflow}
 """
 # What a parked workflow waits for (for children: how many have not ended,
-# read from its spawn steps, only on such rows), and a child's parent (0014).
+# its count, 0016), and a child's parent (0014).
 _WORKFLOW_COLUMNS = """j.wait_kind, j.wait_for, j.wake_at, j.parent_job_id,
-    CASE WHEN j.wait_kind = 'children' THEN (
-        SELECT count(*) FROM workflow_steps s
-         WHERE s.job_id = j.job_id AND s.kind = 'spawn' AND s.status = 'waiting'
-           AND s.seq >= lower(j.wait_children) AND s.seq < upper(j.wait_children))
-    END AS children_waiting"""
+    CASE WHEN j.wait_kind = 'children' THEN j.wait_left::bigint END AS children_waiting"""
 _NO_WORKFLOW_COLUMNS = (
     "NULL::text AS wait_kind, NULL::text AS wait_for, NULL::timestamptz AS wake_at, "
     "NULL::text AS parent_job_id, NULL::bigint AS children_waiting"

@@ -1,4 +1,4 @@
--- The pg_scheduler schema as its migrations leave it (migrations/, 0001 to 0014),
+-- The pg_scheduler schema as its migrations leave it (migrations/, 0001 to 0016),
 -- in schema public: tables, indexes, triggers and functions as PostgreSQL 16
 -- prints them from the catalog of a freshly migrated database.
 --
@@ -96,6 +96,7 @@ CREATE TABLE public.scheduled_jobs (
     wait_seq integer,
     wait_children int4range,
     workflow_deadline timestamp with time zone,
+    wait_left integer,
     CONSTRAINT scheduled_jobs_pkey PRIMARY KEY (job_id),
     CONSTRAINT scheduled_jobs_priority_check CHECK ((priority = ANY (ARRAY[1, 3, 5, 8]))),
     CONSTRAINT scheduled_jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'waiting'::text, 'completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text]))),
@@ -147,13 +148,16 @@ CREATE TRIGGER scheduled_jobs_notify_insert AFTER INSERT ON public.scheduled_job
 CREATE TRIGGER scheduled_jobs_truncate_attempts AFTER TRUNCATE ON public.scheduled_jobs FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_truncate_attempts();
 
 -- [trigger] scheduled_jobs_workflow_deleted on scheduled_jobs
-CREATE TRIGGER scheduled_jobs_workflow_deleted AFTER DELETE ON public.scheduled_jobs FOR EACH ROW WHEN ((((old.parent_job_id IS NOT NULL) OR old.has_children) AND (old.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])))) EXECUTE FUNCTION pg_scheduler_workflow_job_done();
+CREATE TRIGGER scheduled_jobs_workflow_deleted AFTER DELETE ON public.scheduled_jobs FOR EACH ROW WHEN (((old.parent_job_id IS NOT NULL) OR (old.has_children AND (old.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text]))))) EXECUTE FUNCTION pg_scheduler_workflow_job_done();
 
 -- [trigger] scheduled_jobs_workflow_done on scheduled_jobs
 CREATE TRIGGER scheduled_jobs_workflow_done AFTER UPDATE OF status ON public.scheduled_jobs FOR EACH ROW WHEN ((((new.parent_job_id IS NOT NULL) OR new.has_children) AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])) AND (old.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])))) EXECUTE FUNCTION pg_scheduler_workflow_job_done();
 
 -- [trigger] scheduled_jobs_workflow_forget on scheduled_jobs
 CREATE TRIGGER scheduled_jobs_workflow_forget AFTER DELETE ON public.scheduled_jobs REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_workflow_forget();
+
+-- [trigger] scheduled_jobs_workflow_reopened on scheduled_jobs
+CREATE TRIGGER scheduled_jobs_workflow_reopened AFTER UPDATE OF status ON public.scheduled_jobs FOR EACH ROW WHEN (((new.parent_job_id IS NOT NULL) AND (old.status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])) AND (new.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])))) EXECUTE FUNCTION pg_scheduler_workflow_job_done();
 
 -- [trigger] scheduled_jobs_workflow_replaced on scheduled_jobs
 CREATE TRIGGER scheduled_jobs_workflow_replaced AFTER UPDATE OF created_at ON public.scheduled_jobs FOR EACH ROW WHEN (((old.created_at IS DISTINCT FROM new.created_at) AND ((old.started_at IS NOT NULL) OR old.has_children))) EXECUTE FUNCTION pg_scheduler_workflow_replaced();
@@ -258,9 +262,6 @@ CREATE TABLE public.workflow_steps (
     CONSTRAINT workflow_steps_kind_check CHECK ((kind = ANY (ARRAY['step'::text, 'transaction'::text, 'sleep'::text, 'signal'::text, 'spawn'::text, 'wait'::text]))),
     CONSTRAINT workflow_steps_status_check CHECK ((status = ANY (ARRAY['completed'::text, 'failed'::text, 'waiting'::text])))
 );
-
--- [index] workflow_steps_waiting_idx on workflow_steps
-CREATE INDEX workflow_steps_waiting_idx ON public.workflow_steps USING btree (job_id, seq) WHERE (status = 'waiting'::text);
 
 -- [function] pg_scheduler_job_events()
 CREATE OR REPLACE FUNCTION public.pg_scheduler_job_events()
@@ -457,24 +458,12 @@ AS $function$
 DECLARE
     child RECORD;
     parent RECORD;
+    was_final BOOLEAN := OLD.status IN ('completed', 'failed', 'cancelled', 'expired');
     outcome JSONB;
+    left_now INTEGER;
 BEGIN
-    IF TG_OP = 'DELETE' THEN
-        child := OLD;
-        -- A running row deleted is a completion that deletes its row (vacuum
-        -- trigger IMMEDIATE): its result was not kept.
-        outcome := CASE WHEN OLD.status = 'running'
-                        THEN jsonb_build_object('status', 'completed', 'result', NULL,
-                                                'deleted', true)
-                        ELSE jsonb_build_object('status', 'failed', 'error',
-                                                'the job was deleted before it finished')
-                   END;
-    ELSE
-        child := NEW;
-        outcome := jsonb_build_object('status', NEW.status, 'result', NEW.result,
-                                      'error', NEW.error_message);
-    END IF;
-    IF child.has_children THEN
+    child := CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+    IF NOT was_final AND child.has_children THEN
         PERFORM pg_scheduler_workflow_cancel_children(
             child.job_id,
             format('cancelled: its parent job %s ended (%s)', child.job_id,
@@ -489,24 +478,50 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    UPDATE workflow_steps s
-       SET status = 'completed', finished_at = now(),
-           result = s.result || jsonb_build_object('outcome', outcome)
-     WHERE s.job_id = parent.job_id AND s.seq = child.parent_seq AND s.status = 'waiting'
-       AND s.kind = 'spawn' AND s.result ->> 'job_id' = child.job_id;
+    IF TG_OP = 'DELETE' OR was_final THEN
+        -- The row loses its outcome: keep it on the spawn step (the first one
+        -- written there stays).
+        outcome := CASE
+            WHEN was_final THEN jsonb_build_object('status', OLD.status, 'result', OLD.result,
+                                                   'error', OLD.error_message)
+            -- A running row deleted is a completion that deletes its row
+            -- (vacuum trigger IMMEDIATE): its result was not kept.
+            WHEN OLD.status = 'running' THEN jsonb_build_object('status', 'completed',
+                                                                'result', NULL,
+                                                                'deleted', true)
+            ELSE jsonb_build_object('status', 'failed',
+                                    'error', 'the job was deleted before it finished')
+        END;
+        UPDATE workflow_steps s
+           SET status = 'completed', finished_at = coalesce(OLD.finished_at, now()),
+               result = s.result || jsonb_build_object('outcome', outcome)
+         WHERE s.job_id = parent.job_id AND s.seq = child.parent_seq
+           AND s.status = 'waiting' AND s.kind = 'spawn'
+           AND s.result ->> 'job_id' = child.job_id;
+    END IF;
+    IF was_final THEN
+        RETURN NULL;  -- its end was counted when it happened
+    END IF;
     -- Pending too: a parent parked with its deadline near is pending, due then.
-    IF parent.status IN ('waiting', 'pending') AND parent.wait_kind = 'children' AND NOT EXISTS (
-        SELECT 1 FROM workflow_steps s
-         WHERE s.job_id = parent.job_id AND s.status = 'waiting' AND s.kind = 'spawn'
-           AND s.seq >= lower(parent.wait_children) AND s.seq < upper(parent.wait_children))
-    THEN
-        UPDATE scheduled_jobs
-           SET status = 'pending', execution_time = now(), wait_kind = NULL, wait_for = NULL,
-               wake_at = NULL, wait_seq = NULL, wait_children = NULL
-         WHERE job_id = parent.job_id;
-        PERFORM pg_notify(CASE WHEN current_schema() = 'public' THEN 'pg_scheduler_jobs'
-                               ELSE 'pg_scheduler_jobs:' || current_schema() END,
-                          CASE WHEN parent.queue = 'default' THEN '' ELSE parent.queue END);
+    IF parent.status IN ('waiting', 'pending') AND parent.wait_kind = 'children'
+       AND child.parent_seq <@ parent.wait_children THEN
+        UPDATE scheduled_jobs j
+           SET wait_left = coalesce(j.wait_left, 1) - 1
+         WHERE j.job_id = parent.job_id
+        RETURNING j.wait_left INTO left_now;
+        -- (A count missing, which no park leaves: the first end wakes the
+        -- parent, which looks for itself and parks again if it must.)
+        IF left_now <= 0 THEN
+            UPDATE scheduled_jobs
+               SET status = 'pending', execution_time = now(), wait_kind = NULL,
+                   wait_for = NULL, wake_at = NULL, wait_seq = NULL, wait_children = NULL,
+                   wait_left = NULL
+             WHERE job_id = parent.job_id;
+            PERFORM pg_notify(CASE WHEN current_schema() = 'public' THEN 'pg_scheduler_jobs'
+                                   ELSE 'pg_scheduler_jobs:' || current_schema() END,
+                              CASE WHEN parent.queue = 'default' THEN ''
+                                   ELSE parent.queue END);
+        END IF;
     END IF;
     RETURN NULL;
 END $function$;

@@ -27,7 +27,22 @@ _GUARD = "j.job_id = $1 AND j.worker_id = $2 AND j.attempts = $3 AND j.status = 
 _FINAL = "(" + ", ".join(f"'{status}'" for status in FINAL_STATUS_VALUES) + ")"
 # What a row parked on, cleared when that is over.
 _NO_WAIT = (
-    "wait_kind = NULL, wait_for = NULL, wake_at = NULL, wait_seq = NULL, wait_children = NULL"
+    "wait_kind = NULL, wait_for = NULL, wake_at = NULL, wait_seq = NULL, wait_children = NULL, "
+    "wait_left = NULL"
+)
+# A spawn step as the parent reads it: a child that ended (its row final) is
+# over, with its row's outcome; a child whose row is gone or reopened has its
+# outcome copied on the step (migration 0016). {s}: the step, {c}: the child's
+# row, joined on the step's job id while the step waits.
+_STEP_STATUS = (
+    "CASE WHEN {s}.kind = 'spawn' AND {s}.status = 'waiting' AND {c}.status IN {final} "
+    "THEN 'completed' ELSE {s}.status END"
+)
+_STEP_RESULT = (
+    "CASE WHEN {s}.kind = 'spawn' AND {s}.status = 'waiting' AND {c}.status IN {final} "
+    "THEN {s}.result || jsonb_build_object('outcome', "
+    "jsonb_build_object('status', {c}.status, 'result', {c}.result, 'error', {c}.error_message)) "
+    "ELSE {s}.result END"
 )
 # A run that parks: the row leaves this worker; the run is not counted as an
 # attempt (as a hand-back is not); it has started (its "pending" dedupe key is gone).
@@ -44,15 +59,27 @@ _WAKE_NOTIFY = (
 
 # The run's start: the job's incarnation (created_at: a REPLACE makes a new
 # one), its deadline, the database's clock, and every step recorded, in order.
-_LOAD = """
-SELECT coalesce((extract(epoch FROM j.created_at) * 1000000)::bigint, 0) AS incarnation,
+_LOAD_COLUMNS = """
+       coalesce((extract(epoch FROM j.created_at) * 1000000)::bigint, 0) AS incarnation,
        j.workflow_deadline, now() AS db_now,
-       (SELECT coalesce(json_agg(json_build_array(s.seq, s.kind, s.name, s.key, s.status,
-                                                  s.result, s.error, s.attempts)
+       (SELECT coalesce(json_agg(json_build_array(s.seq, s.kind, s.name, s.key, {status},
+                                                  {result}, s.error, s.attempts)
                                  ORDER BY s.seq), '[]')::text
-          FROM workflow_steps s WHERE s.job_id = j.job_id) AS steps
-  FROM scheduled_jobs j WHERE j.job_id = $1
-"""
+          FROM workflow_steps s
+          LEFT JOIN scheduled_jobs c
+            ON s.kind = 'spawn' AND s.status = 'waiting' AND c.job_id = s.result ->> 'job_id'
+         WHERE s.job_id = j.job_id) AS steps
+""".format(
+    status=_STEP_STATUS.format(s="s", c="c", final=_FINAL),
+    result=_STEP_RESULT.format(s="s", c="c", final=_FINAL),
+)
+_LOAD = "SELECT" + _LOAD_COLUMNS + "  FROM scheduled_jobs j WHERE j.job_id = $1\n"
+# The runs of several jobs starting together, in one statement.
+_LOAD_MANY = (
+    "SELECT j.job_id,"
+    + _LOAD_COLUMNS
+    + "  FROM scheduled_jobs j WHERE j.job_id = ANY($1::text[])\n"
+)
 # The first run of a workflow with a timeout: its deadline, from now.
 _SET_DEADLINE = f"""
 UPDATE scheduled_jobs j SET workflow_deadline = now() + make_interval(secs => $4::float8)
@@ -163,9 +190,15 @@ SELECT id, payload::text FROM taken
 """
 # Where the children spawned at seqs $2 stand (their outcome, once ended).
 _SPAWNED = """
-SELECT s.seq, s.status, s.result::text AS result FROM workflow_steps s
+SELECT s.seq, {status} AS status, ({result})::text AS result
+  FROM workflow_steps s
+  LEFT JOIN scheduled_jobs c
+    ON s.status = 'waiting' AND c.job_id = s.result ->> 'job_id'
  WHERE s.job_id = $1 AND s.seq = ANY($2::int[]) AND s.kind = 'spawn'
-"""
+""".format(
+    status=_STEP_STATUS.format(s="s", c="c", final=_FINAL),
+    result=_STEP_RESULT.format(s="s", c="c", final=_FINAL),
+)
 # A wait that is over (a signal taken, a timeout, children ended): its record
 # completed, and what the row waited for forgotten.
 _FINISH_WAIT = f"""
@@ -189,7 +222,9 @@ SELECT l.held, EXISTS (SELECT 1 FROM rec) AS written, (SELECT count(*) FROM clea
 """
 # Park after _LOCK_RUN found nothing to go on with: the wait's record, and the
 # row waiting ($12 "soon": pending, due at $11, the deadline or the timeout,
-# near enough for the claim's own wait).
+# near enough for the claim's own wait). Parked on children: $14 the spawn
+# steps waited on, $15 how many of their children had not ended when the run
+# looked (each end counts it down; the last one wakes the row: 0016).
 _PARK = f"""
 WITH rec AS (
     INSERT INTO workflow_steps AS s (job_id, seq, kind, name, key, status, result, attempts,
@@ -204,7 +239,7 @@ WITH rec AS (
            execution_time = CASE WHEN $12 THEN $11 ELSE j.execution_time END,
            {_LEAVE_WORKER},
            wait_kind = $9, wait_for = $10, wake_at = $11, wait_seq = $4,
-           wait_children = $14::int4range
+           wait_children = $14::int4range, wait_left = $15
      WHERE {_GUARD}
     RETURNING j.status, j.queue
 )
@@ -248,38 +283,6 @@ WITH lease AS (
 )
 SELECT (SELECT count(*) FROM lease) > 0 AS held, (SELECT count(*) FROM recs) AS recorded,
        (SELECT count(*) FROM kids) AS inserted, (SELECT count(*) FROM flagged) AS flagged
-"""
-
-# A signal: the job's row locked first (see the module docstring); refused
-# (nothing written) for an unknown or finished job. A workflow parked on this
-# name (or due to wake for it) gets it at once: it is bound to that wait and
-# the row is pending now, with a NOTIFY. Otherwise it waits for a wait.
-_SIGNAL = f"""
-WITH target AS (
-    SELECT j.job_id, j.status, j.wait_kind, j.wait_for, j.wait_seq, j.queue
-      FROM scheduled_jobs j WHERE j.job_id = $1
-       FOR UPDATE
-), sent AS (
-    INSERT INTO workflow_signals (job_id, name, payload, consumed_seq)
-    SELECT t.job_id, $2, $3::jsonb,
-           CASE WHEN t.wait_kind = 'signal' AND t.wait_for = $2 THEN t.wait_seq END
-      FROM target t WHERE t.status NOT IN {_FINAL}
-    RETURNING id, consumed_seq
-), woken AS (
-    UPDATE scheduled_jobs j
-       SET status = CASE WHEN j.status IN ('waiting', 'pending') THEN 'pending'
-                         ELSE j.status END,
-           execution_time = CASE WHEN j.status IN ('waiting', 'pending') THEN now()
-                                 ELSE j.execution_time END,
-           {_NO_WAIT}
-      FROM sent s
-     WHERE j.job_id = $1 AND s.consumed_seq IS NOT NULL
-    RETURNING j.status, j.queue
-)
-SELECT t.status, (SELECT s.id FROM sent s) AS signal_id,
-       (SELECT count(CASE WHEN w.status = 'pending' THEN {_WAKE_NOTIFY.format("w")} END)
-          FROM woken w) AS woken
-  FROM target t
 """
 
 # The timer service: parked rows due within $1 seconds become pending, due at

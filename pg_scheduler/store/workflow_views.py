@@ -7,8 +7,8 @@ key of ``workflow_steps`` (job_id, seq), its signals by
 ``workflow_signals_job_idx``, the parked rows by ``scheduled_jobs_wake_idx``
 (WHERE status = 'waiting'). Children are found through their parent's spawn
 steps, never by scanning ``scheduled_jobs`` for their ``parent_job_id``; a
-child the vacuum deleted still shows, with the outcome its end wrote on the
-spawn step.
+child the vacuum deleted still shows, with the outcome copied onto its spawn
+step when its row went (0016).
 
 A schema not yet migrated to 0014 has none of this: :meth:`available` says
 so (a yes is remembered, a no asked again), and the reads are then not made.
@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import asyncpg
 
 from .names import DEFAULT_SCHEMA, Executor, Qualifier
+from .workflow_sql import _FINAL, _STEP_RESULT, _STEP_STATUS
 
 #: Characters of a step's result or error, a child's error or a signal's
 #: payload shown; the full length comes with each, so a view can say so.
@@ -30,17 +31,14 @@ _AVAILABLE = "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL
 
 # Per job: what it waits for, its place in a family, and how much it has.
 # ``children_waiting``: the awaited children not yet ended (a parent parked
-# on children waits on the spawn steps in [lower, upper) of wait_children).
+# on children waits on the spawn steps in [lower, upper) of wait_children,
+# and counts them down as they end: wait_left, 0016).
 _WAITS = """
 SELECT j.job_id, j.status, j.wait_kind, j.wait_for, j.wake_at, j.wait_seq,
        lower(j.wait_children) AS children_from, upper(j.wait_children) AS children_to,
        j.workflow_deadline, j.parent_job_id, j.parent_seq, j.has_children,
        p.task_name AS parent_task, p.status AS parent_status,
-       CASE WHEN j.wait_kind = 'children' THEN (
-           SELECT count(*) FROM workflow_steps s
-            WHERE s.job_id = j.job_id AND s.kind = 'spawn' AND s.status = 'waiting'
-              AND s.seq >= lower(j.wait_children) AND s.seq < upper(j.wait_children))
-       END AS children_waiting
+       CASE WHEN j.wait_kind = 'children' THEN j.wait_left::bigint END AS children_waiting
   FROM scheduled_jobs j
   LEFT JOIN scheduled_jobs p ON p.job_id = j.parent_job_id
  WHERE j.job_id = ANY($1::text[])
@@ -53,20 +51,31 @@ SELECT (SELECT count(*) FROM workflow_steps s WHERE s.job_id = $1) AS steps,
        (SELECT count(*) FROM workflow_signals g WHERE g.job_id = $1 AND g.consumed_seq IS NULL)
            AS pending_signals
 """
-# A page of steps after seq $2, in order; results and errors clipped to $3.
+# A page of steps after seq $2, in order; results and errors clipped to $3. A
+# spawn step is over when its child's row is final (the outcome lives there
+# until the row goes: 0016); it reads as the parent's wait does.
 _STEPS = """
-SELECT s.seq, s.kind, s.name, s.key, s.status, s.attempts, s.started_at, s.finished_at,
-       CASE WHEN s.status <> 'waiting' AND s.started_at IS NOT NULL
-            THEN greatest(extract(epoch FROM s.finished_at - s.started_at), 0)::float8
+SELECT s.seq, s.kind, s.name, s.key, {status} AS status, s.attempts, s.started_at,
+       coalesce(c.finished_at, s.finished_at) AS finished_at,
+       CASE WHEN {status} <> 'waiting' AND s.started_at IS NOT NULL
+            THEN greatest(extract(epoch FROM coalesce(c.finished_at, s.finished_at)
+                                           - s.started_at), 0)::float8
        END AS duration,
-       left(s.result::text, $3) AS result, length(s.result::text) AS result_length,
+       left(({result})::text, $3) AS result, length(({result})::text) AS result_length,
        left(s.error, $3) AS error, length(s.error) AS error_length,
        CASE WHEN s.kind = 'spawn' THEN s.result ->> 'job_id' END AS child_job_id
   FROM workflow_steps s
+  LEFT JOIN scheduled_jobs c
+    ON s.kind = 'spawn' AND s.status = 'waiting' AND c.job_id = s.result ->> 'job_id'
+       AND c.status IN {final}
  WHERE s.job_id = $1 AND s.seq > $2
  ORDER BY s.seq
  LIMIT $4
-"""
+""".format(
+    status=_STEP_STATUS.format(s="s", c="c", final=_FINAL),
+    result=_STEP_RESULT.format(s="s", c="c", final=_FINAL),
+    final=_FINAL,
+)
 # A child's status: its row's, else (deleted by the vacuum) what its end wrote
 # on the spawn step.
 _CHILD_STATUS = """coalesce(j.status, s.result -> 'outcome' ->> 'status',

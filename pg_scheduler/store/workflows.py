@@ -13,16 +13,17 @@ from typing import NamedTuple
 import asyncpg
 
 from .names import DEFAULT_SCHEMA, Executor, Qualifier
+from .signal_sql import _SIGNAL, _SIGNAL_CHECK, _SIGNAL_MANY
 from .workflow_sql import (
     _CHECKPOINT,
     _FINISH_WAIT,
     _LOAD,
+    _LOAD_MANY,
     _LOCK_RUN,
     _PARK,
     _PARK_SLEEP,
     _RECORD,
     _SET_DEADLINE,
-    _SIGNAL,
     _SPAWN,
     _SPAWNED,
     _TAKE_SIGNAL,
@@ -74,6 +75,7 @@ class WorkflowStore:
         self.timeout: float | None = getattr(pool, "statement_timeout", None)
         q = Qualifier(schema)
         self._load = q(_LOAD)
+        self._load_many = q(_LOAD_MANY)
         self._set_deadline = q(_SET_DEADLINE)
         self._checkpoint = q(_CHECKPOINT)
         self._record = q(_RECORD)
@@ -85,11 +87,18 @@ class WorkflowStore:
         self._park = q(_PARK)
         self._spawn = q(_SPAWN)
         self._signal = q(_SIGNAL)
+        self._signal_check = q(_SIGNAL_CHECK)
+        self._signal_many = q(_SIGNAL_MANY)
         self._wake_due = q(_WAKE_DUE)
 
     async def load(self, db: Executor, job_id: str) -> Loaded | None:
         row = await db.fetchrow(self._load, job_id, timeout=self.timeout)
         return None if row is None else Loaded(*row)
+
+    async def load_many(self, db: Executor, job_ids: Sequence[str]) -> dict[str, Loaded]:
+        """The starts of several runs, by job id (a job that is gone: absent)."""
+        rows = await db.fetch(self._load_many, list(job_ids), timeout=self.timeout)
+        return {row[0]: Loaded(*row[1:]) for row in rows}
 
     async def set_deadline(self, db: Executor, lease: Lease, seconds: float) -> datetime | None:
         return await db.fetchval(self._set_deadline, *lease, seconds, timeout=self.timeout)
@@ -204,8 +213,11 @@ class WorkflowStore:
         soon: bool,
         children: tuple[int, int] | None,
         started_at: datetime | None,
+        children_left: int | None = None,
     ) -> str | None:
-        """The row's new status (waiting, or pending when due soon); None: lost."""
+        """The row's new status (waiting, or pending when due soon); None: lost.
+        Parked on children: ``children`` the spawn steps waited on (a half-open
+        range), ``children_left`` how many of them had not ended."""
         span = None if children is None else asyncpg.Range(children[0], children[1])
         row = await conn.fetchrow(
             self._park,
@@ -221,6 +233,7 @@ class WorkflowStore:
             soon,
             started_at,
             span,
+            children_left,
             timeout=self.timeout,
         )
         return None if row is None else str(row["status"])
@@ -252,6 +265,25 @@ class WorkflowStore:
         """(status, signal_id, woken); None: no such job. ``signal_id`` is None
         when the job is final (nothing written)."""
         return await db.fetchrow(self._signal, job_id, name, payload, timeout=self.timeout)
+
+    async def signal_check(
+        self, conn: asyncpg.Connection, job_ids: Sequence[str]
+    ) -> list[asyncpg.Record]:
+        """Lock the rows of ``job_ids``; (job_id, status) of each unknown (status
+        None) or finished one. Inside the caller's transaction."""
+        return await conn.fetch(self._signal_check, list(job_ids), timeout=self.timeout)
+
+    async def signal_many(
+        self,
+        conn: asyncpg.Connection,
+        job_ids: Sequence[str],
+        names: Sequence[str],
+        payloads: Sequence[str | None],
+    ) -> asyncpg.Record:
+        """(sent, woken, notified), after :meth:`signal_check` in the same transaction."""
+        return await conn.fetchrow(
+            self._signal_many, list(job_ids), list(names), list(payloads), timeout=self.timeout
+        )
 
     async def wake_due(self, lookahead: float, limit: int) -> int:
         row = await self.pool.fetchrow(self._wake_due, lookahead, limit)

@@ -4,14 +4,17 @@ A child is a normal job whose row names its parent and the spawn step that
 made it. Its id is decided by that step (the parent's id, the parent's
 incarnation and the step's place), so a run that reaches the spawn again
 spawns nothing new. Spawns are kept in the run until something needs them
-written (a wait, another step, a park, the workflow's end), then written in
-one statement with their steps.
+written (a wait, another step, a park, the workflow's end), then written with
+their steps, up to SPAWN_CHUNK per statement.
 
-A child's end (completed, failed, cancelled, expired) is written on its spawn
-step by the database itself (migration 0014's trigger), in the transaction
-that ends it, and wakes a parent parked waiting for it. A wait reads those
-outcomes: a result, or the JobFailed / JobCancelled / JobExpired the results
-API raises, always the same on a replay.
+A child's end (completed, failed, cancelled, expired) stays on its own row;
+the parent reads it from there (the run's load, the wait's fresh read). In
+the transaction that ends it, the database counts down a parent parked
+waiting for it and wakes the parent at zero (migration 0016's trigger); the
+outcome is copied onto the spawn step only when the child's row is about to
+lose it (deleted, retried). A wait reads those outcomes: a result, or the
+JobFailed / JobCancelled / JobExpired the results API raises, always the same
+on a replay.
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Generator, Sequence
 from datetime import timedelta
+from functools import partial
 from typing import Any
+
+import asyncpg
 
 from ..enqueue.checks import check_max_retries, check_priority, check_retry_policy, check_timeout
 from ..enqueue.fields import JobOptions
@@ -121,29 +127,41 @@ def spawn(
     return ChildHandle(job_id, seq, task_name, detached)
 
 
+#: Children written per statement: each chunk commits on its own, so the first
+#: children run while the next are written (a replay spawns the rest again,
+#: under the same ids).
+SPAWN_CHUNK = 1000
+
+
+async def _spawn(
+    run: RunState, children: list[Spawned], conn: asyncpg.Connection
+) -> tuple[bool, int]:
+    return await run.store.spawn(conn, run.lease, children, run.now())
+
+
 async def flush(run: RunState, buffer: list[Spawned]) -> None:
-    """Write every spawn kept in ``buffer``: the children and their steps, in one statement."""
-    if not buffer:
-        return
-    run.check()
-    children = list(buffer)
-    held, _ = await run.write(lambda c: run.store.spawn(c, run.lease, children, run.now()))
-    if not held:
-        raise run.lost()
-    buffer.clear()
-    for child in children:
-        run.replay.keep(
-            Record(
-                child.seq,
-                "spawn",
-                child.name,
-                child.key,
-                WAITING,
-                decode_json(child.record),
-                None,
-                1,
+    """Write every spawn kept in ``buffer``: the children and their steps, a
+    chunk per statement."""
+    while buffer:
+        run.check()
+        children = buffer[:SPAWN_CHUNK]
+        held, _ = await run.write(partial(_spawn, run, children))
+        if not held:
+            raise run.lost()
+        del buffer[: len(children)]
+        for child in children:
+            run.replay.keep(
+                Record(
+                    child.seq,
+                    "spawn",
+                    child.name,
+                    child.key,
+                    WAITING,
+                    decode_json(child.record),
+                    None,
+                    1,
+                )
             )
-        )
 
 
 def _ended(run: RunState, seqs: Sequence[int]) -> dict[int, dict[str, Any]]:
@@ -208,10 +226,13 @@ async def wait(
         soon = deadline is not None and deadline <= locked["db_now"] + timedelta(
             seconds=run.lookahead
         )
-        span = _span(run, set(seqs), ended)
+        awaited = set(seqs)
+        span = _span(run, awaited, ended)
+        # Each of these children's ends counts the park down (0016).
+        left = sum(1 for s in awaited if span[0] <= s < span[1] and s not in ended)
         parked = await store.park(
             conn, lease, seq, "wait", name, key, result, "children", None, deadline, soon, span,
-            started,
+            started, left,
         )  # fmt: skip
         if parked is None:
             raise run.lost()

@@ -1,5 +1,6 @@
-"""One run of a workflow, for the executor: load its records (one statement,
-only for workflows), call the function with a context, and end the run.
+"""One run of a workflow, for the executor: load its records (one statement
+for the runs starting together, only for workflows: loader.py), call the
+function with a context, and end the run.
 
 The run ends in one of four ways: the function returned (the executor
 completes the job as any other; spawns still kept are written first, and
@@ -27,6 +28,7 @@ from ..tasks import TaskRegistry
 from .context import WorkflowContext
 from .decorator import options_of
 from .errors import LeaseLost, WorkflowMismatch, WorkflowTimeout
+from .loader import Loader
 from .replay import Replay, describe
 from .run import WRITE_PATIENCE, RunState
 
@@ -36,6 +38,7 @@ from .run import WRITE_PATIENCE, RunState
 WAKE_LOOKAHEAD = 2.0
 
 _stores: weakref.WeakKeyDictionary[Store, WorkflowStore] = weakref.WeakKeyDictionary()
+_loaders: weakref.WeakKeyDictionary[WorkflowStore, Loader] = weakref.WeakKeyDictionary()
 
 
 def workflow_store(store: Store) -> WorkflowStore:
@@ -43,6 +46,13 @@ def workflow_store(store: Store) -> WorkflowStore:
     found = _stores.get(store)
     if found is None:
         found = _stores[store] = WorkflowStore(store.pool, store.schema)
+    return found
+
+
+def _loader(store: WorkflowStore) -> Loader:
+    found = _loaders.get(store)
+    if found is None:
+        found = _loaders[store] = Loader(store)
     return found
 
 
@@ -68,11 +78,7 @@ async def run_workflow(
     ``worker_id`` at ``attempt``; its return value is the job's result."""
     wstore = workflow_store(store)
     lease = Lease(job_id, worker_id, attempt)
-    loaded = await retry_on_disconnect(
-        lambda: wstore.load(wstore.pool, job_id),
-        what="load workflow",
-        give_up_after=WRITE_PATIENCE,
-    )
+    loaded = await _loader(wstore).load(job_id)
     if loaded is None:
         raise LeaseLost(f"job {job_id} no longer exists")
     timeout = row.get("timeout")

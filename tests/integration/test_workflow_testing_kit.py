@@ -96,14 +96,16 @@ async def test_run_workflow_takes_a_workflow_through_sleep_signal_and_children(
     assert ran == Counter({"fetch": 1, "score a": 1, "score bb": 1, "notify": 1})
     assert await _effects_of(pool, job.job_id) == ["welcomed"]
     # The real path: every place recorded, the sleep parked (its run is not an
-    # attempt), the signal sent while it waited, the children run as jobs.
+    # attempt), the signal sent while it waited, the children run as jobs (a
+    # spawn's outcome stays on its child's row, the step waiting, until the
+    # row goes).
     assert [s[1:] for s in await _steps(pool, job.job_id)] == [
         ("step", "completed"),
         ("transaction", "completed"),
         ("sleep", "completed"),
         ("signal", "completed"),
-        ("spawn", "completed"),
-        ("spawn", "completed"),
+        ("spawn", "waiting"),
+        ("spawn", "waiting"),
         ("wait", "completed"),
         ("step", "completed"),
     ]
