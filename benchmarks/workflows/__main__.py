@@ -99,7 +99,13 @@ def scenario_cfg(scenario: str, sizes: dict[str, Any], args: argparse.Namespace)
         return {**base, "n": sizes["plain_n"], "timeout": 900}
     if scenario == "parked":
         n = sizes["parked_n"]
-        return {**base, "n": n, "idle_seconds": sizes["idle_seconds"], "timeout": 900}
+        return {
+            **base,
+            "n": n,
+            "idle_seconds": sizes["idle_seconds"],
+            "timeout": 900,
+            "signal_one_by_one": args.signal_one_by_one,
+        }
     if scenario == "fanout":
         return {**base, "n": sizes["fanout_n"], "timeout": 900}
     raise ValueError(scenario)
@@ -285,6 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated")
     run.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated")
     run.add_argument("--concurrency", type=int, default=50)
+    run.add_argument(
+        "--signal-one-by-one",
+        action="store_true",
+        help="parked: signal each workflow with its own call (default: this library's "
+        "signal_bulk in chunks; DBOS has one call per signal either way)",
+    )
     run.add_argument(
         "--dbos-polling",
         type=float,

@@ -31,6 +31,7 @@ except ImportError:  # a tree without workflows: only the plain drain runs
 
 RECORD: Any = None
 POOL_SIZE = 10  # as the queue harness's contender
+SIGNAL_CHUNK = 1000
 
 
 async def noop_step(i: int, k: int) -> int:
@@ -109,6 +110,7 @@ class Contender:
         self.client_pool: asyncpg.Pool | None = None  # bulk enqueue, counts
         self.producer: Scheduler | None = None
         self.scheduler: Scheduler | None = None
+        self.one_by_one = bool(cfg.get("signal_one_by_one"))
 
     async def setup(self) -> None:
         self.pool = await asyncpg.create_pool(self.dsn, min_size=2, max_size=POOL_SIZE)
@@ -130,7 +132,11 @@ class Contender:
         return {
             "scheduler": f"Scheduler(pool, max_concurrent_jobs={c}, batch_claim_limit={c})",
             "worker_pool": f"asyncpg pool min 2, max {POOL_SIZE}",
-            "signals": "scheduler.signal() per workflow, 8 calls at a time",
+            "signals": (
+                "scheduler.signal() per workflow, 8 calls at a time"
+                if self.one_by_one
+                else f"scheduler.signal_bulk(), {SIGNAL_CHUNK} signals a call, one call at a time"
+            ),
         }
 
     async def start_worker(self, concurrency: int, queue: bool = True) -> None:
@@ -187,15 +193,23 @@ class Contender:
         return True
 
     async def signal_all(self, ids: range) -> None:
+        """``signal_bulk`` in chunks of SIGNAL_CHUNK, one after another (the
+        first woken workflows run while the next chunks are sent); with
+        ``one_by_one``, ``signal()`` per workflow, 8 calls at a time."""
         assert self.scheduler is not None
         scheduler = self.scheduler
-        gate = asyncio.Semaphore(8)
+        if self.one_by_one:
+            gate = asyncio.Semaphore(8)
 
-        async def one(i: int) -> None:
-            async with gate:
-                await scheduler.signal(f"p{i}", "go", i)
+            async def one(i: int) -> None:
+                async with gate:
+                    await scheduler.signal(f"p{i}", "go", i)
 
-        await asyncio.gather(*(one(i) for i in ids))
+            await asyncio.gather(*(one(i) for i in ids))
+            return
+        items = [(f"p{i}", "go", i) for i in ids]
+        for start in range(0, len(items), SIGNAL_CHUNK):
+            await scheduler.signal_bulk(items[start : start + SIGNAL_CHUNK])
 
     async def start_fanout(self, n: int) -> str:
         _need_workflows()

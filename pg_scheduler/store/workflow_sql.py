@@ -30,18 +30,23 @@ _NO_WAIT = (
     "wait_kind = NULL, wait_for = NULL, wake_at = NULL, wait_seq = NULL, wait_children = NULL, "
     "wait_left = NULL"
 )
-# A spawn step as the parent reads it: a child that ended (its row final) is
-# over, with its row's outcome; a child whose row is gone or reopened has its
-# outcome copied on the step (migration 0016). {s}: the step, {c}: the child's
-# row, joined on the step's job id while the step waits.
+# A spawn step as the parent reads it: a child that ended (its row final,
+# joined as c when the step waits) is over, with its row's outcome; a child
+# whose row is gone or reopened has its outcome copied on the step (migration
+# 0016). The child's columns are NULL unless its row is final.
+_CHILD_END = (
+    "c.status AS child_status, c.result::text AS child_result, c.error_message AS child_error"
+)
+# The same for the operator's views, in SQL: {s} the step, {c} the child's row
+# (joined only while the step waits and the row is final).
 _STEP_STATUS = (
-    "CASE WHEN {s}.kind = 'spawn' AND {s}.status = 'waiting' AND {c}.status IN {final} "
+    "CASE WHEN {s}.kind = 'spawn' AND {s}.status = 'waiting' AND {c}.status IS NOT NULL "
     "THEN 'completed' ELSE {s}.status END"
 )
 _STEP_RESULT = (
-    "CASE WHEN {s}.kind = 'spawn' AND {s}.status = 'waiting' AND {c}.status IN {final} "
-    "THEN {s}.result || jsonb_build_object('outcome', "
-    "jsonb_build_object('status', {c}.status, 'result', {c}.result, 'error', {c}.error_message)) "
+    "CASE WHEN {s}.kind = 'spawn' AND {s}.status = 'waiting' AND {c}.status IS NOT NULL "
+    "THEN {s}.result || jsonb_build_object('outcome', jsonb_build_object("
+    "'status', {c}.status, 'result', {c}.result, 'error', {c}.error_message)) "
     "ELSE {s}.result END"
 )
 # A run that parks: the row leaves this worker; the run is not counted as an
@@ -57,29 +62,25 @@ _WAKE_NOTIFY = (
     + "' THEN '' ELSE {0}.queue END)"
 )
 
-# The run's start: the job's incarnation (created_at: a REPLACE makes a new
-# one), its deadline, the database's clock, and every step recorded, in order.
-_LOAD_COLUMNS = """
+# The starts of the runs of jobs $1: each job's incarnation (created_at: a
+# REPLACE makes a new one), its deadline and the database's clock, on every
+# row; then its steps recorded, one row each, in order (a job with none: one
+# row, its step columns NULL). A spawn step waiting carries its child's end
+# (child_status: the child's row is final; see _CHILD_END).
+_LOAD_MANY = f"""
+SELECT j.job_id,
        coalesce((extract(epoch FROM j.created_at) * 1000000)::bigint, 0) AS incarnation,
        j.workflow_deadline, now() AS db_now,
-       (SELECT coalesce(json_agg(json_build_array(s.seq, s.kind, s.name, s.key, {status},
-                                                  {result}, s.error, s.attempts)
-                                 ORDER BY s.seq), '[]')::text
-          FROM workflow_steps s
-          LEFT JOIN scheduled_jobs c
-            ON s.kind = 'spawn' AND s.status = 'waiting' AND c.job_id = s.result ->> 'job_id'
-         WHERE s.job_id = j.job_id) AS steps
-""".format(
-    status=_STEP_STATUS.format(s="s", c="c", final=_FINAL),
-    result=_STEP_RESULT.format(s="s", c="c", final=_FINAL),
-)
-_LOAD = "SELECT" + _LOAD_COLUMNS + "  FROM scheduled_jobs j WHERE j.job_id = $1\n"
-# The runs of several jobs starting together, in one statement.
-_LOAD_MANY = (
-    "SELECT j.job_id,"
-    + _LOAD_COLUMNS
-    + "  FROM scheduled_jobs j WHERE j.job_id = ANY($1::text[])\n"
-)
+       s.seq, s.kind, s.name, s.key, s.status, s.result::text AS result, s.error, s.attempts,
+       {_CHILD_END}
+  FROM scheduled_jobs j
+  LEFT JOIN workflow_steps s ON s.job_id = j.job_id
+  LEFT JOIN scheduled_jobs c
+    ON s.kind = 'spawn' AND s.status = 'waiting' AND c.job_id = s.result ->> 'job_id'
+       AND c.status IN {_FINAL}
+ WHERE j.job_id = ANY($1::text[])
+ ORDER BY j.job_id, s.seq
+"""
 # The first run of a workflow with a timeout: its deadline, from now.
 _SET_DEADLINE = f"""
 UPDATE scheduled_jobs j SET workflow_deadline = now() + make_interval(secs => $4::float8)
@@ -189,16 +190,14 @@ UNION ALL
 SELECT id, payload::text FROM taken
 """
 # Where the children spawned at seqs $2 stand (their outcome, once ended).
-_SPAWNED = """
-SELECT s.seq, {status} AS status, ({result})::text AS result
+_SPAWNED = f"""
+SELECT s.seq, s.kind, s.name, s.key, s.status, s.result::text AS result, s.error, s.attempts,
+       {_CHILD_END}
   FROM workflow_steps s
   LEFT JOIN scheduled_jobs c
-    ON s.status = 'waiting' AND c.job_id = s.result ->> 'job_id'
+    ON s.status = 'waiting' AND c.job_id = s.result ->> 'job_id' AND c.status IN {_FINAL}
  WHERE s.job_id = $1 AND s.seq = ANY($2::int[]) AND s.kind = 'spawn'
-""".format(
-    status=_STEP_STATUS.format(s="s", c="c", final=_FINAL),
-    result=_STEP_RESULT.format(s="s", c="c", final=_FINAL),
-)
+"""
 # A wait that is over (a signal taken, a timeout, children ended): its record
 # completed, and what the row waited for forgotten.
 _FINISH_WAIT = f"""

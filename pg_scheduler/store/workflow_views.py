@@ -72,8 +72,8 @@ SELECT s.seq, s.kind, s.name, s.key, {status} AS status, s.attempts, s.started_a
  ORDER BY s.seq
  LIMIT $4
 """.format(
-    status=_STEP_STATUS.format(s="s", c="c", final=_FINAL),
-    result=_STEP_RESULT.format(s="s", c="c", final=_FINAL),
+    status=_STEP_STATUS.format(s="s", c="c"),
+    result=_STEP_RESULT.format(s="s", c="c"),
     final=_FINAL,
 )
 # A child's status: its row's, else (deleted by the vacuum) what its end wrote

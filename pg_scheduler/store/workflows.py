@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import asyncpg
 
@@ -17,7 +17,6 @@ from .signal_sql import _SIGNAL, _SIGNAL_CHECK, _SIGNAL_MANY
 from .workflow_sql import (
     _CHECKPOINT,
     _FINISH_WAIT,
-    _LOAD,
     _LOAD_MANY,
     _LOCK_RUN,
     _PARK,
@@ -39,11 +38,17 @@ class Lease(NamedTuple):
     attempt: int
 
 
+#: A step as read: (seq, kind, name, key, status, result (JSON text), error,
+#: attempts, child_status, child_result (JSON text), child_error); the child's
+#: columns are set for a waiting spawn step whose child's row is final.
+StepRow = tuple[Any, ...]
+
+
 class Loaded(NamedTuple):
     incarnation: int
     deadline: datetime | None
     db_now: datetime
-    steps: str  # JSON: [[seq, kind, name, key, status, result, error, attempts], ...]
+    steps: list[StepRow]
 
 
 class Spawned(NamedTuple):
@@ -74,7 +79,6 @@ class WorkflowStore:
         self.raw_pool: asyncpg.Pool = getattr(pool, "raw", pool)
         self.timeout: float | None = getattr(pool, "statement_timeout", None)
         q = Qualifier(schema)
-        self._load = q(_LOAD)
         self._load_many = q(_LOAD_MANY)
         self._set_deadline = q(_SET_DEADLINE)
         self._checkpoint = q(_CHECKPOINT)
@@ -91,14 +95,16 @@ class WorkflowStore:
         self._signal_many = q(_SIGNAL_MANY)
         self._wake_due = q(_WAKE_DUE)
 
-    async def load(self, db: Executor, job_id: str) -> Loaded | None:
-        row = await db.fetchrow(self._load, job_id, timeout=self.timeout)
-        return None if row is None else Loaded(*row)
-
     async def load_many(self, db: Executor, job_ids: Sequence[str]) -> dict[str, Loaded]:
         """The starts of several runs, by job id (a job that is gone: absent)."""
-        rows = await db.fetch(self._load_many, list(job_ids), timeout=self.timeout)
-        return {row[0]: Loaded(*row[1:]) for row in rows}
+        found: dict[str, Loaded] = {}
+        for row in await db.fetch(self._load_many, list(job_ids), timeout=self.timeout):
+            loaded = found.get(row[0])
+            if loaded is None:
+                loaded = found[row[0]] = Loaded(row[1], row[2], row[3], [])
+            if row[4] is not None:
+                loaded.steps.append(tuple(row)[4:])
+        return found
 
     async def set_deadline(self, db: Executor, lease: Lease, seconds: float) -> datetime | None:
         return await db.fetchval(self._set_deadline, *lease, seconds, timeout=self.timeout)
@@ -171,8 +177,10 @@ class WorkflowStore:
     ) -> asyncpg.Record | None:
         return await conn.fetchrow(self._take_signal, job_id, seq, name, timeout=self.timeout)
 
-    async def spawned(self, db: Executor, job_id: str, seqs: Sequence[int]) -> list[asyncpg.Record]:
-        return await db.fetch(self._spawned, job_id, list(seqs), timeout=self.timeout)
+    async def spawned(self, db: Executor, job_id: str, seqs: Sequence[int]) -> list[StepRow]:
+        """The spawn steps at ``seqs``, read afresh (as :class:`StepRow`)."""
+        rows = await db.fetch(self._spawned, job_id, list(seqs), timeout=self.timeout)
+        return [tuple(row) for row in rows]
 
     async def finish_wait(
         self,

@@ -34,7 +34,7 @@ from ..models import Job
 from ..store.workflows import Spawned
 from ..support.codec import decode_json, encode_json, encode_retry_policy, encode_task_data
 from ..tasks import QUEUE_ATTR, ensure_async, queue_of, task_name_of
-from .replay import COMPLETED, WAITING, Record
+from .replay import COMPLETED, WAITING, Record, record_of
 from .run import RunState
 
 _VARIANT = dict(zip("0123456789abcdef", "89ab" * 4, strict=True))
@@ -70,6 +70,21 @@ class ChildHandle:
 
     def __repr__(self) -> str:
         return f"<ChildHandle {self.job_id} ({self.task_name}, step {self.seq})>"
+
+
+def replayed(run: RunState, func: Callable[..., Any]) -> ChildHandle | None:
+    """The child recorded at the run's next place, if the run reached it
+    before (the spawn of ``func`` there): its handle, with no check or
+    encoding of what was written then. None: spawn it (:func:`spawn`)."""
+    run.check()
+    seq = run.replay.next_seq
+    if seq not in run.replay.records:
+        return None
+    task_name = task_name_of(func)
+    taken, record = run.take("spawn", task_name, str(seq))
+    assert record is not None and taken == seq
+    recorded = record.result or {}
+    return ChildHandle(recorded["job_id"], seq, task_name, bool(recorded.get("detached")))
 
 
 def spawn(
@@ -209,10 +224,8 @@ async def wait(
     store, lease = run.store, run.lease
     async with run.locked() as (conn, locked):
         for row in await store.spawned(conn, lease.job_id, sorted(set(seqs))):
-            kept = run.replay.records.get(row["seq"])
-            if kept is not None:
-                kept.status = row["status"]
-                kept.result = decode_json(row["result"])
+            if row[0] in run.replay.records:
+                run.replay.keep(record_of(row))
         ended = _ended(run, seqs)
         if len(ended) == len(set(seqs)):
             held, _ = await store.finish_wait(conn, lease, seq, "wait", name, key, result, started)

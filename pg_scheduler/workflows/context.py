@@ -20,6 +20,7 @@ from ..store.workflows import Spawned
 from ..support.timeutil import to_aware
 from ..support.validation import check_name
 from .children import ChildHandle, flush, result_of
+from .children import replayed as replayed_child
 from .children import spawn as spawn_child
 from .children import wait as wait_children
 from .errors import WaitTimeout
@@ -242,6 +243,9 @@ class WorkflowContext:
         works too); children spawned before a wait are written together. Of a
         job's options (JobOptions) a child takes these: its id is its parent's
         step's, it never expires unstarted and carries no dedupe key."""
+        found = replayed_child(self._run, func)
+        if found is not None:
+            return found
         options = JobOptions.of(locals())
         return spawn_child(self._run, self._spawns, func, args, kwargs, options, detached)
 

@@ -12,9 +12,11 @@ again or skip one silently.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..store.workflows import StepRow
 from .errors import DuplicateStep, WorkflowMismatch
 
 COMPLETED, FAILED, WAITING = "completed", "failed", "waiting"
@@ -34,6 +36,24 @@ class Record:
     attempts: int
 
 
+def record_of(row: StepRow) -> Record:
+    """A step as read (``store.workflows.StepRow``), JSON decoded. A spawn step
+    whose child's row is final reads as over, with that row's outcome (what
+    the database copies onto the step once the row goes: migration 0016)."""
+    seq, kind, name, key, status, result, error, attempts = row[:8]
+    value = None if result is None else json.loads(result)
+    if len(row) > 8 and row[8] is not None and status == WAITING:
+        child_result = row[9]
+        outcome = {
+            "status": row[8],
+            "result": None if child_result is None else json.loads(child_result),
+            "error": row[10],
+        }
+        value = {**(value or {}), "outcome": outcome}
+        status = COMPLETED
+    return Record(seq, kind, name, key, status, value, error, attempts)
+
+
 def describe(kind: str, name: str, key: str) -> str:
     return f"{kind} {name!r}" + (f" (key {key!r})" if key else "")
 
@@ -43,10 +63,8 @@ class Replay:
 
     __slots__ = ("_names", "next_seq", "records")
 
-    def __init__(self, steps_json: str) -> None:
-        self.records: dict[int, Record] = {
-            row[0]: Record(*row) for row in json.loads(steps_json or "[]")
-        }
+    def __init__(self, rows: Iterable[StepRow]) -> None:
+        self.records: dict[int, Record] = {row[0]: record_of(row) for row in rows}
         self.next_seq = 1
         self._names: set[tuple[str, str]] = set()
 

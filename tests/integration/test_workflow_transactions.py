@@ -122,7 +122,7 @@ def _run(pool: asyncpg.Pool, job_id: str, worker: str) -> RunState:
     return RunState(
         WorkflowStore(pool),
         Lease(job_id, worker, 1),
-        Replay("[]"),
+        Replay([]),
         incarnation=0,
         db_now=datetime.now(UTC),
         deadline=None,
