@@ -69,7 +69,9 @@ _LIST_COLUMNS = """
 # What a parked workflow waits for (for children: how many have not ended,
 # its count, 0016), and a child's parent (0014).
 _WORKFLOW_COLUMNS = """j.wait_kind, j.wait_for, j.wake_at, j.parent_job_id,
-    CASE WHEN j.wait_kind = 'children' THEN j.wait_left::bigint END AS children_waiting"""
+    CASE WHEN j.wait_kind = 'children' THEN (
+        SELECT w.wait_left::bigint FROM workflow_waits w WHERE w.job_id = j.job_id)
+    END AS children_waiting"""
 _NO_WORKFLOW_COLUMNS = (
     "NULL::text AS wait_kind, NULL::text AS wait_for, NULL::timestamptz AS wake_at, "
     "NULL::text AS parent_job_id, NULL::bigint AS children_waiting"

@@ -96,7 +96,6 @@ CREATE TABLE public.scheduled_jobs (
     wait_seq integer,
     wait_children int4range,
     workflow_deadline timestamp with time zone,
-    wait_left integer,
     CONSTRAINT scheduled_jobs_pkey PRIMARY KEY (job_id),
     CONSTRAINT scheduled_jobs_priority_check CHECK ((priority = ANY (ARRAY[1, 3, 5, 8]))),
     CONSTRAINT scheduled_jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'waiting'::text, 'completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text]))),
@@ -261,6 +260,18 @@ CREATE TABLE public.workflow_steps (
     CONSTRAINT workflow_steps_job_id_name_key_key UNIQUE (job_id, name, key),
     CONSTRAINT workflow_steps_kind_check CHECK ((kind = ANY (ARRAY['step'::text, 'transaction'::text, 'sleep'::text, 'signal'::text, 'spawn'::text, 'wait'::text]))),
     CONSTRAINT workflow_steps_status_check CHECK ((status = ANY (ARRAY['completed'::text, 'failed'::text, 'waiting'::text])))
+);
+
+-- [table] workflow_waits
+CREATE TABLE public.workflow_waits (
+    job_id text NOT NULL,
+    wait_from integer,
+    wait_to integer,
+    wait_left integer,
+    CONSTRAINT workflow_waits_pkey PRIMARY KEY (job_id)
+)
+WITH (
+    fillfactor=30
 );
 
 -- [function] pg_scheduler_job_events()
@@ -437,6 +448,7 @@ BEGIN
         -- DELETE, not TRUNCATE: a TRUNCATE of several tables may name these too.
         DELETE FROM workflow_steps;
         DELETE FROM workflow_signals;
+        DELETE FROM workflow_waits;
         RETURN NULL;
     END IF;
     IF EXISTS (SELECT 1 FROM workflow_steps LIMIT 1) THEN
@@ -444,6 +456,9 @@ BEGIN
     END IF;
     IF EXISTS (SELECT 1 FROM workflow_signals LIMIT 1) THEN
         DELETE FROM workflow_signals s USING old_rows o WHERE s.job_id = o.job_id;
+    END IF;
+    IF EXISTS (SELECT 1 FROM workflow_waits LIMIT 1) THEN
+        DELETE FROM workflow_waits w USING old_rows o WHERE w.job_id = o.job_id;
     END IF;
     RETURN NULL;
 END $function$;
@@ -457,12 +472,17 @@ CREATE OR REPLACE FUNCTION public.pg_scheduler_workflow_job_done()
 AS $function$
 DECLARE
     child RECORD;
-    parent RECORD;
     was_final BOOLEAN := OLD.status IN ('completed', 'failed', 'cancelled', 'expired');
-    outcome JSONB;
+    counted BOOLEAN;
     left_now INTEGER;
+    parent_queue TEXT;
+    outcome JSONB;
 BEGIN
-    child := CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+    IF TG_OP = 'DELETE' THEN
+        child := OLD;
+    ELSE
+        child := NEW;
+    END IF;
     IF NOT was_final AND child.has_children THEN
         PERFORM pg_scheduler_workflow_cancel_children(
             child.job_id,
@@ -472,15 +492,39 @@ BEGIN
     IF child.parent_job_id IS NULL THEN
         RETURN NULL;
     END IF;
-    SELECT j.job_id, j.status, j.wait_kind, j.wait_children, j.queue INTO parent
-      FROM scheduled_jobs j WHERE j.job_id = child.parent_job_id
-       FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN NULL;
+    IF NOT was_final THEN
+        -- Its end: the parent's row locked (see above), counted if the
+        -- parent is parked on it.
+        UPDATE workflow_waits w
+           SET wait_left = CASE WHEN child.parent_seq >= w.wait_from
+                                     AND child.parent_seq < w.wait_to
+                                THEN w.wait_left - 1 ELSE w.wait_left END
+         WHERE w.job_id = child.parent_job_id
+        RETURNING w.wait_left,
+                  child.parent_seq >= w.wait_from AND child.parent_seq < w.wait_to
+             INTO left_now, counted;
+        IF counted AND left_now <= 0 THEN
+            UPDATE workflow_waits
+               SET wait_from = NULL, wait_to = NULL, wait_left = NULL
+             WHERE job_id = child.parent_job_id;
+            -- Pending too: a parent parked with its deadline near is pending, due then.
+            UPDATE scheduled_jobs
+               SET status = 'pending', execution_time = now(), wait_kind = NULL,
+                   wait_for = NULL, wake_at = NULL, wait_seq = NULL, wait_children = NULL
+             WHERE job_id = child.parent_job_id AND status IN ('waiting', 'pending')
+               AND wait_kind = 'children'
+            RETURNING queue INTO parent_queue;
+            IF FOUND THEN
+                PERFORM pg_notify(
+                    CASE WHEN current_schema() = 'public' THEN 'pg_scheduler_jobs'
+                         ELSE 'pg_scheduler_jobs:' || current_schema() END,
+                    CASE WHEN parent_queue = 'default' THEN '' ELSE parent_queue END);
+            END IF;
+        END IF;
     END IF;
     IF TG_OP = 'DELETE' OR was_final THEN
         -- The row loses its outcome: keep it on the spawn step (the first one
-        -- written there stays).
+        -- copied there stays).
         outcome := CASE
             WHEN was_final THEN jsonb_build_object('status', OLD.status, 'result', OLD.result,
                                                    'error', OLD.error_message)
@@ -495,33 +539,9 @@ BEGIN
         UPDATE workflow_steps s
            SET status = 'completed', finished_at = coalesce(OLD.finished_at, now()),
                result = s.result || jsonb_build_object('outcome', outcome)
-         WHERE s.job_id = parent.job_id AND s.seq = child.parent_seq
+         WHERE s.job_id = child.parent_job_id AND s.seq = child.parent_seq
            AND s.status = 'waiting' AND s.kind = 'spawn'
            AND s.result ->> 'job_id' = child.job_id;
-    END IF;
-    IF was_final THEN
-        RETURN NULL;  -- its end was counted when it happened
-    END IF;
-    -- Pending too: a parent parked with its deadline near is pending, due then.
-    IF parent.status IN ('waiting', 'pending') AND parent.wait_kind = 'children'
-       AND child.parent_seq <@ parent.wait_children THEN
-        UPDATE scheduled_jobs j
-           SET wait_left = coalesce(j.wait_left, 1) - 1
-         WHERE j.job_id = parent.job_id
-        RETURNING j.wait_left INTO left_now;
-        -- (A count missing, which no park leaves: the first end wakes the
-        -- parent, which looks for itself and parks again if it must.)
-        IF left_now <= 0 THEN
-            UPDATE scheduled_jobs
-               SET status = 'pending', execution_time = now(), wait_kind = NULL,
-                   wait_for = NULL, wake_at = NULL, wait_seq = NULL, wait_children = NULL,
-                   wait_left = NULL
-             WHERE job_id = parent.job_id;
-            PERFORM pg_notify(CASE WHEN current_schema() = 'public' THEN 'pg_scheduler_jobs'
-                                   ELSE 'pg_scheduler_jobs:' || current_schema() END,
-                              CASE WHEN parent.queue = 'default' THEN ''
-                                   ELSE parent.queue END);
-        END IF;
     END IF;
     RETURN NULL;
 END $function$;
@@ -540,6 +560,7 @@ BEGIN
     END IF;
     DELETE FROM workflow_steps WHERE job_id = OLD.job_id;
     DELETE FROM workflow_signals WHERE job_id = OLD.job_id;
+    DELETE FROM workflow_waits WHERE job_id = OLD.job_id;
     IF NEW.wait_kind IS NOT NULL OR NEW.has_children OR NEW.workflow_deadline IS NOT NULL THEN
         UPDATE scheduled_jobs
            SET wait_kind = NULL, wait_for = NULL, wake_at = NULL, wait_seq = NULL,

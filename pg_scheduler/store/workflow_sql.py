@@ -9,14 +9,16 @@ longer record a step, park or spawn. A step is written once per ``(job_id,
 seq)``; two runs racing for one (a stale run and its successor) cannot both
 record it, and the one that finds it taken adopts what is there.
 
-Parking is two statements in one transaction: the run's row is locked first
-(:data:`_LOCK_RUN`), then a new statement, with a snapshot taken after the
+Parking is a lock, then a read, in one transaction: the run's row is locked
+first (:data:`_LOCK_RUN`; for children, then its ``workflow_waits`` row,
+:data:`_LOCK_FAMILY`), then a new statement, with a snapshot taken after the
 lock, reads whether what the run waits for is already there (a signal, its
-children's ends). Whoever releases a parked workflow (a signal, a child's
-end: ``pg_scheduler_workflow_job_done`` in 0014) locks the same row first. So
-either the release commits first and the run sees it, or the run parks first
-and the release finds it parked: no wake-up is lost. A sleep has no one to
-race with and parks in one statement.
+children's ends). Whoever releases a parked workflow locks the same row
+first (a signal: the run's row; a child's end: the ``workflow_waits`` row,
+``pg_scheduler_workflow_job_done`` in 0016). So either the release commits
+first and the run sees it, or the run parks first and the release finds it
+parked: no wake-up is lost. A sleep has no one to race with and parks in one
+statement.
 """
 
 from __future__ import annotations
@@ -27,8 +29,7 @@ _GUARD = "j.job_id = $1 AND j.worker_id = $2 AND j.attempts = $3 AND j.status = 
 _FINAL = "(" + ", ".join(f"'{status}'" for status in FINAL_STATUS_VALUES) + ")"
 # What a row parked on, cleared when that is over.
 _NO_WAIT = (
-    "wait_kind = NULL, wait_for = NULL, wake_at = NULL, wait_seq = NULL, wait_children = NULL, "
-    "wait_left = NULL"
+    "wait_kind = NULL, wait_for = NULL, wake_at = NULL, wait_seq = NULL, wait_children = NULL"
 )
 # A spawn step as the parent reads it: a child that ended (its row final,
 # joined as c when the step waits) is over, with its row's outcome; a child
@@ -189,6 +190,12 @@ SELECT id, payload::text AS payload FROM delivered
 UNION ALL
 SELECT id, payload::text FROM taken
 """
+# Parking on children, second statement: the workflow's workflow_waits row
+# locked (every child's end updates it first), so that the read after it sees
+# every end that committed before, and every end after it waits for the park.
+_LOCK_FAMILY = """
+SELECT w.job_id FROM workflow_waits w WHERE w.job_id = $1 FOR UPDATE
+"""
 # Where the children spawned at seqs $2 stand (their outcome, once ended).
 _SPAWNED = f"""
 SELECT s.seq, s.kind, s.name, s.key, s.status, s.result::text AS result, s.error, s.attempts,
@@ -223,7 +230,8 @@ SELECT l.held, EXISTS (SELECT 1 FROM rec) AS written, (SELECT count(*) FROM clea
 # row waiting ($12 "soon": pending, due at $11, the deadline or the timeout,
 # near enough for the claim's own wait). Parked on children: $14 the spawn
 # steps waited on, $15 how many of their children had not ended when the run
-# looked (each end counts it down; the last one wakes the row: 0016).
+# looked, kept on its workflow_waits row (each end counts it down; the last
+# one wakes the row: 0016).
 _PARK = f"""
 WITH rec AS (
     INSERT INTO workflow_steps AS s (job_id, seq, kind, name, key, status, result, attempts,
@@ -238,9 +246,14 @@ WITH rec AS (
            execution_time = CASE WHEN $12 THEN $11 ELSE j.execution_time END,
            {_LEAVE_WORKER},
            wait_kind = $9, wait_for = $10, wake_at = $11, wait_seq = $4,
-           wait_children = $14::int4range, wait_left = $15
+           wait_children = $14::int4range
      WHERE {_GUARD}
     RETURNING j.status, j.queue
+), counted AS (
+    UPDATE workflow_waits w
+       SET wait_from = lower($14::int4range), wait_to = upper($14::int4range), wait_left = $15
+      FROM parked p
+     WHERE w.job_id = $1 AND $14::int4range IS NOT NULL
 )
 SELECT p.status, (SELECT count(*) FROM rec) AS recorded,
        CASE WHEN p.status = 'pending' THEN {_WAKE_NOTIFY.format("p")} END AS notified
@@ -249,7 +262,8 @@ SELECT p.status, (SELECT count(*) FROM rec) AS recorded,
 
 # Children: one statement for every spawn not yet written. Each child is a
 # job like any other, whose id the parent's step decides (a run that spawns
-# it again writes nothing new); its spawn step waits for its end.
+# it again writes nothing new); its spawn step waits for its end. The
+# parent's workflow_waits row exists before any child can end (0016).
 _SPAWN = f"""
 WITH lease AS (
     SELECT j.job_id FROM scheduled_jobs j WHERE {_GUARD}
@@ -257,6 +271,9 @@ WITH lease AS (
     UPDATE scheduled_jobs j SET has_children = true
       FROM lease l WHERE j.job_id = l.job_id AND NOT j.has_children
     RETURNING 1
+), family AS (
+    INSERT INTO workflow_waits (job_id) SELECT l.job_id FROM lease l
+    ON CONFLICT (job_id) DO NOTHING
 ), kids AS (
     INSERT INTO scheduled_jobs (job_id, job_name, task_name, execution_time, status, task_data,
                                 priority, max_retries, misfire_grace_time, timeout,

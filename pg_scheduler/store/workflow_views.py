@@ -32,13 +32,15 @@ _AVAILABLE = "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL
 # Per job: what it waits for, its place in a family, and how much it has.
 # ``children_waiting``: the awaited children not yet ended (a parent parked
 # on children waits on the spawn steps in [lower, upper) of wait_children,
-# and counts them down as they end: wait_left, 0016).
+# and counts them down as they end: workflow_waits, 0016).
 _WAITS = """
 SELECT j.job_id, j.status, j.wait_kind, j.wait_for, j.wake_at, j.wait_seq,
        lower(j.wait_children) AS children_from, upper(j.wait_children) AS children_to,
        j.workflow_deadline, j.parent_job_id, j.parent_seq, j.has_children,
        p.task_name AS parent_task, p.status AS parent_status,
-       CASE WHEN j.wait_kind = 'children' THEN j.wait_left::bigint END AS children_waiting
+       CASE WHEN j.wait_kind = 'children' THEN (
+           SELECT w.wait_left::bigint FROM workflow_waits w WHERE w.job_id = j.job_id)
+       END AS children_waiting
   FROM scheduled_jobs j
   LEFT JOIN scheduled_jobs p ON p.job_id = j.parent_job_id
  WHERE j.job_id = ANY($1::text[])

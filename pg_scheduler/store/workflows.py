@@ -18,6 +18,7 @@ from .workflow_sql import (
     _CHECKPOINT,
     _FINISH_WAIT,
     _LOAD_MANY,
+    _LOCK_FAMILY,
     _LOCK_RUN,
     _PARK,
     _PARK_SLEEP,
@@ -85,6 +86,7 @@ class WorkflowStore:
         self._record = q(_RECORD)
         self._park_sleep = q(_PARK_SLEEP)
         self._lock_run = q(_LOCK_RUN)
+        self._lock_family = q(_LOCK_FAMILY)
         self._take_signal = q(_TAKE_SIGNAL)
         self._spawned = q(_SPAWNED)
         self._finish_wait = q(_FINISH_WAIT)
@@ -176,6 +178,11 @@ class WorkflowStore:
         self, conn: asyncpg.Connection, job_id: str, seq: int, name: str
     ) -> asyncpg.Record | None:
         return await conn.fetchrow(self._take_signal, job_id, seq, name, timeout=self.timeout)
+
+    async def lock_family(self, conn: asyncpg.Connection, job_id: str) -> bool:
+        """Lock ``job_id``'s count of children (False: it never spawned)."""
+        found = await conn.fetchval(self._lock_family, job_id, timeout=self.timeout)
+        return found is not None
 
     async def spawned(self, db: Executor, job_id: str, seqs: Sequence[int]) -> list[StepRow]:
         """The spawn steps at ``seqs``, read afresh (as :class:`StepRow`)."""

@@ -10,7 +10,8 @@ their steps, up to SPAWN_CHUNK per statement.
 A child's end (completed, failed, cancelled, expired) stays on its own row;
 the parent reads it from there (the run's load, the wait's fresh read). In
 the transaction that ends it, the database counts down a parent parked
-waiting for it and wakes the parent at zero (migration 0016's trigger); the
+waiting for it (its ``workflow_waits`` row) and wakes the parent at zero
+(migration 0016's trigger); the
 outcome is copied onto the spawn step only when the child's row is about to
 lose it (deleted, retried). A wait reads those outcomes: a result, or the
 JobFailed / JobCancelled / JobExpired the results API raises, always the same
@@ -223,6 +224,9 @@ async def wait(
     started = run.now()
     store, lease = run.store, run.lease
     async with run.locked() as (conn, locked):
+        # Every child's end takes this lock first: the read below sees each
+        # end committed before it, and each end after it counts this park down.
+        await store.lock_family(conn, lease.job_id)
         for row in await store.spawned(conn, lease.job_id, sorted(set(seqs))):
             if row[0] in run.replay.records:
                 run.replay.keep(record_of(row))
