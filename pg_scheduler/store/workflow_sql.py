@@ -38,6 +38,17 @@ _NO_WAIT = (
 _CHILD_END = (
     "c.status AS child_status, c.result::text AS child_result, c.error_message AS child_error"
 )
+# A step's columns as a run reads them. A spawn step still waiting comes as
+# its child's id and detached flag, not as JSON (a fan-out's parent reads
+# thousands: store/workflows.py StepRow).
+_STEP_COLUMNS = """s.seq, s.kind, s.name, s.key, s.status,
+       CASE WHEN s.kind = 'spawn' AND s.status = 'waiting' THEN NULL
+            ELSE s.result::text END AS result,
+       s.error, s.attempts,
+       CASE WHEN s.kind = 'spawn' AND s.status = 'waiting' THEN s.result ->> 'job_id' END
+           AS spawned_id,
+       CASE WHEN s.kind = 'spawn' AND s.status = 'waiting'
+            THEN coalesce((s.result ->> 'detached')::boolean, false) END AS spawned_detached"""
 # The same for the operator's views, in SQL: {s} the step, {c} the child's row
 # (joined only while the step waits and the row is final).
 _STEP_STATUS = (
@@ -72,7 +83,7 @@ _LOAD_MANY = f"""
 SELECT j.job_id,
        coalesce((extract(epoch FROM j.created_at) * 1000000)::bigint, 0) AS incarnation,
        j.workflow_deadline, now() AS db_now,
-       s.seq, s.kind, s.name, s.key, s.status, s.result::text AS result, s.error, s.attempts,
+       {_STEP_COLUMNS},
        {_CHILD_END}
   FROM scheduled_jobs j
   LEFT JOIN workflow_steps s ON s.job_id = j.job_id
@@ -198,7 +209,7 @@ SELECT w.job_id FROM workflow_waits w WHERE w.job_id = $1 FOR UPDATE
 """
 # Where the children spawned at seqs $2 stand (their outcome, once ended).
 _SPAWNED = f"""
-SELECT s.seq, s.kind, s.name, s.key, s.status, s.result::text AS result, s.error, s.attempts,
+SELECT {_STEP_COLUMNS},
        {_CHILD_END}
   FROM workflow_steps s
   LEFT JOIN scheduled_jobs c

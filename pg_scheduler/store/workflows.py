@@ -40,8 +40,9 @@ class Lease(NamedTuple):
 
 
 #: A step as read: (seq, kind, name, key, status, result (JSON text), error,
-#: attempts, child_status, child_result (JSON text), child_error); the child's
-#: columns are set for a waiting spawn step whose child's row is final.
+#: attempts, spawned_id, spawned_detached, child_status, child_result (JSON
+#: text), child_error). A spawn step still waiting has no result but its
+#: child's id and detached flag, and the child's end when its row is final.
 StepRow = tuple[Any, ...]
 
 

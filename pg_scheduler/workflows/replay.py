@@ -40,16 +40,20 @@ def record_of(row: StepRow) -> Record:
     """A step as read (``store.workflows.StepRow``), JSON decoded. A spawn step
     whose child's row is final reads as over, with that row's outcome (what
     the database copies onto the step once the row goes: migration 0016)."""
-    seq, kind, name, key, status, result, error, attempts = row[:8]
-    value = None if result is None else json.loads(result)
-    if len(row) > 8 and row[8] is not None and status == WAITING:
-        child_result = row[9]
-        outcome = {
-            "status": row[8],
+    seq, kind, name, key, status, result, error, attempts, spawned_id = row[:9]
+    if spawned_id is None:
+        return Record(
+            seq, kind, name, key, status, None if result is None else json.loads(result),
+            error, attempts,
+        )  # fmt: skip
+    value: dict[str, Any] = {"job_id": spawned_id, "detached": bool(row[9])}
+    if row[10] is not None:
+        child_result = row[11]
+        value["outcome"] = {
+            "status": row[10],
             "result": None if child_result is None else json.loads(child_result),
-            "error": row[10],
+            "error": row[12],
         }
-        value = {**(value or {}), "outcome": outcome}
         status = COMPLETED
     return Record(seq, kind, name, key, status, value, error, attempts)
 
