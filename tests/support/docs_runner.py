@@ -15,6 +15,9 @@ first block the namespace holds what the pages take as given:
 - ``scheduler``: a started Scheduler on that pool, with test-speed timings;
 - ``now``: ``datetime.now(UTC)`` when the page started.
 
+A block that defines ``test_*`` functions (an example test file) has them run
+after it, in order, as pytest would. ``pg_scheduler.testing`` makes its
+throwaway databases on the page's server instead of starting another one.
 A block that cannot run is preceded by ``<!-- docs: skip (the reason) -->``.
 """
 
@@ -63,6 +66,9 @@ async def _given(dsn: str) -> dict[str, object]:
     from pg_scheduler import Scheduler
     from pg_scheduler.testing import TEST_SETTINGS
 
+    from pg_scheduler import testing
+
+    testing._embedded_dsn = lambda: dsn  # type: ignore[attr-defined]
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=10)
     settings = {**TEST_SETTINGS, "shutdown_grace_period": 1.0, "run_periodic_jobs": True}
     scheduler = Scheduler(pool, **settings)
@@ -99,10 +105,16 @@ def run_page(page: Path) -> int:
                     "exec",
                     flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT,
                 )
+                before = set(namespace)
                 result = eval(code, namespace)
                 if asyncio.iscoroutine(result):
                     loop.run_until_complete(asyncio.wait_for(result, 60))
                 asyncio.set_event_loop(loop)  # asyncio.run() in a block unsets it
+                for name in [n for n in namespace if n not in before and n.startswith("test_")]:
+                    outcome = namespace[name]()
+                    if asyncio.iscoroutine(outcome):
+                        loop.run_until_complete(asyncio.wait_for(outcome, 60))
+                    print(f"{page}:{block.line}: {name} passed")
             except BaseException:
                 failed += 1
                 print(f"{page}:{block.line}: the block failed", file=sys.stderr)
