@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import inspect
 import os
 import re
 import sys
@@ -81,6 +82,12 @@ async def _close(given: dict[str, object]) -> None:
     await given["pool"].close()  # type: ignore[attr-defined]
 
 
+async def _run(code: types.CodeType, namespace: dict[str, object]) -> None:
+    result = eval(code, namespace)
+    if asyncio.iscoroutine(result):
+        await result
+
+
 def run_page(page: Path) -> int:
     dsn = os.environ["PG_SCHEDULER_DSN"]
     page_blocks = blocks(page.read_text())
@@ -106,11 +113,13 @@ def run_page(page: Path) -> int:
                     flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT,
                 )
                 before = set(namespace)
-                result = eval(code, namespace)
-                if asyncio.iscoroutine(result):
-                    loop.run_until_complete(asyncio.wait_for(result, 60))
-                asyncio.set_event_loop(loop)  # asyncio.run() in a block unsets it
-                for name in [n for n in namespace if n not in before and n.startswith("test_")]:
+                if "asyncio.run(" in block.code:  # a whole script: it runs its own loop
+                    eval(code, namespace)
+                    asyncio.set_event_loop(loop)  # asyncio.run() unsets it
+                else:  # on the page's loop, as code in an async application runs
+                    loop.run_until_complete(asyncio.wait_for(_run(code, namespace), 60))
+                new = [n for n in namespace if n not in before and n.startswith("test_")]
+                for name in [n for n in new if inspect.isfunction(namespace[n])]:
                     outcome = namespace[name]()
                     if asyncio.iscoroutine(outcome):
                         loop.run_until_complete(asyncio.wait_for(outcome, 60))
