@@ -64,10 +64,8 @@ def module_name(page: Path) -> str:
 async def _given(dsn: str) -> dict[str, object]:
     import asyncpg
 
-    from pg_scheduler import Scheduler
+    from pg_scheduler import Scheduler, testing
     from pg_scheduler.testing import TEST_SETTINGS
-
-    from pg_scheduler import testing
 
     testing._embedded_dsn = lambda: dsn  # type: ignore[attr-defined]
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=10)
