@@ -43,7 +43,7 @@ class Scheduler:
     ``schema``: the PostgreSQL schema of its tables, locks and channels.
     ``pgbouncer``: the pool goes through pgbouncer in transaction mode (make it
     with ``statement_cache_size=0``); ``listen_dsn``: a direct connection for
-    LISTEN, else such a worker polls. See the README's pgbouncer section.
+    LISTEN, else such a worker polls. See docs/operations.md, pgbouncer.
     ``queues``: the queues it claims from: None (all), a list, or a mapping
     queue -> local concurrency within ``max_concurrent_jobs``.
     ``statement_timeout``: seconds any one of the scheduler's own statements
@@ -245,7 +245,7 @@ class Scheduler:
         ``dedupe_key`` (or the task's): at most one job per key and
         ``dedupe_scope`` ("active", the default, or "pending"); on a held key
         ``conflict_resolution`` decides, and IGNORE/REPLACE return the id of
-        the job that holds it. See the README's Dedupe keys.
+        the job that holds it. See docs/queues.md, Dedupe keys.
         """
         options = JobOptions.of(locals())
         return await self._jobs.schedule(
@@ -362,7 +362,7 @@ class Scheduler:
         await self._ops.initialize_db()
 
     def required_privileges(self) -> dict[str, str]:
-        """Table -> the privileges this worker needs on it (README: schemas and privileges)."""
+        """Table -> the privileges this worker needs on it (docs/operations.md: privileges)."""
         return self._ops.required_privileges()
 
     async def check_privileges(self) -> None:
@@ -478,7 +478,7 @@ class Scheduler:
         """Send signal ``name`` (with a JSON ``payload``) to workflow ``job_id``:
         kept until the workflow waits for it (``ctx.wait_for_signal(name)``), or
         waking it at once if it waits already. JobNotFound for an unknown job,
-        ValueError for a finished one (README: Durable workflows)."""
+        ValueError for a finished one (docs/workflows.md)."""
         await send_signal(workflow_store(self.store), job_id, name, payload, connection)
 
     async def signal_bulk(

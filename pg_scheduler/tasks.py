@@ -257,10 +257,10 @@ def task(
     ``@task(executor="thread")`` runs a plain ``def`` in the worker's thread
     pool, ``executor="process"`` in a spawned process of its own.
     ``dedupe_key``: every job of the task carries this key, or the key this
-    function of the job's arguments returns (see the README's Dedupe keys).
+    function of the job's arguments returns (see docs/queues.md, Dedupe keys).
     ``max_running`` and ``rate_limit`` (``"100/m"``) are global limits across
-    every worker, written to the database when a Scheduler starts (README:
-    Queues and limits).
+    every worker, written to the database when a Scheduler starts (docs:
+    Queues, limits and dedupe keys).
     ``@task(queue="emails")`` puts its jobs in queue ``emails`` (unless the
     call that schedules one names a queue; the default queue is ``"default"``).
     """

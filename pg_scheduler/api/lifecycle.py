@@ -135,7 +135,7 @@ class Lifecycle:
             self.rescuer.start()
             self._start_workflow_timer()
             if settings.vacuum_enabled:
-                # Its first round a moment after the first claim rather than with it.
+                # Its first pass a moment after the first claim rather than with it.
                 self.vacuum.start(first_after=min(STARTUP_DEFER, self.vacuum.interval))
             if settings.run_periodic_jobs:
                 await self.periodic.start()

@@ -184,8 +184,8 @@ _keys = itertools.count()
 async def test_heartbeat_renews_while_a_completion_waits_for_a_row_lock(pool, make_scheduler):
     """An outside transaction locks the row of a job that finishes: its
     completion waits for the lock. Meanwhile the worker's heartbeat keeps
-    renewing its other job's lease (it used to wait for the completion, or for
-    the lock itself, and the rescuer took every job of the worker, running or
+    renewing its other job's lease (were it to wait for the completion, or for
+    the lock itself, the rescuer would take every job of the worker, running or
     not). Once the lock is gone the completion is written; each job ran once."""
     tag = next(_keys)
     finish, longer = f"finish-{tag}", f"longer-{tag}"

@@ -4,13 +4,13 @@ Thirty jobs finish together while another session holds row locks on four of
 them (two that return, two that raise with ``max_retries=0``), and the
 worker's statements are cut short by a ``statement_timeout``, a
 ``lock_timeout`` set for its pool, or ``pg_cancel_backend()`` of the blocked
-backend. The completion batch holding a locked row is cancelled. It used to
-be given up whole: its rows stayed ``running`` with no owner, the heartbeat
-handed them back as claims that never started, and every job of the batch ran
-again; a failure whose write was cancelled crashed the job's task the same
-way, and a job with ``max_retries=0`` ran a second time.
+backend. The completion batch holding a locked row is cancelled. Given up
+whole, its rows would stay ``running`` with no owner, the heartbeat would hand
+them back as claims that never started, and every job of the batch would run
+again; a failure whose write was cancelled would crash the job's task the same
+way, and a job with ``max_retries=0`` would run a second time.
 
-Now the batch is written apart: every row no one has locked at once, the
+So the batch is written apart: every row no one has locked at once, the
 locked ones as soon as the lock is gone (their failures too). The job bodies
 count their runs in a table of their own.
 """

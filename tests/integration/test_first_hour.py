@@ -113,7 +113,7 @@ def quick_start_code() -> str:
     return section.split("```python\n", 1)[1].split("\n```", 1)[0] + "\n"
 
 
-EXPECTED = "completed sent 'Welcome!' to user@example.com\n"
+EXPECTED = "sent 'Welcome!' to user@example.com\n"
 
 
 def run_quick_start(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -132,6 +132,7 @@ def run_quick_start(tmp_path: Path, env: dict[str, str]) -> subprocess.Completed
 def test_quick_start_runs_as_written(tmp_path, pool, dsn):
     code = quick_start_code()
     assert "asyncio.run(main())" in code and "Event().wait()" not in code
+    assert "await scheduler.result(job_id" in code  # awaited, not polled
     result = run_quick_start(tmp_path, {**os.environ, "PG_SCHEDULER_DSN": dsn})
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout == EXPECTED and result.stderr == ""

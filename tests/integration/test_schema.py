@@ -23,7 +23,7 @@ from tests.support.common import FAST, wait_until, with_database
 
 A, B = "sched_a", "sched_b"
 
-# The least a worker needs once an owner has migrated (README: schemas and privileges).
+# The least a worker needs once an owner has migrated (docs/operations.md: schemas and privileges).
 WORKER_GRANTS = """
 GRANT USAGE ON SCHEMA {schema} TO {role};
 GRANT SELECT ON {schema}.pg_scheduler_migrations TO {role};

@@ -1,7 +1,7 @@
 """pg_scheduler.testing for workflows: a workflow run to its end inline, its
 sleeps and timeouts passed by a virtual clock, signals sent when it waits, a
 crash right after a step (the rescuer's statement, then the real replay), and
-run until parked; the README's example test runs here too."""
+run until parked; the documentation's example test runs here too."""
 
 from __future__ import annotations
 
@@ -468,16 +468,17 @@ async def test_bad_input_is_refused_before_anything_is_written(pool, make_schedu
     assert await pool.fetchval("SELECT count(*) FROM scheduled_jobs") == 0
 
 
-# -- the README's example ------------------------------------------------------------------
+# -- the documentation's example -------------------------------------------------------------
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "workflows.md"
 
 
 def _readme_example() -> str:
-    """The README's example test of a workflow: the block that starts with its file name."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    """The example test of a workflow in docs/workflows.md: the block that starts
+    with its file name."""
+    blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.S)
     found = [b for b in blocks if b.startswith("# test_trial.py")]
-    assert len(found) == 1, "the README's workflow test example"
+    assert len(found) == 1, "the documentation's workflow test example"
     return found[0]
 
 

@@ -2,7 +2,7 @@
 
 Skipped, saying why, where either is missing (CI installs ``chromium
 chromium-driver``). With PG_SCHEDULER_DASHBOARD_SCREENSHOTS=DIR set, the page
-test saves DIR/dashboard-<page>.png (the README's screenshots come from here).
+test saves DIR/dashboard-<page>.png (the screenshots of docs/dashboard.md come from here).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ NET = {
     "statement_timeout": STATEMENT_TIMEOUT,
 }
 OUTAGE = 2.0
-# README (failure model): a worker resumes within two statement bounds after
+# docs/failure-model.md: a worker resumes within two statement bounds after
 # the path heals (one for a statement on a dead connection, one for a
 # connection opened during the outage), plus a heartbeat and a reconnect.
 RESUME_BOUND = 2 * STATEMENT_TIMEOUT + FAULT["heartbeat_interval"] + 1.0

@@ -517,12 +517,12 @@ def test_the_default_queue_is_named_once() -> None:
     assert found == [], 'the default queue spelled "default" again: ' + ", ".join(found)
 
 
-def test_the_readme_architecture_names_every_wing_once() -> None:
-    """The README's Architecture tree has one line for each folder of the package,
+def test_the_architecture_page_names_every_wing_once() -> None:
+    """The tree of docs/architecture.md has one line for each folder of the package,
     and names no folder that is gone."""
-    readme = (PACKAGE.parent / "README.md").read_text()
-    section = readme.split("## Architecture", 1)[1].split("\n## ", 1)[0]
-    tree = section.split("```text", 1)[1].split("```", 1)[0]
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in page.split("```text\n")[1:]]
+    (tree,) = [b for b in blocks if b.startswith("pg_scheduler/ ")]
     # The wings: the indented lines that open with a folder ("  api/   ...").
     listed = [
         line.split()[0].rstrip("/")
