@@ -82,6 +82,8 @@ class Lifecycle:
         self.claim_task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._froze = False
+        #: The loop it runs on (a registration from another thread hands over to it).
+        self._loop: asyncio.AbstractEventLoop | None = None
         registry.add_listener(self._start_workflow_timer)
 
     async def start(self) -> None:
@@ -118,6 +120,7 @@ class Lifecycle:
                 raise
             self.is_running = True
             self.is_shutting_down = False
+            self._loop = asyncio.get_running_loop()
             if settings.gc_freeze:  # before the first job runs
                 freeze_objects()
                 self._froze = True
@@ -199,6 +202,17 @@ class Lifecycle:
     def _start_workflow_timer(self, task_name: str | None = None) -> None:
         # Once running with a workflow to run (registered before start, or later).
         if not self.is_running or self.workflow_timer.running:
+            return
+        loop = self._loop
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if loop is not None and here is not loop:
+            # A workflow registered from another thread (or before its loop
+            # runs): the timer starts on the scheduler's own loop.
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self._start_workflow_timer, task_name)
             return
         names = [task_name] if task_name is not None else self.registry.names()
         if any(is_workflow(self.registry.resolve(name)) for name in names):
