@@ -191,3 +191,51 @@ async def test_the_files_in_the_package_are_applied_and_recorded_by_their_names(
     finally:
         await conn.close()
     assert [(r["version"], r["name"]) for r in rows] == expected
+
+
+async def test_workflows_parked_on_children_keep_their_count_across_0016(fresh_db):
+    """A parent parked on children before 0016 (each child's end then marked
+    its spawn step) gets its count from those steps, and wakes at the last end."""
+    conn = await asyncpg.connect(fresh_db)
+    try:
+        await migrate(conn)
+        # The database as 0014 left it: no counts; ended children's steps completed.
+        await conn.execute("DROP TABLE workflow_waits")
+        await conn.execute(
+            "CREATE INDEX workflow_steps_waiting_idx ON workflow_steps (job_id, seq)"
+            " WHERE status = 'waiting'"
+        )
+        await conn.execute("DELETE FROM pg_scheduler_migrations WHERE version = 16")
+        await conn.execute(
+            "INSERT INTO scheduled_jobs (job_id, job_name, task_name, execution_time, status,"
+            " has_children, wait_kind, wait_seq, wait_children)"
+            " VALUES ('P', 'p', 'p', now(), 'waiting', true, 'children', 4, int4range(1, 4))"
+        )
+        for seq, status in ((1, "completed"), (2, "waiting"), (3, "waiting")):
+            await conn.execute(
+                "INSERT INTO workflow_steps (job_id, seq, kind, name, key, status, result)"
+                " VALUES ('P', $1::int, 'spawn', 'c', $1::int::text, $2,"
+                " jsonb_build_object('job_id', $3::text))",
+                seq,
+                status,
+                f"c{seq}",
+            )
+            await conn.execute(
+                "INSERT INTO scheduled_jobs (job_id, job_name, task_name, execution_time, status,"
+                " parent_job_id, parent_seq) VALUES ($1, 'c', 'c', now(), $2, 'P', $3)",
+                f"c{seq}",
+                "completed" if status == "completed" else "running",
+                seq,
+            )
+        assert await migrate(conn) == [16]
+        assert await conn.fetchval("SELECT wait_left FROM workflow_waits WHERE job_id = 'P'") == 2
+        await conn.execute("UPDATE scheduled_jobs SET status = 'completed' WHERE job_id = 'c2'")
+        assert await conn.fetchval("SELECT status FROM scheduled_jobs WHERE job_id = 'P'") == (
+            "waiting"
+        )
+        await conn.execute("UPDATE scheduled_jobs SET status = 'failed' WHERE job_id = 'c3'")
+        assert await conn.fetchval("SELECT status FROM scheduled_jobs WHERE job_id = 'P'") == (
+            "pending"
+        )
+    finally:
+        await conn.close()

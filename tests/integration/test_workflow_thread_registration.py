@@ -29,7 +29,7 @@ async def test_a_workflow_registered_from_a_thread_starts_the_timer_on_the_loop(
             async def flow(ctx: Any) -> int:
                 return 1
 
-        except BaseException as exc:  # noqa: BLE001 - reported by the assertion
+        except BaseException as exc:
             errors.append(exc)
 
     thread = threading.Thread(target=register)
