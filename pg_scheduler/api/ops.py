@@ -75,6 +75,8 @@ class Operations:
         if any(is_workflow(self.registry.resolve(name)) for name in self.registry.names()):
             needed["workflow_steps"] = "SELECT,INSERT,UPDATE,DELETE"
             needed["workflow_signals"] = "SELECT,INSERT,UPDATE"
+            # Migration 0016: a spawning workflow's count of children.
+            needed["workflow_waits"] = "SELECT,INSERT,UPDATE"
         return needed
 
     async def check_privileges(self) -> None:
@@ -87,7 +89,7 @@ class Operations:
         if missing:
             raise PermissionError(
                 f"the database role lacks {', '.join(missing)}; the worker did not start "
-                "(README: schemas and privileges)"
+                "(docs: Operations, schemas and privileges)"
             )
 
     async def recover_orphaned_jobs(self) -> int:

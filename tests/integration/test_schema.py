@@ -35,6 +35,7 @@ GRANT SELECT ON {schema}.scheduler_event_flags TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.scheduler_limits TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.workflow_steps TO {role};
 GRANT SELECT, INSERT, UPDATE ON {schema}.workflow_signals TO {role};
+GRANT SELECT, INSERT, UPDATE ON {schema}.workflow_waits TO {role};
 """
 
 
