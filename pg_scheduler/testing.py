@@ -12,7 +12,7 @@ caller's task through the worker's own code path (its outcome written under
 the lease guard, retries taken at once, without waiting for their delay), and
 its final Job is returned: no worker loop, no sleeps.
 
-Workflows (README: Durable workflows, "Testing a workflow"), on a Scheduler
+Workflows (docs: Durable workflows, "Testing a workflow"), on a Scheduler
 that is not started (``scheduler_for_tests(start=False)``): every run goes
 through the worker's code path, inline. ``run_workflow()`` /
 ``resume_workflow()`` run one to its end: signals from ``signals=`` are sent

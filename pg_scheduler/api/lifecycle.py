@@ -93,7 +93,7 @@ class Lifecycle:
             if self.is_running:
                 return
             # Start-up is on the path to the first job: each step is one
-            # statement, independent ones run together (README: Benchmarks).
+            # statement, independent ones run together (docs: Benchmarks).
             warm = asyncio.create_task(worker.warm_up(), name="pg_scheduler.warm_up")
             listening_before = listener.started
             try:

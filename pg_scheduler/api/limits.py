@@ -1,5 +1,5 @@
 """The Scheduler's global limits: how many jobs of a task or queue may run at once
-anywhere, and how many may start per rolling window (README: Queues and limits).
+anywhere, and how many may start per rolling window (docs: Queues, limits and dedupe keys).
 A part of :class:`~pg_scheduler.Scheduler`; parsing is in ``pg_scheduler/limits.py``,
 the SQL in ``store/limits.py``."""
 

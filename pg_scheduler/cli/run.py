@@ -18,7 +18,7 @@ log = get_logger("pg_scheduler.cli")
 
 # Past the grace period and the statements shutdown may still have to wait
 # for (each bounded by statement_timeout), a worker told to stop cuts every
-# connection and exits (README: failure model, SIGTERM during an outage).
+# connection and exits (docs: Failure model, SIGTERM during an outage).
 SHUTDOWN_STATEMENTS = 3
 SHUTDOWN_SLACK = 5.0
 

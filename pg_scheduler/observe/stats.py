@@ -95,7 +95,7 @@ class WorkerStats(BaseModel):
 
 
 class LimitStats(BaseModel):
-    """One global limit (README: Queues and limits) and how close it is."""
+    """One global limit (docs: Queues, limits and dedupe keys) and how close it is."""
 
     model_config = ConfigDict(frozen=True)
 

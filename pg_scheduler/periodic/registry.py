@@ -1,6 +1,6 @@
 """@periodic: recurring jobs, each window run once across any number of replicas.
 
-How it works (the README's "Periodic jobs" section is the user's view):
+How it works (docs/periodic.md is the user's view):
 
 * ``@periodic`` validates its arguments at decoration time, registers the
   function as a task, and registers a small runner task ``periodic:<dedup_key>``

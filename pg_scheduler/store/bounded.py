@@ -24,7 +24,7 @@ from typing import Any
 import asyncpg
 from asyncpg import exceptions as pgerr
 
-# Seconds any one of the scheduler's own statements may take (README: failure
+# Seconds any one of the scheduler's own statements may take (docs: failure
 # model): ``Scheduler(statement_timeout=...)``'s default, and the sync client's.
 DEFAULT_STATEMENT_TIMEOUT = 10.0
 

@@ -174,7 +174,7 @@ SELECT worker_id, hostname, pid, started_at, last_seen, max_concurrent, tasks
 """
 
 # What a worker must be granted (after an owner migrated), per table: see the
-# README's "schemas and privileges". One probe, before the worker registers.
+# docs' "Schemas and privileges" (Operations). One probe, before the worker registers.
 _MISSING_PRIVILEGES = """
 SELECT t.name, p.privilege
   FROM unnest($1::text[], $2::text[]) AS t(name, privileges)

@@ -1,5 +1,5 @@
 """Durable workflows: jobs whose steps survive a crash, that sleep, wait for
-signals and for child jobs while holding no slot (README: Durable workflows).
+signals and for child jobs while holding no slot (docs: Durable workflows).
 
 ``decorator``: ``@workflow``. ``context``: what a workflow receives.
 ``replay``: records and their matching; ``run``: one run's state and its

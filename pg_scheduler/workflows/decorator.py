@@ -68,7 +68,7 @@ def workflow(
     dedupe_scope: str | None = None,
     timeout: timedelta | float | None = None,
 ) -> Any:
-    """Register ``async def f(ctx, ...)`` as a durable workflow (README: Durable
+    """Register ``async def f(ctx, ...)`` as a durable workflow (docs: Durable
     workflows). Schedule it like any task (``scheduler.schedule(f, args=...)``);
     ``ctx`` is not one of the stored arguments. ``name``, ``queue``,
     ``max_running``, ``rate_limit``, ``dedupe_key``, ``dedupe_scope`` as for
