@@ -76,7 +76,10 @@ async def send_signals(
     if not job_ids:
         return 0
     if connection is not None:
-        return await _send_all(store, connection, job_ids, names, payloads)
+        if connection.is_in_transaction():  # the caller's: it commits or rolls back
+            return await _send_all(store, connection, job_ids, names, payloads)
+        async with connection.transaction():  # ours: the two statements as one
+            return await _send_all(store, connection, job_ids, names, payloads)
     async with store.pool.acquire() as conn, conn.transaction():
         return await _send_all(store, conn, job_ids, names, payloads)
 

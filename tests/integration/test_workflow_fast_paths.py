@@ -296,3 +296,19 @@ async def test_runs_starting_together_read_their_records_in_few_statements(
         await _wait_parked(pool, job_id)  # each at its second wait
     assert sum(statements) == 40
     assert len(statements) < 40 / 2, statements
+
+
+async def test_signal_bulk_on_a_connection_outside_a_transaction_is_one_transaction(
+    pool, make_scheduler
+):
+    scheduler = await make_scheduler()
+    job_id = await scheduler.schedule(approval, execution_time=_now(), args=("conn",))
+    await _wait_parked(pool, job_id)
+    async with pool.acquire() as conn:
+        with pytest.raises(JobNotFound):
+            await scheduler.signal_bulk([(job_id, "go", 1), ("missing", "go")], connection=conn)
+        assert not conn.is_in_transaction()
+        assert await scheduler.signal_bulk([(job_id, "go", 1), (job_id, "go", 2)], connection=conn)
+        assert not conn.is_in_transaction()
+    job = await scheduler.wait_for(job_id, timeout=10)
+    assert job.result == [1, 2]
