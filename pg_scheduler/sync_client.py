@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar, cast
 
@@ -50,7 +50,7 @@ from .support.reconnect import retry_on_disconnect
 from .support.validation import INT4_MAX, check_int
 from .tasks import TaskRegistry, default_registry
 from .workflows.runner import workflow_store
-from .workflows.signals import send_signal
+from .workflows.signals import send_signal, send_signals
 
 T = TypeVar("T")
 
@@ -177,6 +177,18 @@ class SyncClient:
         """Send signal ``name`` to workflow ``job_id`` (see ``Scheduler.signal``),
         on the client's own connection."""
         return self._call(lambda own: send_signal(workflow_store(own.store), job_id, name, payload))
+
+    def signal_bulk(self, signals: Iterable[tuple[str, str] | tuple[str, str, Any]]) -> int:
+        """Send many signals in one transaction, all or none (see
+        ``Scheduler.signal_bulk``), on the client's own connection; how many
+        workflows were woken."""
+        # Read here, in the caller's thread (a generator is not the loop's to run).
+        items = (
+            list(signals)
+            if isinstance(signals, Iterable) and not isinstance(signals, (str, bytes))
+            else signals
+        )
+        return self._call(lambda own: send_signals(workflow_store(own.store), items))
 
     def close(self) -> None:
         """Close the client's pool and stop its thread (it can be used again after)."""

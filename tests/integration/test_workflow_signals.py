@@ -207,6 +207,25 @@ async def test_the_sync_client_sends_signals(pool, make_scheduler, dsn):
     assert (await scheduler.wait_for(job_id, timeout=10)).result == ["sync"]
 
 
+async def test_the_sync_client_sends_signals_in_bulk(pool, make_scheduler, dsn):
+    scheduler = await make_scheduler()
+    ids = [
+        await scheduler.schedule(approval, execution_time=datetime.now(UTC), args=(False,))
+        for _ in range(3)
+    ]
+    for job_id in ids:
+        await wait_for_status(pool, job_id, "waiting")
+    with SyncClient(dsn) as client:
+        with pytest.raises(JobNotFound):
+            await asyncio.to_thread(client.signal_bulk, [(ids[0], "approved"), ("missing", "x")])
+        with pytest.raises(TypeError):
+            await asyncio.to_thread(client.signal_bulk, 42)
+        items = ((job_id, "approved", i) for i, job_id in enumerate(ids))  # a generator
+        assert await asyncio.to_thread(client.signal_bulk, items) == 3
+    for i, job_id in enumerate(ids):
+        assert (await scheduler.wait_for(job_id, timeout=10)).result == i
+
+
 @workflow
 async def racer(ctx: WorkflowContext) -> Any:
     await ctx.step("ready", lambda: _gate(ctx.job_id).set())
