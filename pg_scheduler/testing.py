@@ -1,4 +1,5 @@
-"""Helpers for testing your own tasks (needs ``pip install 'pg-scheduler[embedded]'``).
+"""Helpers for testing your own tasks (needs the ``embedded`` extra:
+``pip install -e '.[embedded]'`` in a clone of the repository).
 
 ``scheduler_for_tests()``: a started Scheduler on a throwaway embedded
 PostgreSQL database (a fresh database per call, dropped afterwards; the

@@ -7,6 +7,7 @@ import asyncio
 import os
 import sys
 
+from ..support.install import install_hint
 from .common import configure_logging, embedded_dsn, resolve_dsn, run_async
 
 
@@ -17,8 +18,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         description="Serve the dashboard at http://HOST:PORT/ until Ctrl-C. Without --token "
         "(or $PG_SCHEDULER_DASHBOARD_TOKEN) it is read-only; with one, retry, cancel, "
         "pause/resume and the periodic actions need it. Reads are not protected: keep the "
-        "default 127.0.0.1 or put it behind your own auth. Needs "
-        "pip install 'pg-scheduler[dashboard]'.",
+        "default 127.0.0.1 or put it behind your own auth. Needs the dashboard extra: "
+        f"{install_hint('dashboard')}.",
     )
     dashboard.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     dashboard.add_argument("--port", type=int, default=8080, help="port (8080)")
@@ -46,7 +47,7 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
         from ..dashboard import dashboard_app
     except ImportError as exc:
         print(
-            f"error: {exc}: the dashboard needs pip install 'pg-scheduler[dashboard]'",
+            f"error: {exc}: the dashboard needs its extra: {install_hint('dashboard')}",
             file=sys.stderr,
         )
         return 1

@@ -12,6 +12,7 @@ from ..config import RetryPolicy
 from ..periodic import periodic
 from ..scheduler import Scheduler
 from ..store.cli import CliStore
+from ..support.install import install_hint
 from ..tasks import task, task_name_of
 
 _attempts: dict[str, int] = {}
@@ -98,7 +99,8 @@ async def run_demo(pool: asyncpg.Pool, seconds: float = 12.0) -> None:
         await scheduler.shutdown()
     print(
         "\ndemo: done. The jobs stay in the database: see them in the web dashboard\n"
-        "  pg-scheduler dashboard        (needs pip install 'pg-scheduler[dashboard]')\n"
+        "  pg-scheduler dashboard\n"
+        f"(it needs the dashboard extra: {install_hint('dashboard')})\n"
         "or in the terminal with `pg-scheduler status --watch` and `pg-scheduler jobs`.\n"
         "Point your own code at the embedded database with\n"
         "PG_SCHEDULER_DSN=$(pg-scheduler dsn)."

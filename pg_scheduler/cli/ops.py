@@ -24,6 +24,7 @@ import asyncpg
 
 from ..config import VacuumPolicy
 from ..enums import FINAL_STATUS_VALUES, JobStatus
+from ..support.install import install_hint
 from .common import configure_logging, open_pool, run_async
 from .job_actions import cmd_cancel, cmd_retry, cmd_vacuum
 from .limits import cmd_limits_clear, cmd_limits_list, cmd_limits_set
@@ -259,7 +260,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     metrics = commands.add_parser(
         "metrics",
         help="serve the queue statistics for Prometheus until interrupted",
-        description="Needs pip install 'pg-scheduler[metrics]'.",
+        description=f"Needs the metrics extra: {install_hint('metrics')}.",
     )
     metrics.add_argument("--port", type=int, required=True)
     metrics.add_argument("--addr", default="0.0.0.0", help="address to bind (0.0.0.0)")

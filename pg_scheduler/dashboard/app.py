@@ -31,6 +31,7 @@ from ..notify.events import EventHub, Subscription
 from ..notify.listener import Listener
 from ..store.dashboard import DashboardStore
 from ..store.names import check_schema
+from ..support.install import install_hint
 from ..support.log import get_logger
 from .service import Conflict, DashboardService, NotFound
 
@@ -41,9 +42,7 @@ try:
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
 except ImportError:  # pragma: no cover - the dashboard extra is not installed
-    raise ImportError(
-        "the dashboard needs starlette: pip install 'pg-scheduler[dashboard]'"
-    ) from None
+    raise ImportError(f"the dashboard needs starlette: {install_hint('dashboard')}") from None
 
 if TYPE_CHECKING:
     from ..scheduler import Scheduler
