@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from .config import UNSET, RetryPolicy
@@ -30,8 +30,13 @@ class JobSpec:
     each where a pydantic model cost about eight.
 
     ``func`` need only be callable here, as in 0.2.x: ``schedule_bulk`` is
-    where a function that cannot run as a task (not ``async def``) raises
-    TypeError, before anything is written.
+    where a function that cannot run as a task (not ``async def``), or that
+    cannot take the spec's arguments, raises TypeError, before anything is
+    written.
+
+    ``execution_time`` None (the default) and no ``delay``: due at the
+    ``schedule_bulk`` call; ``delay`` (a timedelta or seconds): that long
+    after it. Not both.
 
     Its fields after ``kwargs`` are the options of
     :class:`~pg_scheduler.enqueue.fields.JobOptions`, in their order and with
@@ -44,7 +49,7 @@ class JobSpec:
     def __init__(
         self,
         func: Callable[..., Any],
-        execution_time: datetime,
+        execution_time: datetime | None = None,
         args: tuple | list = (),
         kwargs: dict[str, Any] | None = None,
         priority: JobPriority = JobPriority.NORMAL,
@@ -56,7 +61,13 @@ class JobSpec:
         dedupe_key: str | None = None,
         dedupe_scope: str | None = None,
         queue: str | None = None,
+        delay: timedelta | float | None = None,
     ) -> None:
+        if isinstance(func, str):
+            raise TypeError(
+                f"JobSpec takes the task's function itself, got the name {func!r}; "
+                "to schedule by name, use Scheduler.schedule_job"
+            )
         if not callable(func):
             raise TypeError(f"func must be a callable (an async function), got {func!r}")
         self.func = func
@@ -71,6 +82,7 @@ class JobSpec:
         self.dedupe_scope = dedupe_scope
         # None: the task's queue (``@task(queue=...)``), else "default".
         self.queue = queue
+        self.delay = delay
         if (
             priority is _NORMAL
             and type(max_retries) is int
@@ -82,9 +94,11 @@ class JobSpec:
             and dedupe_key is None
             and dedupe_scope is None
             and queue is None
+            and delay is None
         ):
             # Every option at its default, which is valid: a bulk's common case.
-            check_execution_time(execution_time)
+            if execution_time is not None:
+                check_execution_time(execution_time)
         else:
             check_job(execution_time, self)
         self.args = args if type(args) is tuple else as_args(args)

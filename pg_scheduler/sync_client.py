@@ -29,7 +29,7 @@ import asyncio
 import os
 import threading
 from collections.abc import Callable, Coroutine
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple, TypeVar, cast
 
 import asyncpg
@@ -111,7 +111,7 @@ class SyncClient:
         self,
         func: Callable[..., Any],
         *,
-        execution_time: datetime,
+        execution_time: datetime | None = None,
         args: tuple = (),
         kwargs: dict[str, Any] | None = None,
         priority: JobPriority = JobPriority.NORMAL,
@@ -125,6 +125,7 @@ class SyncClient:
         dedupe_key: str | None = None,
         dedupe_scope: str | None = None,
         queue: str | None = None,
+        delay: timedelta | float | None = None,
     ) -> str:
         """As :meth:`Scheduler.schedule`: the same keywords, defaults and checks
         (``misfire_grace_time`` not given: the client's default). Returns the job id.

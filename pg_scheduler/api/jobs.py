@@ -64,7 +64,7 @@ class Jobs:
     async def schedule(
         self,
         func: Callable[..., Any],
-        execution_time: datetime,
+        execution_time: datetime | None,
         args: tuple,
         kwargs: dict[str, Any] | None,
         options: JobOptions,
