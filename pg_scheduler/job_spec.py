@@ -65,8 +65,8 @@ class JobSpec:
     ) -> None:
         if isinstance(func, str):
             raise TypeError(
-                f"JobSpec takes the task's function itself, got the name {func!r}; "
-                "to schedule by name, use Scheduler.schedule_job"
+                f"func must be a callable (the task's function itself), got the name "
+                f"{func!r}; to schedule by name, use Scheduler.schedule_job"
             )
         if not callable(func):
             raise TypeError(f"func must be a callable (an async function), got {func!r}")

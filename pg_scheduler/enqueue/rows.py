@@ -168,13 +168,13 @@ def _rows(
             if queue is not last_queue:
                 check_queue(queue)
                 last_queue = queue
+        task_data = encode_task_data(spec.args, spec.kwargs, task_name)
         check_arguments(func, spec.args, spec.kwargs)
         key = scope = None
         if keyed_task or spec.dedupe_key is not None or spec.dedupe_scope is not None:
             key, scope = resolve_dedupe(
                 func, spec.dedupe_key, spec.dedupe_scope, spec.args, spec.kwargs
             )
-        task_data = encode_task_data(spec.args, spec.kwargs, task_name)
         if inject is not None:
             task_data = inject(task_data)
         row = (
