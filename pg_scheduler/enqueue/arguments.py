@@ -38,9 +38,12 @@ def check_arguments(func: Callable[..., Any], args: Any, kwargs: Any) -> None:
     try:
         signature.bind(*lead, *args, **(kwargs or {}))
     except TypeError as exc:
-        shown = signature
-        if lead:
-            shown = signature.replace(parameters=list(signature.parameters.values())[1:])
+        empty = inspect.Parameter.empty
+        parameters = list(signature.parameters.values())[len(lead) :]
+        shown = signature.replace(
+            parameters=[p.replace(annotation=empty) for p in parameters],
+            return_annotation=empty,
+        )
         raise TypeError(
             f"{task_name_of(func)}{shown} cannot take these arguments ({exc}); "
             "nothing was scheduled"

@@ -28,7 +28,7 @@ import structlog
 class LibraryLogger:
     """One module's logger: stdlib ``logging`` unless the application configured structlog."""
 
-    __slots__ = ("_proxy", "_std", "_initial")
+    __slots__ = ("_initial", "_proxy", "_std")
 
     def __init__(self, proxy: Any, std: logging.Logger, initial: dict[str, Any]) -> None:
         self._proxy = proxy
