@@ -18,6 +18,10 @@ import asyncpg
 from .support.install import install_hint
 
 
+class EmbeddedUnavailable(RuntimeError):
+    """The embedded PostgreSQL cannot start here: its ``pgserver`` package is missing."""
+
+
 def default_data_dir() -> Path:
     """Where the CLI keeps its embedded database between runs (per user)."""
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(Path.home(), ".local", "share")
@@ -35,7 +39,7 @@ class EmbeddedPostgres:
                 warnings.simplefilter("ignore")
                 import pgserver
         except ImportError as exc:  # pragma: no cover - depends on the install
-            raise RuntimeError(
+            raise EmbeddedUnavailable(
                 "the embedded PostgreSQL needs the 'pgserver' package (the embedded extra): "
                 + install_hint("embedded")
             ) from exc

@@ -11,11 +11,29 @@ from ..services import RescuerService, VacuumService
 from ..store import Store
 from ..store.housekeeping import VacuumStore
 from ..store.migrate import migrate
+from ..store.names import Qualifier
+from ..store.schema import SchemaStore
 from ..support.reconnect import retry_on_disconnect
 from ..support.validation import check_int
 from ..tasks import TaskRegistry
 from ..workflows.decorator import is_workflow
 from .settings import Settings
+
+
+def refused(missing: list[str], role: str | None = None) -> PermissionError:
+    """The start-up's PermissionError: every grant the role lacks, and what to do."""
+    who = "the database role" if role is None else f"the database role {role}"
+    return PermissionError(
+        f"{who} lacks {', '.join(missing)}; the worker did not start: grant "
+        f"{'it' if len(missing) == 1 else 'them'} as the schema's owner "
+        "(README: schemas and privileges)"
+    )
+
+
+async def read_access(pool: Any, schema: str) -> tuple[list[str], str]:
+    """What the role lacks to read the migration state of ``schema``, and its name."""
+    async with pool.acquire() as conn:
+        return await SchemaStore(conn, Qualifier(schema)).missing_access()
 
 
 class Operations:
@@ -42,8 +60,18 @@ class Operations:
     # -- schema and grants -------------------------------------------------------
 
     async def initialize_db(self) -> None:
-        """Apply pending migrations (serialized across processes by an advisory lock)."""
+        """Apply pending migrations (serialized across processes by an advisory lock).
+
+        First, PermissionError if the role may not even read the migration
+        state (USAGE on the schema, SELECT on its migrations table)."""
         settings = self.settings
+        missing, role = await retry_on_disconnect(
+            lambda: read_access(settings.db_pool, settings.schema),
+            what="check privileges",
+            give_up_after=30,
+        )
+        if missing:
+            raise refused(missing, role)
         await retry_on_disconnect(
             lambda: migrate(settings.db_pool, settings.schema), what="migrate", give_up_after=30
         )
@@ -85,10 +113,7 @@ class Operations:
             give_up_after=30,
         )
         if missing:
-            raise PermissionError(
-                f"the database role lacks {', '.join(missing)}; the worker did not start "
-                "(README: schemas and privileges)"
-            )
+            raise refused(missing)
 
     async def recover_orphaned_jobs(self) -> int:
         """One rescue pass; how many jobs went back to pending."""

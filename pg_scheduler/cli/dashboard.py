@@ -8,7 +8,7 @@ import os
 import sys
 
 from ..support.install import install_hint
-from .common import configure_logging, embedded_dsn, resolve_dsn, run_async
+from .common import configure_logging, embedded_dsn, failure_line, resolve_dsn, run_cli
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -59,12 +59,22 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     dsn = resolve_dsn(args)
     if dsn is None:
         # The embedded database may be brand new: give it the schema first.
-        dsn = embedded_dsn()
-        run_async(lambda: _migrate(dsn, args.schema))
+        try:
+            dsn = embedded_dsn()
+        except Exception as exc:
+            line = failure_line(exc, None)
+            if line is None:
+                raise
+            print(line, file=sys.stderr)
+            return 1
+        embedded = dsn
+        code = run_cli(args, lambda: _migrate(embedded, args.schema))
+        if code:
+            return code
     app = dashboard_app(
         dsn, token=args.token, schema=args.schema, pgbouncer=args.pgbouncer, poll_seconds=args.poll
     )
-    mode = "actions need the token" if args.token else "read-only (no --token)"
+    mode = "actions need the token" if args.token else "read-only: no --token"
     print(f"pg_scheduler dashboard on http://{args.host}:{args.port}/ ({mode})", flush=True)
     uvicorn.run(
         app,
@@ -77,7 +87,7 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _migrate(dsn: str, schema: str) -> None:
+async def _migrate(dsn: str, schema: str) -> int:
     import asyncpg
 
     from ..store.migrate import migrate
@@ -87,3 +97,4 @@ async def _migrate(dsn: str, schema: str) -> None:
         await migrate(conn, schema)
     finally:
         await conn.close()
+    return 0

@@ -25,10 +25,10 @@ import asyncpg
 from ..config import VacuumPolicy
 from ..enums import FINAL_STATUS_VALUES, JobStatus
 from ..support.install import install_hint
-from .common import configure_logging, open_pool, run_async
+from .common import configure_logging, open_pool, run_cli
 from .job_actions import cmd_cancel, cmd_retry, cmd_vacuum
 from .limits import cmd_limits_clear, cmd_limits_list, cmd_limits_set
-from .output import EXIT_INTERRUPTED, EXIT_NOT_FOUND, CommandError
+from .output import EXIT_INTERRUPTED, CommandError
 from .periodic_jobs import cmd_periodic_enable, cmd_periodic_list, cmd_periodic_trigger
 from .queue_commands import cmd_queues_list, cmd_queues_pause
 from .reports import cmd_jobs, cmd_metrics, cmd_status
@@ -286,17 +286,17 @@ def _handler(
             async with open_pool(args, min_size=1, max_size=max_size) as pool:
                 return await action(pool, args)
 
-        code = run_command(go)
+        code = run_command(go, args)
         # Ctrl-C is how a watch ends: a clean exit.
         return 0 if code == EXIT_INTERRUPTED and getattr(args, "watch", False) else code
 
     return handle
 
 
-def run_command(go: Callable[[], Awaitable[int]]) -> int:
+def run_command(go: Callable[[], Awaitable[int]], args: argparse.Namespace) -> int:
     """Run ``go`` and turn expected failures into one line on stderr and an exit code."""
     try:
-        return run_async(go)
+        return run_cli(args, go)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
@@ -307,13 +307,3 @@ def run_command(go: Callable[[], Awaitable[int]]) -> int:
     except CommandError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.code
-    except asyncpg.UndefinedTableError as exc:
-        print(
-            f"error: {exc}: the pg_scheduler schema is missing in this database "
-            "(run `pg-scheduler migrate`)",
-            file=sys.stderr,
-        )
-        return EXIT_NOT_FOUND
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        print(f"error: database: {exc}", file=sys.stderr)
-        return EXIT_NOT_FOUND

@@ -58,7 +58,7 @@ async def test_global_options_after_the_command(pool, dsn):
     assert before.code == 0 and len(before.json()) == 1
     # A value after the command is used, not a default: a bad DSN there must fail.
     refused = await run("--dsn", dsn, "status", "--dsn", "postgresql://nobody@127.0.0.1:1/x")
-    assert refused.code == 1 and refused.err.startswith("error: database:")
+    assert refused.code == 1 and refused.err.startswith("error: cannot connect to PostgreSQL")
 
 
 # -- status --watch -----------------------------------------------------------------------
