@@ -28,6 +28,8 @@ from ..support.install import install_hint
 from .common import configure_logging, open_pool, run_cli
 from .job_actions import cmd_cancel, cmd_retry, cmd_vacuum
 from .limits import cmd_limits_clear, cmd_limits_list, cmd_limits_set
+from .orphans import cmd_orphans
+from .orphans import register as register_orphans
 from .output import EXIT_INTERRUPTED, CommandError
 from .periodic_jobs import cmd_periodic_enable, cmd_periodic_list, cmd_periodic_trigger
 from .queue_commands import cmd_queues_list, cmd_queues_pause
@@ -256,6 +258,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         sub = queue_actions.add_parser(action, parents=[json_flag], help=f"{action} a queue")
         sub.add_argument("name", metavar="NAME")
         sub.set_defaults(handler=_handler(cmd_queues_pause), pause=action == "pause")
+
+    orphans = register_orphans(commands, json_flag)
+    orphans.set_defaults(handler=_handler(cmd_orphans))
 
     metrics = commands.add_parser(
         "metrics",
