@@ -95,3 +95,36 @@ async def test_start_names_select_on_the_migrations_table(owner, db, role):  # n
         await pool.close()
     done = cli(db, "--dsn", as_role(db, role), "--schema", A, "worker", "tests.support.app_tasks")
     assert f"SELECT on {A}.pg_scheduler_migrations" in one_line(done)
+
+
+def test_the_fastapi_example_falls_back_to_the_embedded_database(tmp_path_factory):
+    """Without $PG_SCHEDULER_DSN the example starts (or attaches to) the embedded
+    PostgreSQL, as the Quick start does, and runs a job on it."""
+    import shutil
+    import tempfile
+
+    home = Path(tempfile.mkdtemp(prefix="pgs-home-"))
+    try:
+        env = child_env("unused")
+        del env["PG_SCHEDULER_DSN"]
+        env["XDG_DATA_HOME"] = str(home)
+        script = (
+            "from fastapi.testclient import TestClient\n"
+            "import time\n"
+            "from examples.fastapi_app import app\n"
+            "with TestClient(app) as client:\n"
+            "    job = client.post('/emails', params={'recipient': 'a@b'}).json()['job_id']\n"
+            "    deadline = time.monotonic() + 30\n"
+            "    while client.get(f'/jobs/{job}').json()['status'] != 'completed':\n"
+            "        assert time.monotonic() < deadline\n"
+            "        time.sleep(0.05)\n"
+            "print('completed')\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.strip() == "completed"
+        assert (home / "pg-scheduler" / "pgdata" / "PG_VERSION").is_file()
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
