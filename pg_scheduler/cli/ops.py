@@ -32,7 +32,7 @@ from .orphans import cmd_orphans
 from .orphans import register as register_orphans
 from .output import EXIT_INTERRUPTED, CommandError
 from .periodic_jobs import cmd_periodic_enable, cmd_periodic_list, cmd_periodic_trigger
-from .queue_commands import cmd_queues_list, cmd_queues_pause
+from .queue_commands import cmd_queues_delete, cmd_queues_list, cmd_queues_pause
 from .reports import cmd_jobs, cmd_metrics, cmd_status
 
 # -- argument types ------------------------------------------------------------------
@@ -225,7 +225,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     limits = commands.add_parser(
         "limits",
-        help="list, set or clear global limits of a task or queue",
+        help="list, set or clear (delete) global limits of a task or queue",
         description="max running: never more than N jobs of the task or queue running at "
         "once on all workers; rate limit: at most N starts in any rolling window "
         '("100/m", "5/s", "20/10s"). Every worker follows within about a second.',
@@ -234,17 +234,22 @@ def register(commands: argparse._SubParsersAction) -> None:
     limit_list = limit_actions.add_parser("list", parents=[json_flag], help="every limit")
     limit_list.set_defaults(handler=_handler(cmd_limits_list))
     limit_set = limit_actions.add_parser("set", parents=[json_flag], help="set limits")
-    limit_clear = limit_actions.add_parser("clear", parents=[json_flag], help="remove limits")
+    limit_clear = limit_actions.add_parser(
+        "clear", aliases=["delete", "unset"], parents=[json_flag], help="remove limits"
+    )
     for sub in (limit_set, limit_clear):
         sub.add_argument("scope", choices=("task", "queue"))
         sub.add_argument("name", metavar="NAME")
+    limit_set.add_argument(
+        "--force", action="store_true", help="set it even for a name the database does not know"
+    )
     limit_set.add_argument("--max-running", type=positive_int, metavar="N")
     limit_set.add_argument("--rate-limit", metavar="N/UNIT", help='e.g. "100/m", "5/s"')
     limit_set.set_defaults(handler=_handler(cmd_limits_set))
     limit_clear.set_defaults(handler=_handler(cmd_limits_clear))
     queues = commands.add_parser(
         "queues",
-        help="list, pause or resume queues",
+        help="list, pause, resume or delete queues",
         description="A paused queue is stored in the database: every worker stops "
         "starting its jobs at once (running jobs finish); scheduling into it still works. "
         "resume wakes the workers that serve it.",
@@ -257,7 +262,22 @@ def register(commands: argparse._SubParsersAction) -> None:
     for action in ("pause", "resume"):
         sub = queue_actions.add_parser(action, parents=[json_flag], help=f"{action} a queue")
         sub.add_argument("name", metavar="NAME")
+        sub.add_argument(
+            "--force",
+            action="store_true",
+            help="even a queue the database does not know yet (no job has been in it)",
+        )
         sub.set_defaults(handler=_handler(cmd_queues_pause), pause=action == "pause")
+    delete = queue_actions.add_parser(
+        "delete",
+        parents=[json_flag],
+        help="drop a queue's stored setting (a phantom queue made by a pause, say)",
+    )
+    delete.add_argument("name", metavar="NAME")
+    delete.add_argument(
+        "--force", action="store_true", help="even while jobs wait in it (it is resumed)"
+    )
+    delete.set_defaults(handler=_handler(cmd_queues_delete))
 
     orphans = register_orphans(commands, json_flag)
     orphans.set_defaults(handler=_handler(cmd_orphans))

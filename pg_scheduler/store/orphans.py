@@ -93,6 +93,19 @@ SELECT DISTINCT unnest(tasks) AS task_name FROM scheduler_workers
  WHERE last_seen >= now() - make_interval(secs => $1)
 """
 _PERIODIC_NAMES = "SELECT task_name, job_name FROM periodic_jobs"
+# Whether the database knows a task or queue name at all: a worker (live or
+# not yet forgotten) lists the task, a job of any status carries it, a limit
+# names it; a queue is configured, or a job of any status is in it.
+_TASK_KNOWN = """
+SELECT EXISTS (SELECT 1 FROM scheduler_workers WHERE $1 = ANY(tasks))
+    OR EXISTS (SELECT 1 FROM scheduler_limits WHERE scope = 'task' AND name = $1)
+    OR EXISTS (SELECT 1 FROM scheduled_jobs WHERE task_name = $1)
+"""
+_QUEUE_KNOWN = """
+SELECT EXISTS (SELECT 1 FROM scheduler_queues WHERE name = $1)
+    OR EXISTS (SELECT 1 FROM scheduler_limits WHERE scope = 'queue' AND name = $1)
+    OR EXISTS (SELECT 1 FROM scheduled_jobs WHERE queue = $1)
+"""
 
 
 class OrphanedJobs(NamedTuple):
@@ -148,6 +161,8 @@ class OrphanStore:
         self._delete_periodic = q(_DELETE_ORPHANED_PERIODIC)
         self._live_tasks = q(_LIVE_TASKS)
         self._periodic_names = q(_PERIODIC_NAMES)
+        self._task_known = q(_TASK_KNOWN)
+        self._queue_known = q(_QUEUE_KNOWN)
 
     async def read(
         self,
@@ -184,6 +199,13 @@ class OrphanStore:
         """Every task name a live worker lists."""
         rows = await self.pool.fetch(self._live_tasks, float(heartbeat_threshold))
         return {r["task_name"] for r in rows}
+
+    async def known(self, scope: str, name: str) -> bool:
+        """Whether a task (``scope`` "task") or queue ("queue") named ``name`` is
+        known to the database (the operators' commands refuse a typo). Reads
+        the jobs table without an index: for operators, not a hot path."""
+        statement = self._task_known if scope == "task" else self._queue_known
+        return bool(await self.pool.fetchval(statement, name))
 
     async def periodic_names(self, db: Executor | None = None) -> dict[str, str]:
         """Each stored periodic job's runner task name -> its job name."""
