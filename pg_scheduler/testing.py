@@ -44,6 +44,7 @@ from .scheduler import Scheduler
 from .store.events import EventStore
 from .store.testing import TestingStore
 from .support.codec import encode_task_data
+from .support.timeutil import human_seconds
 from .support.validation import check_name
 from .workflows.decorator import is_workflow
 from .workflows.run import CRASH_AFTER
@@ -186,7 +187,9 @@ def _duration(value: Any) -> timedelta:
     else:
         seconds = float(value)
     if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"the time to advance must be finite and >= 0, got {value!r}")
+        raise ValueError(
+            f"the time to advance must be finite and >= 0, got {human_seconds(seconds)}"
+        )
     return value if isinstance(value, timedelta) else timedelta(seconds=seconds)
 
 

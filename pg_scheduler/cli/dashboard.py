@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import os
 import sys
+from typing import Any
 
 from ..support.install import install_hint
 from .common import configure_logging, embedded_dsn, failure_line, resolve_dsn, run_cli
@@ -76,7 +77,7 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     )
     mode = "actions need the token" if args.token else "read-only: no --token"
     print(f"pg_scheduler dashboard on http://{args.host}:{args.port}/ ({mode})", flush=True)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
@@ -84,6 +85,19 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
         lifespan="on",
         timeout_graceful_shutdown=2,
     )
+    dashboard = app.state.dashboard
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # Open browser tabs hold event streams: end them at once, so the
+            # graceful shutdown finishes instead of cancelling them.
+            dashboard.end_streams()
+            super().handle_exit(sig, frame)
+
+    try:
+        Server(config).run()
+    except KeyboardInterrupt:
+        pass  # the Ctrl-C uvicorn raises again once it has shut down
     return 0
 
 
