@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import asyncpg
+
 from ..observe.stats import QueueStats, collect_stats
 from ..services import RescuerService, VacuumService
 from ..store import Store
@@ -62,19 +64,19 @@ class Operations:
     async def initialize_db(self) -> None:
         """Apply pending migrations (serialized across processes by an advisory lock).
 
-        First, PermissionError if the role may not even read the migration
-        state (USAGE on the schema, SELECT on its migrations table)."""
+        PermissionError, naming the grants, if the role may not even read the
+        migration state (USAGE on the schema, SELECT on its migrations table):
+        checked when reading it is refused, so a start pays nothing for it."""
         settings = self.settings
-        missing, role = await retry_on_disconnect(
-            lambda: read_access(settings.db_pool, settings.schema),
-            what="check privileges",
-            give_up_after=30,
-        )
-        if missing:
-            raise refused(missing, role)
-        await retry_on_disconnect(
-            lambda: migrate(settings.db_pool, settings.schema), what="migrate", give_up_after=30
-        )
+        try:
+            await retry_on_disconnect(
+                lambda: migrate(settings.db_pool, settings.schema), what="migrate", give_up_after=30
+            )
+        except asyncpg.InsufficientPrivilegeError:
+            missing, role = await read_access(settings.db_pool, settings.schema)
+            if missing:
+                raise refused(missing, role) from None
+            raise
 
     def required_privileges(self) -> dict[str, str]:
         """Table -> the privileges this worker needs on it."""

@@ -1,4 +1,5 @@
-"""Operations commands: status, jobs, retry, cancel, vacuum, periodic, metrics.
+"""Operations commands: status, jobs, retry, cancel, vacuum, periodic, limits,
+queues, orphans, metrics.
 
 This module declares their arguments and runs them; ``reports`` (status, jobs,
 metrics), ``job_actions`` (retry, cancel, vacuum) and ``periodic_jobs`` implement
