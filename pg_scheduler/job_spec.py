@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .config import UNSET, RetryPolicy
+from .enqueue.arguments import check_arguments
 from .enqueue.checks import check_execution_time
 from .enqueue.fields import OPTION_NAMES, check_job
 from .enums import JobPriority
@@ -30,9 +31,10 @@ class JobSpec:
     each where a pydantic model cost about eight.
 
     ``func`` need only be callable here, as in 0.2.x: ``schedule_bulk`` is
-    where a function that cannot run as a task (not ``async def``), or that
-    cannot take the spec's arguments, raises TypeError, before anything is
-    written.
+    where a function that cannot run as a task (not ``async def``) raises
+    TypeError, before anything is written. Arguments ``func`` cannot take
+    raise TypeError here, and again in ``schedule_bulk`` (a spec may be
+    changed after it is built).
 
     ``execution_time`` None (the default) and no ``delay``: due at the
     ``schedule_bulk`` call; ``delay`` (a timedelta or seconds): that long
@@ -103,6 +105,7 @@ class JobSpec:
             check_job(execution_time, self)
         self.args = args if type(args) is tuple else as_args(args)
         self.kwargs = {} if kwargs is None else as_kwargs(kwargs)
+        check_arguments(func, self.args, self.kwargs)
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in _FIELD_ORDER)

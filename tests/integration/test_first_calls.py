@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -192,17 +193,17 @@ async def test_schedule_job_warns_once_about_a_name_no_worker_lists(pool, make_s
     await worker.start()  # its row in scheduler_workers lists "only.there"
     producer = await make_scheduler(start=False)
     assert "only.there" not in producer.registry
+    typo_name = f"no.such:task{uuid.uuid4().hex[:6]}"  # warned once per process
     with capture_logs() as logs:
-        typo = await producer.schedule_job("no.such:task", None, {})
-        await producer.schedule_job("no.such:task", None, {})
+        typo = await producer.schedule_job(typo_name, None, {})
+        await producer.schedule_job(typo_name, None, {})
         await producer.schedule_job("only.there", None, {})
     # (The running worker's rescuer may also report the due job nobody runs.)
     warned = [e for e in logs if "a task no worker has registered" in e["event"]]
-    assert [e["task"] for e in warned] == ["no.such:task"]
+    assert [e["task"] for e in warned] == [typo_name]
     assert warned[0]["log_level"] == "warning"
-    assert "only.there" in warned[0]["known"]
     # Written all the same: its worker may not have started yet.
     row = await pool.fetchrow(
         "SELECT task_name, task_data FROM scheduled_jobs WHERE job_id = $1", typo
     )
-    assert row["task_name"] == "no.such:task" and json.loads(row["task_data"])["args"] == []
+    assert row["task_name"] == typo_name and json.loads(row["task_data"])["args"] == []

@@ -39,7 +39,7 @@ CALL = {"execution_time": None, "args": (), "kwargs": None}
 TASK_DEFAULTS = {name: getattr(TaskOptions(), name) for name in TASK_OPTION_NAMES}
 
 
-async def deliver(to: str) -> str:
+async def deliver(to: str = "", **extra: Any) -> str:
     return to
 
 
