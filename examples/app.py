@@ -1,6 +1,12 @@
 """An example application: tasks, a periodic job, and worker settings.
 
 Run a worker for it with ``pg-scheduler worker examples.app:SETTINGS``.
+
+The examples keep their tables in a schema of their own, ``examples``: what
+they leave behind (their periodic job, jobs scheduled for a worker you
+stopped) never mixes with your own application's jobs in ``public``. Look at
+it with ``pg-scheduler --schema examples status``; drop it with
+``DROP SCHEMA examples CASCADE``.
 """
 
 from __future__ import annotations
@@ -29,7 +35,11 @@ async def cleanup_sessions() -> None:
     await asyncio.sleep(0.01)
 
 
+#: The examples' own schema (``$PG_SCHEDULER_SCHEMA`` or ``--schema`` overrides it).
+SCHEMA = "examples"
+
 SETTINGS = {
+    "schema": SCHEMA,
     "max_concurrent_jobs": 50,
     "batch_claim_limit": 50,
     "retry_policy": RetryPolicy(base_delay=5, factor=2, max_delay=300),

@@ -1,27 +1,35 @@
 """Embedding the Scheduler in a FastAPI app's lifespan.
 
-``pip install -e '.[examples]'`` (FastAPI and uvicorn), then run with
-``PG_SCHEDULER_DSN=postgresql://... uvicorn examples.fastapi_app:app``.
+``pip install -e '.[examples,embedded]'`` (FastAPI and uvicorn) in a clone of
+the repository, then run ``uvicorn examples.fastapi_app:app``: on
+``$PG_SCHEDULER_DSN`` if set, else on the embedded PostgreSQL (started if
+needed), as the Quick start does. Its jobs live in the examples' own schema
+(``pg-scheduler --schema examples status``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import asyncpg
 from fastapi import FastAPI, HTTPException
 
-from examples.app import send_email
+from examples.app import SCHEMA, send_email
 from pg_scheduler import Scheduler
+from pg_scheduler.embedded import default_dsn
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    app.state.pool = await asyncpg.create_pool(os.environ["PG_SCHEDULER_DSN"])
-    app.state.scheduler = Scheduler(app.state.pool, max_concurrent_jobs=20)
+    # $PG_SCHEDULER_DSN, else the embedded PostgreSQL (started if needed).
+    dsn = await asyncio.to_thread(default_dsn)
+    app.state.pool = await asyncpg.create_pool(dsn)
+    schema = os.environ.get("PG_SCHEDULER_SCHEMA") or SCHEMA
+    app.state.scheduler = Scheduler(app.state.pool, max_concurrent_jobs=20, schema=schema)
     await app.state.scheduler.start()
     try:
         yield
@@ -40,7 +48,7 @@ async def schedule_email(recipient: str, delay_seconds: float = 0) -> dict[str, 
     async with app.state.pool.acquire() as conn, conn.transaction():
         job_id = await app.state.scheduler.schedule(
             send_email,
-            execution_time=datetime.now(UTC) + timedelta(seconds=delay_seconds),
+            delay=timedelta(seconds=delay_seconds),
             args=(recipient, "Welcome!"),
             max_retries=3,
             connection=conn,

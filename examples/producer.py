@@ -9,13 +9,14 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from examples.app import resize_image, send_email
+from examples.app import SCHEMA, resize_image, send_email
 from pg_scheduler import Scheduler
 
 
 async def main() -> None:
     pool = await asyncpg.create_pool(os.environ["PG_SCHEDULER_DSN"], min_size=1, max_size=4)
-    scheduler = Scheduler(pool)  # never started: a producer only enqueues
+    schema = os.environ.get("PG_SCHEDULER_SCHEMA") or SCHEMA
+    scheduler = Scheduler(pool, schema=schema)  # never started: a producer only enqueues
     await scheduler.initialize_db()
     n = 0
     while True:

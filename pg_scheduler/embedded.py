@@ -1,6 +1,7 @@
 """An embedded PostgreSQL (the ``pgserver`` package) for tests, demos and local use.
 
-``pip install 'pg-scheduler[embedded]'``. The server runs from a data
+Needs the ``embedded`` extra (``pip install -e '.[embedded]'`` in a clone of the
+repository). The server runs from a data
 directory; it is started on first use and stopped when the last process using
 it exits.
 """
@@ -13,6 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+
+from .support.install import install_hint
+
+
+class EmbeddedUnavailable(RuntimeError):
+    """The embedded PostgreSQL cannot start here: its ``pgserver`` package is missing."""
 
 
 def default_data_dir() -> Path:
@@ -32,9 +39,9 @@ class EmbeddedPostgres:
                 warnings.simplefilter("ignore")
                 import pgserver
         except ImportError as exc:  # pragma: no cover - depends on the install
-            raise RuntimeError(
-                "the embedded PostgreSQL needs the 'pgserver' package: "
-                "pip install 'pg-scheduler[embedded]'"
+            raise EmbeddedUnavailable(
+                "the embedded PostgreSQL needs the 'pgserver' package (the embedded extra): "
+                + install_hint("embedded")
             ) from exc
         self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -67,7 +74,7 @@ def start(data_dir: str | Path | None = None, *, cleanup: str | None = "stop") -
 def default_dsn() -> str:
     """``$PG_SCHEDULER_DSN`` if set, else the embedded server's DSN.
 
-    The embedded server (``pip install 'pg-scheduler[embedded]'``) uses the
+    The embedded server (the ``embedded`` extra) uses the
     CLI's data directory, so ``pg-scheduler status`` sees the same jobs; it is
     started if needed and, when this process started it, stopped at exit.
     """

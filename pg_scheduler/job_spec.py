@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from .config import UNSET, RetryPolicy
+from .enqueue.arguments import check_arguments
 from .enqueue.checks import check_execution_time
 from .enqueue.fields import OPTION_NAMES, check_job
 from .enums import JobPriority
@@ -31,7 +32,13 @@ class JobSpec:
 
     ``func`` need only be callable here, as in 0.2.x: ``schedule_bulk`` is
     where a function that cannot run as a task (not ``async def``) raises
-    TypeError, before anything is written.
+    TypeError, before anything is written. Arguments ``func`` cannot take
+    raise TypeError here, and again in ``schedule_bulk`` (a spec may be
+    changed after it is built).
+
+    ``execution_time`` None (the default) and no ``delay``: due at the
+    ``schedule_bulk`` call; ``delay`` (a timedelta or seconds): that long
+    after it. Not both.
 
     Its fields after ``kwargs`` are the options of
     :class:`~pg_scheduler.enqueue.fields.JobOptions`, in their order and with
@@ -44,7 +51,7 @@ class JobSpec:
     def __init__(
         self,
         func: Callable[..., Any],
-        execution_time: datetime,
+        execution_time: datetime | None = None,
         args: tuple | list = (),
         kwargs: dict[str, Any] | None = None,
         priority: JobPriority = JobPriority.NORMAL,
@@ -56,7 +63,13 @@ class JobSpec:
         dedupe_key: str | None = None,
         dedupe_scope: str | None = None,
         queue: str | None = None,
+        delay: timedelta | float | None = None,
     ) -> None:
+        if isinstance(func, str):
+            raise TypeError(
+                f"func must be a callable (the task's function itself), got the name "
+                f"{func!r}; to schedule by name, use Scheduler.schedule_job"
+            )
         if not callable(func):
             raise TypeError(f"func must be a callable (an async function), got {func!r}")
         self.func = func
@@ -71,6 +84,7 @@ class JobSpec:
         self.dedupe_scope = dedupe_scope
         # None: the task's queue (``@task(queue=...)``), else "default".
         self.queue = queue
+        self.delay = delay
         if (
             priority is _NORMAL
             and type(max_retries) is int
@@ -82,13 +96,16 @@ class JobSpec:
             and dedupe_key is None
             and dedupe_scope is None
             and queue is None
+            and delay is None
         ):
             # Every option at its default, which is valid: a bulk's common case.
-            check_execution_time(execution_time)
+            if execution_time is not None:
+                check_execution_time(execution_time)
         else:
             check_job(execution_time, self)
         self.args = args if type(args) is tuple else as_args(args)
         self.kwargs = {} if kwargs is None else as_kwargs(kwargs)
+        check_arguments(func, self.args, self.kwargs)
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in _FIELD_ORDER)

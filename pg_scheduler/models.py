@@ -160,3 +160,5 @@ class TaskInventory(BaseModel):
     registered: list[str]
     #: Due pending jobs, by task name, that no live worker has registered.
     unknown: dict[str, int]
+    #: Each periodic job's runner task here (``periodic:<dedup key>``) -> its job name.
+    periodic: dict[str, str] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import asyncpg
@@ -218,7 +218,7 @@ class Scheduler:
         self,
         func: Callable[..., Any],
         *,
-        execution_time: datetime,
+        execution_time: datetime | None = None,
         args: tuple = (),
         kwargs: dict[str, Any] | None = None,
         priority: JobPriority = JobPriority.NORMAL,
@@ -232,8 +232,13 @@ class Scheduler:
         dedupe_key: str | None = None,
         dedupe_scope: str | None = None,
         queue: str | None = None,
+        delay: timedelta | float | None = None,
     ) -> str:
         """Schedule ``func(*args, **kwargs)`` to run at ``execution_time``; returns the job id.
+
+        ``execution_time`` (naive: local time) or ``delay`` (a timedelta or
+        seconds from now), not both; neither: due now (this process's UTC
+        clock). Arguments ``func``'s signature cannot take raise TypeError here.
 
         ``queue``: the job's queue (default: the task's, ``@task(queue=...)``,
         else "default").
@@ -538,8 +543,8 @@ class Scheduler:
     async def schedule_job(
         self,
         job_name: str,
-        execution_time: datetime,
-        task_data: dict[str, Any],
+        execution_time: datetime | None = None,
+        task_data: dict[str, Any] | None = None,
         priority: JobPriority = JobPriority.NORMAL,
         max_retries: int = 0,
         job_id: str | None = None,
@@ -549,8 +554,15 @@ class Scheduler:
         dedupe_key: str | None = None,
         dedupe_scope: str | None = None,
         queue: str | None = None,
+        delay: timedelta | float | None = None,
     ) -> str:
-        """Low-level insert by name (0.2.x): ``task_data`` is ``{"args": [...], "kwargs": {...}}``.
+        """Low-level insert by name (0.2.x): ``task_data`` is ``{"args": [...], "kwargs": {...}}``
+        (None: no arguments).
+
+        ``execution_time`` or ``delay`` as for :meth:`schedule` (neither: now).
+        A name this process has not registered and no worker seen lately
+        lists is logged as a warning (the job is written: its worker may not
+        have started yet); a task registered here checks its arguments.
 
         The job runs on a worker that registered a task named ``job_name``
         (its ``module:qualname``, or its bare ``__name__`` when unambiguous).

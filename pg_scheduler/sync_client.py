@@ -29,16 +29,17 @@ import asyncio
 import os
 import threading
 from collections.abc import Callable, Coroutine, Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple, TypeVar, cast
 
 import asyncpg
 
+from .api.results import JobNotFound, outcome
 from .config import UNSET, RetryPolicy
 from .enqueue.dbapi import DbapiEnqueuer
 from .enqueue.fields import JobOptions
 from .enqueue.producer import Enqueuer, Producer
-from .enums import ConflictResolution, JobPriority
+from .enums import FINAL_STATUSES, ConflictResolution, JobPriority
 from .job_spec import JobSpec
 from .models import Job
 from .store.bounded import DEFAULT_STATEMENT_TIMEOUT, BoundedPool
@@ -47,12 +48,17 @@ from .store.jobs import Store
 from .store.names import DEFAULT_SCHEMA, check_schema
 from .support.log import get_logger
 from .support.reconnect import retry_on_disconnect
-from .support.validation import INT4_MAX, check_int
+from .support.validation import INT4_MAX, check_int, check_seconds
 from .tasks import TaskRegistry, default_registry
 from .workflows.runner import workflow_store
 from .workflows.signals import send_signal, send_signals
 
 T = TypeVar("T")
+
+# wait_for's reads of the job: the first after this many seconds, each wait
+# twice the last, never more than POLL_MOST.
+POLL_FIRST = 0.05
+POLL_MOST = 1.0
 
 # The lines the client logs are the ones a Scheduler logs for the same calls.
 log = get_logger("pg_scheduler.scheduler")
@@ -111,7 +117,7 @@ class SyncClient:
         self,
         func: Callable[..., Any],
         *,
-        execution_time: datetime,
+        execution_time: datetime | None = None,
         args: tuple = (),
         kwargs: dict[str, Any] | None = None,
         priority: JobPriority = JobPriority.NORMAL,
@@ -125,6 +131,7 @@ class SyncClient:
         dedupe_key: str | None = None,
         dedupe_scope: str | None = None,
         queue: str | None = None,
+        delay: timedelta | float | None = None,
     ) -> str:
         """As :meth:`Scheduler.schedule`: the same keywords, defaults and checks
         (``misfire_grace_time`` not given: the client's default). Returns the job id.
@@ -173,6 +180,24 @@ class SyncClient:
         """Cancel a pending or running job (its worker hears it by NOTIFY)."""
         return self._call(lambda own: self._cancel_job(own, job_id))
 
+    def wait_for(self, job_id: str, timeout: float | None = None) -> Job:
+        """The job once final (completed, failed, cancelled, expired), as
+        :meth:`Scheduler.wait_for`: JobNotFound for an unknown id, TimeoutError
+        after ``timeout`` seconds. The client does not LISTEN: it reads the
+        job on its own connection, every 50 ms at first and at most every
+        second as the wait grows (one indexed read each)."""
+        if not isinstance(job_id, str):
+            raise TypeError(f"job_id must be a str, got {type(job_id).__name__}")
+        if timeout is not None:
+            check_seconds("timeout", timeout)
+        return self._call(lambda own: self._wait_for(own, job_id, timeout))
+
+    def result(self, job_id: str, timeout: float | None = None) -> Any:
+        """The job's result once final, as :meth:`Scheduler.result` (JobFailed,
+        JobCancelled or JobExpired for the other final states); polls as
+        :meth:`wait_for` does."""
+        return outcome(self.wait_for(job_id, timeout))
+
     def signal(self, job_id: str, name: str, payload: Any = None) -> None:
         """Send signal ``name`` to workflow ``job_id`` (see ``Scheduler.signal``),
         on the client's own connection."""
@@ -213,6 +238,25 @@ class SyncClient:
     async def _get_job(self, own: _Own, job_id: str) -> Job | None:
         row = await own.store.get_job(job_id)
         return None if row is None else Job.from_record(row, self._read_policy)
+
+    async def _wait_for(self, own: _Own, job_id: str, timeout: float | None) -> Job:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        pause = POLL_FIRST
+        while True:
+            job = await self._get_job(own, job_id)
+            if job is None:
+                raise JobNotFound(job_id)
+            if job.status in FINAL_STATUSES:
+                return job
+            wait = pause
+            if deadline is not None:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise TimeoutError(f"job {job_id} not finished after {timeout} s")
+                wait = min(wait, remaining)
+            await asyncio.sleep(wait)
+            pause = min(pause * 2, POLL_MOST)
 
     async def _cancel_job(self, own: _Own, job_id: str) -> bool:
         cancelled = await retry_on_disconnect(

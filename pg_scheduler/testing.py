@@ -1,4 +1,5 @@
-"""Helpers for testing your own tasks (needs ``pip install 'pg-scheduler[embedded]'``).
+"""Helpers for testing your own tasks (needs the ``embedded`` extra:
+``pip install -e '.[embedded]'`` in a clone of the repository).
 
 ``scheduler_for_tests()``: a started Scheduler on a throwaway embedded
 PostgreSQL database (a fresh database per call, dropped afterwards; the
@@ -43,6 +44,7 @@ from .scheduler import Scheduler
 from .store.events import EventStore
 from .store.testing import TestingStore
 from .support.codec import encode_task_data
+from .support.timeutil import human_seconds
 from .support.validation import check_name
 from .workflows.decorator import is_workflow
 from .workflows.run import CRASH_AFTER
@@ -185,7 +187,9 @@ def _duration(value: Any) -> timedelta:
     else:
         seconds = float(value)
     if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"the time to advance must be finite and >= 0, got {value!r}")
+        raise ValueError(
+            f"the time to advance must be finite and >= 0, got {human_seconds(seconds)}"
+        )
     return value if isinstance(value, timedelta) else timedelta(seconds=seconds)
 
 

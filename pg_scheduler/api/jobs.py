@@ -19,6 +19,7 @@ from ..enqueue.producer import Enqueuer
 from ..enums import ConflictResolution
 from ..job_spec import JobSpec
 from ..models import Job, TaskInventory
+from ..periodic.registry import registered_periodic_jobs
 from ..services import RescuerService
 from ..store import NewJob, Store
 from ..support.log import get_logger
@@ -59,12 +60,17 @@ class Jobs:
     async def load_task_functions(self) -> TaskInventory:
         names = self.registry.names()
         unknown = await self.rescuer.report_unknown_tasks()
-        return TaskInventory(registered=names, unknown=unknown)
+        periodic = {
+            config.task_name: config.job_name or key
+            for key, config in registered_periodic_jobs().items()
+            if config.task_name in names
+        }
+        return TaskInventory(registered=names, unknown=unknown, periodic=periodic)
 
     async def schedule(
         self,
         func: Callable[..., Any],
-        execution_time: datetime,
+        execution_time: datetime | None,
         args: tuple,
         kwargs: dict[str, Any] | None,
         options: JobOptions,

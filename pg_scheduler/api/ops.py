@@ -6,16 +6,36 @@ from __future__ import annotations
 
 from typing import Any
 
+import asyncpg
+
 from ..observe.stats import QueueStats, collect_stats
 from ..services import RescuerService, VacuumService
 from ..store import Store
 from ..store.housekeeping import VacuumStore
 from ..store.migrate import migrate
+from ..store.names import Qualifier
+from ..store.schema import SchemaStore
 from ..support.reconnect import retry_on_disconnect
 from ..support.validation import check_int
 from ..tasks import TaskRegistry
 from ..workflows.decorator import is_workflow
 from .settings import Settings
+
+
+def refused(missing: list[str], role: str | None = None) -> PermissionError:
+    """The start-up's PermissionError: every grant the role lacks, and what to do."""
+    who = "the database role" if role is None else f"the database role {role}"
+    return PermissionError(
+        f"{who} lacks {', '.join(missing)}; the worker did not start: grant "
+        f"{'it' if len(missing) == 1 else 'them'} as the schema's owner "
+        "(docs: Operations, schemas and privileges)"
+    )
+
+
+async def read_access(pool: Any, schema: str) -> tuple[list[str], str]:
+    """What the role lacks to read the migration state of ``schema``, and its name."""
+    async with pool.acquire() as conn:
+        return await SchemaStore(conn, Qualifier(schema)).missing_access()
 
 
 class Operations:
@@ -42,11 +62,21 @@ class Operations:
     # -- schema and grants -------------------------------------------------------
 
     async def initialize_db(self) -> None:
-        """Apply pending migrations (serialized across processes by an advisory lock)."""
+        """Apply pending migrations (serialized across processes by an advisory lock).
+
+        PermissionError, naming the grants, if the role may not even read the
+        migration state (USAGE on the schema, SELECT on its migrations table):
+        checked when reading it is refused, so a start pays nothing for it."""
         settings = self.settings
-        await retry_on_disconnect(
-            lambda: migrate(settings.db_pool, settings.schema), what="migrate", give_up_after=30
-        )
+        try:
+            await retry_on_disconnect(
+                lambda: migrate(settings.db_pool, settings.schema), what="migrate", give_up_after=30
+            )
+        except asyncpg.InsufficientPrivilegeError:
+            missing, role = await read_access(settings.db_pool, settings.schema)
+            if missing:
+                raise refused(missing, role) from None
+            raise
 
     def required_privileges(self) -> dict[str, str]:
         """Table -> the privileges this worker needs on it."""
@@ -87,10 +117,7 @@ class Operations:
             give_up_after=30,
         )
         if missing:
-            raise PermissionError(
-                f"the database role lacks {', '.join(missing)}; the worker did not start "
-                "(docs: Operations, schemas and privileges)"
-            )
+            raise refused(missing)
 
     async def recover_orphaned_jobs(self) -> int:
         """One rescue pass; how many jobs went back to pending."""

@@ -12,6 +12,8 @@ from ..config import RetryPolicy
 from ..periodic import periodic
 from ..scheduler import Scheduler
 from ..store.cli import CliStore
+from ..store.periodic import PERIODIC_TASK_PREFIX
+from ..support.install import install_hint
 from ..tasks import task, task_name_of
 
 _attempts: dict[str, int] = {}
@@ -31,7 +33,12 @@ async def flaky(key: str, failures: int) -> str:
     return f"succeeded on attempt {_attempts[key]}"
 
 
-@periodic(every=timedelta(seconds=3), job_name="heartbeat", dedup_key="demo-heartbeat")
+# The periodic job's key, and the task its window rows route to.
+PERIODIC_KEY = "demo-heartbeat"
+PERIODIC_TASK = f"{PERIODIC_TASK_PREFIX}{PERIODIC_KEY}"
+
+
+@periodic(every=timedelta(seconds=3), job_name="heartbeat", dedup_key=PERIODIC_KEY)
 async def demo_heartbeat() -> str:
     return datetime.now(UTC).strftime("tick at %H:%M:%S")
 
@@ -51,6 +58,14 @@ def _row(row: asyncpg.Record) -> str:
     ).rstrip()
 
 
+async def _clean_up(store: CliStore) -> None:
+    """Drop the demo's unfinished jobs (retries, the next periodic window) and
+    its periodic job's stored row."""
+    tasks = [task_name_of(f) for f in (greet, flaky, demo_heartbeat)]
+    await store.delete_unfinished([*tasks, PERIODIC_TASK])
+    await store.forget_periodic([PERIODIC_KEY])
+
+
 async def run_demo(pool: asyncpg.Pool, seconds: float = 12.0) -> None:
     scheduler = Scheduler(
         pool,
@@ -60,8 +75,9 @@ async def run_demo(pool: asyncpg.Pool, seconds: float = 12.0) -> None:
     )
     await scheduler.initialize_db()
     store = CliStore(pool)
-    # Each run starts clean: drop what an earlier demo left unfinished.
-    await store.delete_unfinished([task_name_of(f) for f in (greet, flaky, demo_heartbeat)])
+    # Each run starts clean, and ends clean (below): no job of the demo's is left
+    # waiting for a worker that has gone, and no periodic job nobody declares.
+    await _clean_up(store)
     await scheduler.start()
     started = datetime.now(UTC)
     ids: list[str] = []
@@ -96,9 +112,12 @@ async def run_demo(pool: asyncpg.Pool, seconds: float = 12.0) -> None:
                 print(_row(row), flush=True)
     finally:
         await scheduler.shutdown()
+        await _clean_up(store)
     print(
-        "\ndemo: done. The jobs stay in the database: see them in the web dashboard\n"
-        "  pg-scheduler dashboard        (needs pip install 'pg-scheduler[dashboard]')\n"
+        "\ndemo: done. Its pending jobs and periodic job are removed; the finished jobs\n"
+        "stay in the database: see them in the web dashboard\n"
+        "  pg-scheduler dashboard\n"
+        f"(it needs the dashboard extra: {install_hint('dashboard')})\n"
         "or in the terminal with `pg-scheduler status --watch` and `pg-scheduler jobs`.\n"
         "Point your own code at the embedded database with\n"
         "PG_SCHEDULER_DSN=$(pg-scheduler dsn)."

@@ -70,7 +70,8 @@ async def cmd_retry(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
                 )
     if args.json:
         emit_json({"retried": retried, "errors": problems})
-    else:
+    elif retried or not problems:
+        # Nothing retried because of errors: the errors alone say it.
         print(
             f"retried {len(retried)} job(s)" + (": " + ", ".join(retried[:20]) if retried else "")
         )

@@ -1,4 +1,5 @@
-"""``limits list``, ``set`` and ``clear``: global limits per task or queue."""
+"""``limits list``, ``set`` and ``clear`` (also ``delete``, ``unset``): global
+limits per task or queue."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import asyncpg
 from ..limits import Limits, check_scope, limit_record
 from ..store.limits import LimitStore
 from ..store.names import Qualifier
-from .output import CommandError, console, emit_json, table
+from ..store.orphans import OrphanStore
+from .output import EXIT_USAGE, CommandError, console, emit_json, table
 
 
 def _store(pool: asyncpg.Pool, args: argparse.Namespace) -> LimitStore:
@@ -53,6 +55,13 @@ async def cmd_limits_set(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
     store = _store(pool, args)
     if limits.empty:
         raise CommandError("give --max-running and/or --rate-limit (or use `limits clear`)")
+    if not args.force and not await OrphanStore(pool, args.schema).known(args.scope, args.name):
+        what = "worker lists it, no job has it" if args.scope == "task" else "job has been in it"
+        raise CommandError(
+            f"no {args.scope} named {args.name!r} is known (no {what}): check the name, "
+            f"or pass --force to set a limit before its first job",
+            EXIT_USAGE,
+        )
     rate = limits.rate_limit
     await store.set(
         args.scope,

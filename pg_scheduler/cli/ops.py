@@ -1,4 +1,5 @@
-"""Operations commands: status, jobs, retry, cancel, vacuum, periodic, metrics.
+"""Operations commands: status, jobs, retry, cancel, vacuum, periodic, limits,
+queues, orphans, metrics.
 
 This module declares their arguments and runs them; ``reports`` (status, jobs,
 metrics), ``job_actions`` (retry, cancel, vacuum) and ``periodic_jobs`` implement
@@ -24,12 +25,15 @@ import asyncpg
 
 from ..config import VacuumPolicy
 from ..enums import FINAL_STATUS_VALUES, JobStatus
-from .common import configure_logging, open_pool, run_async
+from ..support.install import install_hint
+from .common import configure_logging, open_pool, run_cli
 from .job_actions import cmd_cancel, cmd_retry, cmd_vacuum
 from .limits import cmd_limits_clear, cmd_limits_list, cmd_limits_set
-from .output import EXIT_INTERRUPTED, EXIT_NOT_FOUND, CommandError
+from .orphans import cmd_orphans
+from .orphans import register as register_orphans
+from .output import EXIT_INTERRUPTED, CommandError
 from .periodic_jobs import cmd_periodic_enable, cmd_periodic_list, cmd_periodic_trigger
-from .queue_commands import cmd_queues_list, cmd_queues_pause
+from .queue_commands import cmd_queues_delete, cmd_queues_list, cmd_queues_pause
 from .reports import cmd_jobs, cmd_metrics, cmd_status
 
 # -- argument types ------------------------------------------------------------------
@@ -222,7 +226,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     limits = commands.add_parser(
         "limits",
-        help="list, set or clear global limits of a task or queue",
+        help="list, set or clear (delete) global limits of a task or queue",
         description="max running: never more than N jobs of the task or queue running at "
         "once on all workers; rate limit: at most N starts in any rolling window "
         '("100/m", "5/s", "20/10s"). Every worker follows within about a second.',
@@ -231,17 +235,22 @@ def register(commands: argparse._SubParsersAction) -> None:
     limit_list = limit_actions.add_parser("list", parents=[json_flag], help="every limit")
     limit_list.set_defaults(handler=_handler(cmd_limits_list))
     limit_set = limit_actions.add_parser("set", parents=[json_flag], help="set limits")
-    limit_clear = limit_actions.add_parser("clear", parents=[json_flag], help="remove limits")
+    limit_clear = limit_actions.add_parser(
+        "clear", aliases=["delete", "unset"], parents=[json_flag], help="remove limits"
+    )
     for sub in (limit_set, limit_clear):
         sub.add_argument("scope", choices=("task", "queue"))
         sub.add_argument("name", metavar="NAME")
+    limit_set.add_argument(
+        "--force", action="store_true", help="set it even for a name the database does not know"
+    )
     limit_set.add_argument("--max-running", type=positive_int, metavar="N")
     limit_set.add_argument("--rate-limit", metavar="N/UNIT", help='e.g. "100/m", "5/s"')
     limit_set.set_defaults(handler=_handler(cmd_limits_set))
     limit_clear.set_defaults(handler=_handler(cmd_limits_clear))
     queues = commands.add_parser(
         "queues",
-        help="list, pause or resume queues",
+        help="list, pause, resume or delete queues",
         description="A paused queue is stored in the database: every worker stops "
         "starting its jobs at once (running jobs finish); scheduling into it still works. "
         "resume wakes the workers that serve it.",
@@ -254,12 +263,30 @@ def register(commands: argparse._SubParsersAction) -> None:
     for action in ("pause", "resume"):
         sub = queue_actions.add_parser(action, parents=[json_flag], help=f"{action} a queue")
         sub.add_argument("name", metavar="NAME")
+        sub.add_argument(
+            "--force",
+            action="store_true",
+            help="even a queue the database does not know yet (no job has been in it)",
+        )
         sub.set_defaults(handler=_handler(cmd_queues_pause), pause=action == "pause")
+    delete = queue_actions.add_parser(
+        "delete",
+        parents=[json_flag],
+        help="drop a queue's stored setting (a phantom queue made by a pause, say)",
+    )
+    delete.add_argument("name", metavar="NAME")
+    delete.add_argument(
+        "--force", action="store_true", help="even while jobs wait in it (it is resumed)"
+    )
+    delete.set_defaults(handler=_handler(cmd_queues_delete))
+
+    orphans = register_orphans(commands, json_flag)
+    orphans.set_defaults(handler=_handler(cmd_orphans))
 
     metrics = commands.add_parser(
         "metrics",
         help="serve the queue statistics for Prometheus until interrupted",
-        description="Needs pip install 'pg-scheduler[metrics]'.",
+        description=f"Needs the metrics extra: {install_hint('metrics')}.",
     )
     metrics.add_argument("--port", type=int, required=True)
     metrics.add_argument("--addr", default="0.0.0.0", help="address to bind (0.0.0.0)")
@@ -285,17 +312,17 @@ def _handler(
             async with open_pool(args, min_size=1, max_size=max_size) as pool:
                 return await action(pool, args)
 
-        code = run_command(go)
+        code = run_command(go, args)
         # Ctrl-C is how a watch ends: a clean exit.
         return 0 if code == EXIT_INTERRUPTED and getattr(args, "watch", False) else code
 
     return handle
 
 
-def run_command(go: Callable[[], Awaitable[int]]) -> int:
+def run_command(go: Callable[[], Awaitable[int]], args: argparse.Namespace) -> int:
     """Run ``go`` and turn expected failures into one line on stderr and an exit code."""
     try:
-        return run_async(go)
+        return run_cli(args, go)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
@@ -306,13 +333,3 @@ def run_command(go: Callable[[], Awaitable[int]]) -> int:
     except CommandError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.code
-    except asyncpg.UndefinedTableError as exc:
-        print(
-            f"error: {exc}: the pg_scheduler schema is missing in this database "
-            "(run `pg-scheduler migrate`)",
-            file=sys.stderr,
-        )
-        return EXIT_NOT_FOUND
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        print(f"error: database: {exc}", file=sys.stderr)
-        return EXIT_NOT_FOUND

@@ -1,7 +1,7 @@
 """What the operations commands print, and how they fail: exit codes, JSON, tables.
 
 Tables use rich when it is installed (the ``cli`` extra) and plain aligned text
-otherwise, so ``pip install pg-scheduler`` alone gives a working ``status``.
+otherwise, so an install without extras gives a working ``status``.
 """
 
 from __future__ import annotations

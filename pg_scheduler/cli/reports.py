@@ -18,7 +18,9 @@ from ..models import Job
 from ..observe.stats import QueueStats, collect_stats
 from ..store import Store
 from ..store.cli import CliStore
+from ..store.orphans import OrphanedJobs, OrphanedPeriodic, Orphans
 from ..store.workflow_views import WorkflowViews, is_workflow_row
+from .orphans import render_orphans
 from .output import (
     EXIT_USAGE,
     CommandError,
@@ -103,7 +105,7 @@ def render_status(stats: QueueStats, out: Any = None) -> None:
     )
     task_rows = [
         (
-            t.task_name,
+            stats.label(t.task_name),
             t.due,
             t.pending - t.due,
             t.running,
@@ -130,6 +132,15 @@ def render_status(stats: QueueStats, out: Any = None) -> None:
     )
     columns = ("task", "due", "scheduled", "running", "waiting", *FINAL_STATUS_VALUES)
     out.print(table("Jobs by task", columns, task_rows))
+    if stats.orphaned_jobs or stats.orphaned_periodic:
+        render_orphans(
+            Orphans(
+                [OrphanedJobs(**o.model_dump()) for o in stats.orphaned_jobs],
+                [OrphanedPeriodic(**p.model_dump()) for p in stats.orphaned_periodic],
+            ),
+            stats.periodic_names,
+            out,
+        )
     # Only once queues are in use: a single "default" queue says nothing new.
     if any(q.queue != DEFAULT_QUEUE or q.paused for q in stats.by_queue):
         out.print(

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..api.queues import parse_queues_option
 from ..support.log import get_logger
-from .common import configure_logging, open_pool, run_async
+from .common import configure_logging, open_pool, run_cli
 
 log = get_logger("pg_scheduler.cli")
 
@@ -136,7 +136,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         options["listen_dsn"] = args.listen_dsn
     if not args.gc_freeze:
         options["gc_freeze"] = False
-    return run_async(lambda: _worker(args, options))
+    return run_cli(args, lambda: _worker(args, options))
 
 
 async def _worker(args: argparse.Namespace, options: dict[str, Any]) -> int:
@@ -211,7 +211,7 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
         print(f"applied migrations: {applied}" if applied else "schema is up to date")
         return 0
 
-    return run_async(go)
+    return run_cli(args, go)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -227,7 +227,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             await run_demo(pool, seconds=args.seconds)
         return 0
 
-    return run_async(go)
+    return run_cli(args, go)
 
 
 def _cmd_dsn(args: argparse.Namespace) -> int:

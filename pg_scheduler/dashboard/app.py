@@ -31,6 +31,7 @@ from ..notify.events import EventHub, Subscription
 from ..notify.listener import Listener
 from ..store.dashboard import DashboardStore
 from ..store.names import check_schema
+from ..support.install import install_hint
 from ..support.log import get_logger
 from .service import Conflict, DashboardService, NotFound
 
@@ -41,9 +42,7 @@ try:
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
 except ImportError:  # pragma: no cover - the dashboard extra is not installed
-    raise ImportError(
-        "the dashboard needs starlette: pip install 'pg-scheduler[dashboard]'"
-    ) from None
+    raise ImportError(f"the dashboard needs starlette: {install_hint('dashboard')}") from None
 
 if TYPE_CHECKING:
     from ..scheduler import Scheduler
@@ -96,6 +95,10 @@ class Dashboard:
         self._hub: EventHub | None = None
         self._own_pool = False
         self._lock = asyncio.Lock()
+        # The open event streams, and the loop they run on (end_streams).
+        self._streams: set[Subscription] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ending = False
 
     @property
     def read_only(self) -> bool:
@@ -120,7 +123,10 @@ class Dashboard:
         return self._service
 
     async def subscribe(self) -> Subscription | None:
-        """A subscription to every event, or None when LISTEN is not available."""
+        """A subscription to every event, or None when LISTEN is not available
+        (or the server is shutting down: :meth:`end_streams`)."""
+        if self._ending:
+            return None
         service = await self.service()
         if self._hub is None:
             if self._scheduler is not None:
@@ -134,7 +140,23 @@ class Dashboard:
             return None
         sub = self._hub.subscribe(None, maxsize=1000)
         await sub.ready()
+        self._loop = asyncio.get_running_loop()
+        self._streams.add(sub)
         return sub
+
+    def end_streams(self) -> None:
+        """End every open event stream (and refuse new ones): call it when the
+        server starts shutting down, so that its graceful shutdown does not
+        wait on open browser tabs until it cancels them. Safe from a signal
+        handler or another thread."""
+        self._ending = True
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._close_streams)
+
+    def _close_streams(self) -> None:
+        for sub in list(self._streams):
+            sub.close()  # its stream's generator ends, and with it the response
+        self._streams.clear()
 
     def check_token(self, given: str | None) -> None:
         if self.token is None:
@@ -144,6 +166,8 @@ class Dashboard:
 
     async def close(self) -> None:
         """Stop the event listener and close the pool this dashboard opened."""
+        self._ending = True
+        self._close_streams()
         if self._hub is not None and self._scheduler is None:
             await self._hub.close()
         self._hub = None
@@ -272,7 +296,7 @@ def build_app(dashboard: Dashboard) -> Starlette:
             log.warning("dashboard event stream unavailable", error=repr(exc))
             sub = None
         return StreamingResponse(
-            _events(sub),
+            _events(sub, dashboard._streams.discard),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
@@ -309,7 +333,9 @@ def build_app(dashboard: Dashboard) -> Starlette:
     return app
 
 
-async def _events(sub: Subscription | None) -> AsyncIterator[str]:
+async def _events(
+    sub: Subscription | None, forget: Callable[[Subscription], None]
+) -> AsyncIterator[str]:
     if sub is None:
         # No LISTEN (pgbouncer without listen_dsn): the page polls instead.
         yield 'event: mode\ndata: {"live": false}\n\n'
@@ -339,3 +365,4 @@ async def _events(sub: Subscription | None) -> AsyncIterator[str]:
             yield f"event: change\ndata: {json.dumps({'kinds': kinds, 'jobs': jobs})}\n\n"
     finally:
         sub.close()
+        forget(sub)

@@ -12,6 +12,7 @@ import pg_scheduler.observe.instrument as instrument
 
 from ..config import RetryPolicy
 from ..store import Store
+from ..store.periodic import PERIODIC_TASK_PREFIX
 from ..support.codec import ERROR_MAX_CHARS, clip_text, decode_json
 from ..support.log import get_logger
 from .completer import write_failure
@@ -41,13 +42,17 @@ class Outcomes:
         self.log_info = True
 
     def fields(self, job: ClaimedJob) -> dict[str, Any]:
-        """What every log line about a job carries (built only when one is written)."""
-        return {
+        """What every log line about a job carries (built only when one is written);
+        a periodic job's run also its name (its task is ``periodic:<dedup key>``)."""
+        fields = {
             "job_id": job.job_id,
             "task": job.task_name,
             "worker_id": self.worker_id,
             "attempt": job.attempt,
         }
+        if job.task_name.startswith(PERIODIC_TASK_PREFIX):
+            fields["periodic"] = job.job_name
+        return fields
 
     def completed(self, job: ClaimedJob, written: Any, duration: float | None) -> str:
         """Log what the completion's write became (what ``Completer.queue`` settles

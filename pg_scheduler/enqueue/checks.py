@@ -7,12 +7,12 @@ them one by one, once per distinct value (``rows.py``)."""
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..config import UNSET, RetryPolicy
 from ..enums import JobPriority
-from ..support.timeutil import to_aware
+from ..support.timeutil import human_seconds, to_aware
 from ..support.validation import INT4_MAX, check_int, check_name, check_seconds, clip_repr
 
 # Each tests the common case first; the wording helpers run only for bad values.
@@ -33,6 +33,50 @@ def check_execution_time(value: Any) -> None:
                 f"execution_time {value!r} is out of range: in UTC it must fall "
                 "after 0001-01-01 00:00 and before 9999-12-31 23:59:59.999999"
             )
+
+
+def check_delay(value: Any) -> None:
+    """A non-negative timedelta or number of seconds (None: not given)."""
+    if value is None:
+        return
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise TypeError(f"delay must be a timedelta or a number of seconds, got {clip_repr(value)}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"delay must be a finite duration >= 0, got {human_seconds(seconds)}")
+
+
+def when_of(execution_time: Any, delay: Any, now: datetime | None = None) -> datetime:
+    """The aware time a job is due at: ``execution_time`` (naive: local time), or
+    ``now`` (default: this process's UTC clock) plus ``delay``, or ``now`` when
+    neither is given. Both checked first (:func:`check_when`)."""
+    if delay is not None:
+        base = now if now is not None else datetime.now(UTC)
+        step = delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
+        try:
+            return base + step
+        except OverflowError:
+            raise ValueError(
+                f"delay {human_seconds(step)} is out of range: the job would be due "
+                "after 9999-12-31"
+            ) from None
+    if execution_time is None:
+        return now if now is not None else datetime.now(UTC)
+    return to_aware(execution_time)
+
+
+def check_when(execution_time: Any, delay: Any) -> None:
+    """``execution_time`` or ``delay`` (or neither: now), never both."""
+    if delay is not None:
+        if execution_time is not None:
+            raise ValueError("give execution_time or delay, not both (neither: the job is due now)")
+        check_delay(delay)
+        check_execution_time(when_of(None, delay))
+    elif execution_time is not None:
+        check_execution_time(execution_time)
 
 
 def check_priority(value: Any) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -24,13 +24,13 @@ from ..store import NewJob
 from ..support.codec import encode_retry_policy
 from ..support.validation import check_queue
 from .checks import (
-    check_execution_time,
     check_job_id,
     check_max_retries,
     check_misfire_grace_time,
     check_priority,
     check_retry_policy,
     check_timeout,
+    check_when,
 )
 from .dedupe import check_dedupe_key, check_dedupe_scope
 
@@ -49,6 +49,8 @@ class JobOptions:
     dedupe_key: str | None = None  # None: the task's key, if it has one
     dedupe_scope: str | None = None  # None: the task's scope, else "active"
     queue: str | None = None  # None: the task's queue, else enums.DEFAULT_QUEUE
+    # Due this long after now (a timedelta or seconds); instead of execution_time.
+    delay: timedelta | float | None = None
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> JobOptions:
@@ -72,11 +74,12 @@ def _check_queue_or_none(value: Any) -> None:
 
 def check_job(execution_time: Any, options: Any) -> None:
     """Every check of a job's fields but its function and arguments: a clear
-    TypeError or ValueError naming the first bad one, ``execution_time`` first,
-    then the options in declaration order. ``options``: a :class:`JobOptions`,
+    TypeError or ValueError naming the first bad one, its time first
+    (``execution_time`` or ``delay``, never both; neither: now), then the other
+    options in declaration order. ``options``: a :class:`JobOptions`,
     or anything with its attributes (a ``JobSpec``). ``tests/unit/test_job_options.py``
     gives it a bad value of each option."""
-    check_execution_time(execution_time)
+    check_when(execution_time, options.delay)
     check_priority(options.priority)
     check_max_retries(options.max_retries)
     check_job_id(options.job_id)

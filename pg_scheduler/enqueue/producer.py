@@ -14,6 +14,7 @@ written, so bad input raises at the call and writes nothing.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from itertools import chain
 from typing import Any, TypeVar
@@ -26,13 +27,15 @@ from ..config import UNSET
 from ..enums import ConflictResolution
 from ..job_spec import JobSpec
 from ..store import NewJob, Store
+from ..store.orphans import OrphanStore
 from ..support.codec import encode_task_data
 from ..support.log import get_logger
 from ..support.pool_release import autocommitted
 from ..support.reconnect import retry_on_disconnect
-from ..support.timeutil import to_aware
 from ..support.validation import check_int, check_name
 from ..tasks import TaskRegistry, ensure_async, queue_of, task_name_of
+from .arguments import check_arguments
+from .checks import when_of
 from .conflicts import (
     check_conflict_resolution,
     check_none_existing,
@@ -47,6 +50,13 @@ from .rows import COPY_THRESHOLD, spec_rows, spec_tuples, streamable
 
 # A write that finds a dedupe key changing hands under it starts over this often.
 KEY_RACE_ATTEMPTS = 20
+
+# schedule_job's check of a name not registered here: the names of workers seen
+# within this many seconds, read at most this often.
+NAME_CHECK_WITHIN = 300.0
+NAME_CHECK_EVERY = 5.0
+# Names already warned about in this process.
+_warned_names: set[str] = set()
 
 # The lines logged here keep the Scheduler's logger name (log filters match it).
 log = get_logger("pg_scheduler.scheduler")
@@ -109,15 +119,22 @@ class Producer:
     ) -> JobFields:
         """The checked fields of ``func(*args, **kwargs)`` at ``execution_time``;
         registers ``func`` so this worker runs it. The task's queue and dedupe
-        key apply where ``options`` name none."""
+        key apply where ``options`` name none. Arguments ``func`` cannot take
+        raise TypeError here, before anything is written."""
+        if isinstance(func, str):
+            raise TypeError(
+                f"schedule() takes the task's function itself, got the name {func!r}; "
+                f"to schedule by name, use schedule_job({func!r}, ...)"
+            )
         queue = queue_of(func, options.queue)
         task_name = self.register(func)
         task_data = encode_task_data(args, {} if kwargs is None else kwargs, task_name)
+        check_arguments(func, args, kwargs)
         key, scope = resolve_dedupe(func, options.dedupe_key, options.dedupe_scope, args, kwargs)
         if instrument.trace_injector is not None:  # the caller's trace context
             task_data = instrument.trace_injector(task_data)
         check_job(execution_time, options)
-        aware = to_aware(execution_time)
+        aware = when_of(execution_time, options.delay)
         return JobFields(func.__name__, task_name, aware, task_data, options, key, scope, queue)
 
     def name_fields(
@@ -125,15 +142,18 @@ class Producer:
     ) -> JobFields:
         """The checked fields of a 0.2.x insert by name (``schedule_job``): the
         job runs on a worker that registered a task named ``job_name``. A task's
-        own dedupe key does not apply; its queue does, if it is registered here."""
+        own dedupe key does not apply; its queue does, if it is registered here,
+        and so does its signature: arguments it cannot take raise TypeError."""
         check_by_name(job_name, task_data)
         key, scope = resolve_dedupe(None, options.dedupe_key, options.dedupe_scope)
-        queue = queue_of(self.registry.resolve(job_name), options.queue)
-        encoded = encode_task_data(
-            task_data.get("args") or (), task_data.get("kwargs") or {}, job_name
-        )
+        func = self.registry.resolve(job_name)
+        queue = queue_of(func, options.queue)
+        args, kwargs = task_data.get("args") or (), task_data.get("kwargs") or {}
+        encoded = encode_task_data(args, kwargs, job_name)
+        if func is not None:
+            check_arguments(func, args, kwargs)
         check_job(execution_time, options)
-        aware = to_aware(execution_time)
+        aware = when_of(execution_time, options.delay)
         return JobFields(job_name, job_name, aware, encoded, options, key, scope, queue)
 
     def new_row(self, fields: JobFields, job_id: str | None = None) -> NewJob:
@@ -187,6 +207,9 @@ class Enqueuer:
         self.pool = pool
         self.producer = Producer(registry, default_misfire_grace_time)
         self.keyed = KeyedWriter(store)
+        # The task names workers listed at the last read (schedule_job's check).
+        self._worker_tasks: set[str] = set()
+        self._worker_tasks_read = -NAME_CHECK_EVERY
 
     # -- the entry points ------------------------------------------------------------
 
@@ -244,19 +267,52 @@ class Enqueuer:
     ) -> str:
         """``schedule_job`` (0.2.x): one job by task name (see
         :meth:`Producer.name_fields`); ``misfire_grace_time=None`` there means
-        the scheduler's default, as in 0.2.x."""
+        the scheduler's default, as in 0.2.x. A name neither registered here
+        nor listed by a worker seen lately is logged as a warning (a typo
+        waits for ever), and the job is written all the same: its worker may
+        simply not have started yet."""
+        if task_data is None:
+            task_data = {}
         check_by_name(job_name, task_data)
         check_conflict_resolution(conflict)
         if options.misfire_grace_time is None:
             options = dataclasses.replace(options, misfire_grace_time=UNSET)
         fields = self.producer.name_fields(job_name, execution_time, task_data, options)
         row = self.producer.new_row(fields)
+        if job_name not in self.producer.registry:
+            await self._check_name(job_name)
         user_id = options.job_id is not None
         if row.dedupe_key is not None:
             return await self.write_keyed_one(row, conflict, None, user_id)
         await self.write([row], conflict, None, user_ids=user_id)
         log.debug("job scheduled", event_type="scheduled", job_id=row.job_id, task=job_name)
         return row.job_id
+
+    async def _check_name(self, job_name: str) -> None:
+        """Warn, once per name and process, about a task name no worker seen in
+        the last ``NAME_CHECK_WITHIN`` seconds lists. The names workers list
+        are read at most every ``NAME_CHECK_EVERY`` seconds."""
+        if job_name in self._worker_tasks:
+            return
+        now = time.monotonic()
+        if now - self._worker_tasks_read >= NAME_CHECK_EVERY:
+            orphans = OrphanStore(self.pool, self.store.schema)
+            try:
+                self._worker_tasks = await orphans.live_tasks(NAME_CHECK_WITHIN)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                return  # a check only: the write decides whether the call fails
+            self._worker_tasks_read = now
+            if job_name in self._worker_tasks:
+                return
+        if job_name in _warned_names:
+            return
+        _warned_names.add(job_name)
+        log.warning(
+            "scheduled a job for a task no worker has registered; it waits until a "
+            "worker with that task runs (a typo in the name?)",
+            task=job_name,
+            known=sorted(self._worker_tasks)[:20],
+        )
 
     async def schedule_bulk(
         self,

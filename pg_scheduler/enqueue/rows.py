@@ -10,6 +10,7 @@ row still meets every check ``schedule()`` makes.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import pg_scheduler.observe.instrument as instrument
@@ -19,17 +20,18 @@ from ..enums import PRIORITY_DB_VALUE_OF
 from ..job_spec import JobSpec
 from ..store import NewJob
 from ..support.codec import encode_retry_policy, encode_task_data
-from ..support.timeutil import to_aware
 from ..support.validation import check_queue
 from ..tasks import queue_of
+from .arguments import check_arguments
 from .checks import (
-    check_execution_time,
     check_job_id,
     check_max_retries,
     check_misfire_grace_time,
     check_priority,
     check_retry_policy,
     check_timeout,
+    check_when,
+    when_of,
 )
 from .dedupe import has_task_key
 from .dedupe import resolve as resolve_dedupe
@@ -106,6 +108,9 @@ def _rows(
     inject = instrument.trace_injector  # the caller's trace context
     grace_default: Any = UNSET
     last_time = last_priority = last_retries = last_grace = last_timeout = last_queue = _NOT_SEEN
+    last_delay: Any = _NOT_SEEN
+    # One "now" for the call: every spec without a time (or with a delay) counts from it.
+    now = datetime.now(UTC)
     aware: Any = None
     db_priority = 0
     grace: Any = None
@@ -115,10 +120,11 @@ def _rows(
         if not isinstance(spec, JobSpec):
             raise TypeError(f"jobs[{index}] must be a JobSpec, got {type(spec).__name__}")
         value = spec.execution_time
-        if value is not last_time:
-            check_execution_time(value)
-            aware = to_aware(value)
-            last_time = value
+        delay = spec.delay
+        if value is not last_time or delay is not last_delay:
+            check_when(value, delay)
+            aware = when_of(value, delay, now)
+            last_time, last_delay = value, delay
         value = spec.priority
         if value is not last_priority:
             check_priority(value)
@@ -162,12 +168,13 @@ def _rows(
             if queue is not last_queue:
                 check_queue(queue)
                 last_queue = queue
+        task_data = encode_task_data(spec.args, spec.kwargs, task_name)
+        check_arguments(func, spec.args, spec.kwargs)
         key = scope = None
         if keyed_task or spec.dedupe_key is not None or spec.dedupe_scope is not None:
             key, scope = resolve_dedupe(
                 func, spec.dedupe_key, spec.dedupe_scope, spec.args, spec.kwargs
             )
-        task_data = encode_task_data(spec.args, spec.kwargs, task_name)
         if inject is not None:
             task_data = inject(task_data)
         row = (

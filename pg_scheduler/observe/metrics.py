@@ -3,7 +3,8 @@
 The figures are those of :meth:`Scheduler.stats`. A background task refreshes
 a snapshot every ``interval`` seconds and scrapes read that snapshot, so a
 scrape never waits on (or loads) the database, and any number of scrapers
-cost one query round per interval. ``pip install 'pg-scheduler[metrics]'``.
+cost one query round per interval. Needs the ``metrics`` extra
+(``pip install -e '.[metrics]'`` in a clone of the repository).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 import asyncpg
 
 from ..enums import DEFAULT_QUEUE, FINAL_STATUS_VALUES, JobStatus
+from ..support.install import install_hint
 from ..support.log import get_logger
 from .stats import QueueStats, collect_stats
 
@@ -33,7 +35,7 @@ def _require_prometheus() -> Any:
         import prometheus_client
     except ImportError:
         raise ImportError(
-            "the Prometheus exporter needs prometheus-client: pip install 'pg-scheduler[metrics]'"
+            f"the Prometheus exporter needs prometheus-client: {install_hint('metrics')}"
         ) from None
     return prometheus_client
 

@@ -22,6 +22,7 @@ from typing import Any
 import pg_scheduler.observe.instrument as instrument
 
 from ..enums import DEFAULT_QUEUE
+from ..support.install import install_hint
 
 #: The reserved key of ``task_data`` that carries the scheduling trace context.
 TRACE_KEY = "_pg_scheduler_trace"
@@ -32,9 +33,7 @@ def _require_otel() -> Any:
     try:
         import opentelemetry.trace
     except ImportError:
-        raise ImportError(
-            "tracing needs opentelemetry-api: pip install 'pg-scheduler[otel]'"
-        ) from None
+        raise ImportError(f"tracing needs opentelemetry-api: {install_hint('otel')}") from None
     return opentelemetry.trace
 
 

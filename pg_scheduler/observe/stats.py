@@ -22,6 +22,7 @@ from ..store import QueueStore
 from ..store.housekeeping import StatsStore
 from ..store.limits import LimitStore
 from ..store.names import Qualifier
+from ..store.orphans import OrphanStore
 from ..store.workflow_views import WorkflowViews
 
 #: The default windows for throughput and failure rate: 1 minute, 5 minutes, 1 hour.
@@ -108,6 +109,36 @@ class LimitStats(BaseModel):
     started_in_window: int | None
 
 
+class OrphanedJobCounts(BaseModel):
+    """Due jobs of one task in one queue that no live worker has registered:
+    they wait until a worker with that task runs (``pg-scheduler orphans``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task_name: str
+    queue: str
+    due: int
+    oldest_due: datetime
+    #: The periodic job's name when these are its windows, else None.
+    periodic_name: str | None = None
+
+
+class OrphanedPeriodicJob(BaseModel):
+    """A stored periodic job no live process declares: none of its windows is
+    enqueued or run until one does (``pg-scheduler orphans``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dedup_key: str
+    job_name: str
+    task_name: str
+    schedule: str
+    enabled: bool
+    next_run: datetime | None
+    #: Its windows waiting in the table (due or not).
+    pending: int
+
+
 class QueueStats(BaseModel):
     """What :meth:`Scheduler.stats` returns."""
 
@@ -135,10 +166,28 @@ class QueueStats(BaseModel):
     completed_deleted: bool
     #: Global limits per task and queue.
     limits: list[LimitStats] = []
+    #: Due jobs whose task no live worker has registered.
+    orphaned_jobs: list[OrphanedJobCounts] = []
+    #: Stored periodic jobs no live process declares.
+    orphaned_periodic: list[OrphanedPeriodicJob] = []
+    #: Each stored periodic job's task name (``periodic:<dedup key>``) -> its name.
+    periodic_names: dict[str, str] = {}
+
+    def label(self, task_name: str) -> str:
+        """``task_name`` as people read it: a periodic job's name beside its key."""
+        return task_label(task_name, self.periodic_names)
 
     def window(self, seconds: float) -> WindowStats | None:
         """The window of exactly ``seconds``, if it was computed."""
         return next((w for w in self.windows if w.seconds == seconds), None)
+
+
+def task_label(task_name: str, periodic_names: dict[str, str]) -> str:
+    """A periodic job's runner task (``periodic:f27ac4c8cbdeb614``) shown with the
+    periodic job's name first (``periodic_cleanup (periodic:f27ac4c8cbdeb614)``);
+    any other task name as it is."""
+    name = periodic_names.get(task_name)
+    return task_name if name is None else f"{name} ({task_name})"
 
 
 async def collect_stats(
@@ -164,6 +213,9 @@ async def collect_stats(
         window_rows = await store.finished_in_windows(conn, windows)
         worker_rows = await store.workers(conn)
         limit_rows = await LimitStore(pool, Qualifier(schema)).listing(conn)
+        orphan_store = OrphanStore(pool, schema)
+        orphans = await orphan_store.read(heartbeat_threshold, db=conn)
+        periodic_names = await orphan_store.periodic_names(conn)
 
     counts = {status.value: 0 for status in JobStatus}
     tasks: dict[str, dict[str, Any]] = {}
@@ -244,4 +296,7 @@ async def collect_stats(
         live_workers=sum(1 for w in workers if w.alive),
         completed_deleted=completed_deleted,
         limits=[LimitStats(**limit_record(r)) for r in limit_rows],
+        orphaned_jobs=[OrphanedJobCounts(**o._asdict()) for o in orphans.jobs],
+        orphaned_periodic=[OrphanedPeriodicJob(**o._asdict()) for o in orphans.periodic],
+        periodic_names=periodic_names,
     )

@@ -39,6 +39,7 @@ from ..config import UNSET
 from ..enums import JobPriority
 from ..store.periodic import PERIODIC_TASK_PREFIX, WINDOW_ID_PREFIX
 from ..support.log import get_logger
+from ..support.timeutil import human_seconds
 from ..support.validation import INT4_MAX, check_name, check_queue
 from ..tasks import default_registry
 from ..workflows.decorator import is_workflow, mark_workflow, options_of
@@ -66,8 +67,9 @@ def _seconds(name: str, value: Any, allow_unset: bool = False) -> float | Any | 
     # At most INT4_MAX: a window's row stores its grace time, rounded up, in an
     # INTEGER column (and NaN fails >= 0).
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= INT4_MAX:
+        shown = human_seconds(value) if isinstance(value, int | float) else repr(value)
         raise ValueError(
-            f"{name} must be None, a timedelta or seconds from 0 to {INT4_MAX}, got {value!r}"
+            f"{name} must be None, a timedelta or seconds from 0 to {INT4_MAX}, got {shown}"
         )
     return float(value)
 
@@ -140,7 +142,7 @@ class PeriodicJobConfig:
             if not isinstance(self.interval, timedelta):
                 raise TypeError(f"every= must be a timedelta, got {self.interval!r}")
             if self.interval < MICROSECOND:
-                raise ValueError(f"every= must be positive, got {self.interval!r}")
+                raise ValueError(f"every= must be positive, got {human_seconds(self.interval)}")
             if self.timezone is not None:
                 raise ValueError(
                     "timezone= only applies to cron= (intervals are aligned to the Unix epoch)"

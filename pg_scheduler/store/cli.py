@@ -44,6 +44,7 @@ SELECT count(*) FROM (
 _DELETE_UNFINISHED = """
 DELETE FROM scheduled_jobs WHERE status IN ('pending', 'running') AND task_name = ANY($1::text[])
 """
+_FORGET_PERIODIC = "DELETE FROM periodic_jobs WHERE dedup_key = ANY($1::text[])"
 # A job waiting to retry has no current error: show its last attempt's (job_attempts).
 _DEMO_ROWS = """
 SELECT job_id, job_name, status, attempts, result::text AS result,
@@ -69,6 +70,7 @@ class CliStore:
         self._count_beyond_keep = q(_COUNT_BEYOND_KEEP)
         self._delete_unfinished = q(_DELETE_UNFINISHED)
         self._demo_rows = q(_DEMO_ROWS)
+        self._forget_periodic = q(_FORGET_PERIODIC)
 
     async def list_jobs(
         self,
@@ -103,6 +105,10 @@ class CliStore:
     async def delete_unfinished(self, task_names: Sequence[str]) -> None:
         """Drop pending and running jobs of these tasks (the demo starts clean)."""
         await self.pool.execute(self._delete_unfinished, list(task_names))
+
+    async def forget_periodic(self, dedup_keys: Sequence[str]) -> None:
+        """Drop these periodic jobs' stored rows (the demo leaves none behind)."""
+        await self.pool.execute(self._forget_periodic, list(dedup_keys))
 
     async def demo_rows(
         self, job_ids: Sequence[str], periodic_name: str, since: datetime

@@ -146,6 +146,16 @@ SELECT pg_notify('pg_scheduler_queues', $1),
                            CASE WHEN $2::text = '{DEFAULT_QUEUE}' THEN '' ELSE $2::text END) END
 """
 
+# A stored queue row dropped (only when nothing waits in the queue, unless
+# forced); a paused one is announced as resumed.
+_DELETE_QUEUE = """
+DELETE FROM scheduler_queues q
+ WHERE q.name = $1
+   AND ($2 OR NOT EXISTS (SELECT 1 FROM scheduled_jobs j
+                           WHERE j.queue = q.name AND j.status IN ('pending', 'running')))
+RETURNING q.paused
+"""
+
 # Queues known from either side: configured rows and queues that have jobs
 # (pending or running, counted here; finished rows are not read).
 _QUEUES = """
@@ -175,6 +185,7 @@ class QueueStore:
         self._announce = q(_ANNOUNCE)
         self._queues = q(_QUEUES)
         self._oldest_due_by_queue = q(_OLDEST_DUE_BY_QUEUE)
+        self._delete = q(_DELETE_QUEUE)
 
     async def set_paused(self, name: str, paused: bool) -> None:
         """Pause or resume ``name``; a resume wakes the workers that serve it."""
@@ -182,6 +193,16 @@ class QueueStore:
             await conn.execute(self._set_paused, name, paused)
             action = "pause" if paused else "resume"
             await conn.execute(self._announce, f"{action} {name}", None if paused else name)
+
+    async def delete(self, name: str, force: bool) -> bool | None:
+        """Drop ``name``'s stored row: whether it was paused (a paused queue's
+        workers are told it resumed), or None when there is no such row, or
+        (not ``force``) jobs still wait in it."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            paused = await conn.fetchval(self._delete, name, force)
+            if paused:
+                await conn.execute(self._announce, f"resume {name}", name)
+        return paused
 
     async def queues(self, db: Executor | None = None) -> list[asyncpg.Record]:
         """Every known queue: name, paused, pending, due, running."""

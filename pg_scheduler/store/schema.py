@@ -78,6 +78,20 @@ END, current_user::text
   LEFT JOIN pg_namespace n ON n.nspname = s.name
 """
 
+# What reading the migration state takes of a role that will not migrate: USAGE
+# on the schema and SELECT on the migrations table, where they exist (catalog
+# reads only, so the probe itself needs neither).
+_MISSING_ACCESS = f"""
+SELECT CASE WHEN n.oid IS NOT NULL AND NOT has_schema_privilege(n.oid, 'USAGE')
+            THEN format('USAGE on schema %I', $1::text) END,
+       CASE WHEN c.oid IS NOT NULL AND NOT has_table_privilege(c.oid, 'SELECT')
+            THEN format('SELECT on %I.{MIGRATIONS_TABLE}', $1::text) END,
+       current_user::text
+  FROM (SELECT $1::text AS name) s
+  LEFT JOIN pg_namespace n ON n.nspname = s.name
+  LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = '{MIGRATIONS_TABLE}'
+"""
+
 
 def _columns(objects: Sequence[SchemaObject]) -> tuple[list[str], list[str], list[str]]:
     return (
@@ -123,6 +137,12 @@ class SchemaStore:
         None; the role's name)."""
         row = await self.conn.fetchrow(_MISSING_CREATE, self.q.schema)
         return row[0], row[1]
+
+    async def missing_access(self) -> tuple[list[str], str]:
+        """(what of USAGE on the schema and SELECT on its migrations table the
+        role lacks, as "PRIVILEGE on object"; the role's name)."""
+        row = await self.conn.fetchrow(_MISSING_ACCESS, self.q.schema)
+        return [grant for grant in (row[0], row[1]) if grant is not None], row[2]
 
     async def prepare(self) -> None:
         """In the migration's transaction: the schema, the search path the files'

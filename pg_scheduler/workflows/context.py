@@ -17,7 +17,7 @@ from ..config import RetryPolicy
 from ..enqueue.fields import JobOptions
 from ..enums import JobPriority
 from ..store.workflows import Spawned
-from ..support.timeutil import to_aware
+from ..support.timeutil import human_seconds, to_aware
 from ..support.validation import check_name
 from .children import ChildHandle, flush, result_of
 from .children import replayed as replayed_child
@@ -56,7 +56,7 @@ def _seconds(what: str, value: Any, allow_zero: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{what} must be a timedelta or a number of seconds, got {value!r}")
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{what} must be a finite, positive duration, got {value!r}")
+        raise ValueError(f"{what} must be a finite, positive duration, got {human_seconds(value)}")
     return float(value)
 
 

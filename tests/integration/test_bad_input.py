@@ -151,7 +151,7 @@ async def attempt(scheduler: Scheduler, path: str, bad: dict[str, Any]) -> None:
         # The bad spec last, after three batches' worth of good ones. Built good
         # and changed afterwards: schedule_bulk checks again.
         good = [JobSpec(app_tasks.record, later(), args=(str(i),)) for i in range(300)]
-        spec = JobSpec(app_tasks.record, later())
+        spec = JobSpec(app_tasks.record, later(), args=("x",))
         for name, value in fields.items():
             setattr(spec, name, value)
         await scheduler.schedule_bulk([*good, spec], batch_size=100)

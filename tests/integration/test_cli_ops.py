@@ -341,7 +341,7 @@ async def test_vacuum_busy_and_bad_policy(pool, dsn):
 
 async def test_database_errors_are_one_line(dsn, server_dsn):
     refused = await cli("postgresql://nobody@127.0.0.1:1/none", "status")
-    assert refused.code == 1 and refused.err.startswith("error: database:")
+    assert refused.code == 1 and refused.err.startswith("error: cannot connect to PostgreSQL")
     name = f"pgs_empty_{uuid.uuid4().hex[:6]}"
     admin = await asyncpg.connect(server_dsn)
     await admin.execute(f'CREATE DATABASE "{name}"')

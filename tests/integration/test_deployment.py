@@ -31,6 +31,10 @@ def test_compose_services_share_one_database():
     from examples import app
 
     assert isinstance(app.SETTINGS, dict)
+    # The examples keep to their own schema, in compose too (status, migrate).
+    assert app.SETTINGS["schema"] == app.SCHEMA == "examples"
+    for name, service in app_services.items():
+        assert service["environment"]["PG_SCHEDULER_SCHEMA"] == app.SCHEMA, name
 
 
 def test_fastapi_lifespan_runs_the_scheduler(dsn, monkeypatch):
@@ -51,6 +55,28 @@ def test_fastapi_lifespan_runs_the_scheduler(dsn, monkeypatch):
         assert body["result"] == {"recipient": "ada@example.com", "subject": "Welcome!"}
         assert client.get("/jobs/does-not-exist").status_code == 404
     assert os.environ["PG_SCHEDULER_DSN"] == dsn
+    # In the examples' schema, not among the application's own jobs in public.
+    conn = query_on(dsn)
+    try:
+        assert conn("SELECT count(*) FROM examples.scheduled_jobs WHERE job_id = $1", job_id) == 1
+        assert conn("SELECT count(*) FROM public.scheduled_jobs WHERE job_id = $1", job_id) == 0
+    finally:
+        conn(None)
+
+
+def query_on(dsn: str):
+    """A tiny synchronous query helper (the test client runs its own event loop)."""
+    import psycopg
+
+    conn = psycopg.connect(dsn)
+
+    def query(sql: str | None, *args):
+        if sql is None:
+            conn.close()
+            return None
+        return conn.execute(sql.replace("$1", "%s"), args).fetchone()[0]
+
+    return query
 
 
 def test_compose_keeps_postgres_private_and_the_image_has_the_cli():

@@ -31,7 +31,7 @@ async def test_schedule_stores_every_documented_parameter(pool, make_scheduler):
     job_id = await scheduler.schedule(
         app_tasks.record,
         execution_time=when,
-        args=("k", 1),
+        args=("k",),
         kwargs={"value": 2},
         priority=JobPriority.HIGH,
         max_retries=4,
@@ -43,7 +43,7 @@ async def test_schedule_stores_every_documented_parameter(pool, make_scheduler):
     assert row["task_name"] == "tests.support.app_tasks:record"
     assert row["execution_time"] == when
     assert row["status"] == "pending"
-    assert json.loads(row["task_data"]) == {"args": ["k", 1], "kwargs": {"value": 2}}
+    assert json.loads(row["task_data"]) == {"args": ["k"], "kwargs": {"value": 2}}
     assert row["priority"] == 3
     assert row["max_retries"] == 4
     assert row["retry_count"] == 0

@@ -32,6 +32,13 @@ FUNCS = (
     (dedupe_tasks.sync_pending, None),  # a task-level dedupe key and scope
 )
 
+# A keyword argument each function takes besides its first (None: none).
+KEYWORD = {
+    app_tasks.record: "value",
+    queue_tasks.send_email: "seconds",
+    dedupe_tasks.sync_pending: None,
+}
+
 
 def varied_specs() -> list[dict[str, Any]]:
     """Keyword sets for JobSpec: every option, repeated and alternating."""
@@ -49,8 +56,10 @@ def varied_specs() -> list[dict[str, Any]]:
             {
                 "func": func,
                 "execution_time": when,
-                "args": (i, "é", 1.5, None, [True]) if i % 2 else [],
-                "kwargs": {"value": {"n": i}} if i % 3 else None,
+                # One positional argument each function takes (a tuple or a
+                # list), and a keyword it takes; arguments that do not fit raise.
+                "args": ((i, "é", 1.5, None, [True]),) if i % 2 else [f"k{i}"],
+                "kwargs": {KEYWORD[func]: {"n": i}} if i % 3 and KEYWORD[func] else None,
                 "priority": priority,
                 "max_retries": i % 4,
                 "misfire_grace_time": grace,

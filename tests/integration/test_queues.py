@@ -80,12 +80,12 @@ async def test_bad_queue_names_raise_and_write_nothing(pool, queue, error):
         await producer.schedule(queue_tasks.plain, execution_time=later, args=("x",), queue=queue)
     with pytest.raises(error, match="queue"):
         JobSpec(queue_tasks.plain, later, queue=queue)
-    spec = JobSpec(queue_tasks.plain, later)
+    spec = JobSpec(queue_tasks.plain, later, ("x",))
     spec.queue = queue  # changed after it was built: schedule_bulk checks again
     with pytest.raises(error, match="queue"):
-        await producer.schedule_bulk([JobSpec(queue_tasks.plain, later), spec])
+        await producer.schedule_bulk([JobSpec(queue_tasks.plain, later, ("x",)), spec])
     with pytest.raises(error, match="queue"):
-        await producer.schedule_job("q.plain", later, {"args": []}, queue=queue)
+        await producer.schedule_job("q.plain", later, {"args": ["x"]}, queue=queue)
     with pytest.raises(error, match="queue"):
         task(queue=queue)(queue_tasks.plain)
     with pytest.raises(error, match="queue"):
@@ -235,9 +235,13 @@ async def test_inserts_notify_the_queues_of_their_rows(pool):
         producer = Scheduler(pool)
         later = now() + timedelta(hours=1)
         await producer.schedule_bulk(
-            [JobSpec(queue_tasks.send_email, later), JobSpec(queue_tasks.build_report, later)] * 3
+            [
+                JobSpec(queue_tasks.send_email, later, ("k",)),
+                JobSpec(queue_tasks.build_report, later, ("k",)),
+            ]
+            * 3
         )
-        await producer.schedule(queue_tasks.plain, execution_time=later)
+        await producer.schedule(queue_tasks.plain, execution_time=later, args=("k",))
         got = {await asyncio.wait_for(heard.get(), 5) for _ in range(3)}
         assert got == {"emails", "reports", ""}  # "default" sends '', as 0.2.x did
     finally:

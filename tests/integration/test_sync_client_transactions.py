@@ -395,16 +395,16 @@ async def test_closed_connection_and_non_connections_are_refused(pool, client, d
     conn = connect(driver, dsn, True)
     conn.close()
     with pytest.raises(ValueError, match="closed or broken"):
-        client.schedule(fulfil_order, execution_time=later(), connection=conn)
+        client.schedule(fulfil_order, execution_time=later(), args=("k",), connection=conn)
     with pytest.raises(ValueError, match="closed or broken"):
-        client.schedule_bulk([JobSpec(fulfil_order, later())], connection=conn)
+        client.schedule_bulk([JobSpec(fulfil_order, later(), ("k",))], connection=conn)
     with pytest.raises(TypeError, match="psycopg 3 or psycopg2 connection"):
-        client.schedule(fulfil_order, execution_time=later(), connection=object())
+        client.schedule(fulfil_order, execution_time=later(), args=("k",), connection=object())
     if driver == "psycopg":
         aconn = await psycopg.AsyncConnection.connect(dsn)
         try:
             with pytest.raises(TypeError, match="async connection"):
-                client.schedule(fulfil_order, execution_time=later(), connection=aconn)
+                client.schedule(fulfil_order, execution_time=later(), args=("k",), connection=aconn)
         finally:
             await aconn.close()
     assert await pool.fetchval("SELECT count(*) FROM scheduled_jobs") == 0

@@ -35,7 +35,7 @@ async def int_key(n: int) -> int:
 
 
 @task(name="dedupe.noop")
-async def noop(n: int) -> int:
+async def noop(n: int = 0) -> int:
     return n
 
 

@@ -9,7 +9,7 @@ from pg_scheduler import current_job, task
 
 
 @task(name="results.echo")
-async def echo(value: object) -> object:
+async def echo(value: object = None) -> object:
     return value
 
 

@@ -217,10 +217,13 @@ async def test_cli_sets_lists_and_clears_limits(pool, dsn, make_scheduler):
     from tests.integration.test_cli_ops import cli
 
     await (await make_scheduler(start=False)).initialize_db()
-    done = await cli(dsn, "limits", "set", "task", "mail.send", "--rate-limit", "100/m", "--json")
+    # --force: neither name is known to the database yet (no worker, no job).
+    done = await cli(
+        dsn, "limits", "set", "task", "mail.send", "--rate-limit", "100/m", "--json", "--force"
+    )
     assert done.code == 0, done.err
     assert done.json()["rate_limit"] == "100/m"
-    done = await cli(dsn, "limits", "set", "queue", "reports", "--max-running", "3")
+    done = await cli(dsn, "limits", "set", "queue", "reports", "--max-running", "3", "--force")
     assert done.code == 0, done.err
     listing = await cli(dsn, "limits", "list", "--json")
     assert {(r["scope"], r["name"]) for r in listing.json()} == {

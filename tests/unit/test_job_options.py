@@ -35,11 +35,11 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pg_scheduler"
 # The keywords of schedule() that are not a job's fields: how and where to write it.
 HOW = {"conflict_resolution", "connection"}
 # A job's function, its arguments and its time: not options, but the same everywhere.
-CALL = {"execution_time": inspect.Parameter.empty, "args": (), "kwargs": None}
+CALL = {"execution_time": None, "args": (), "kwargs": None}
 TASK_DEFAULTS = {name: getattr(TaskOptions(), name) for name in TASK_OPTION_NAMES}
 
 
-async def deliver(to: str) -> str:
+async def deliver(to: str = "", **extra: Any) -> str:
     return to
 
 
@@ -73,6 +73,7 @@ def test_the_declaration_is_what_the_readme_documents() -> None:
         "dedupe_key",
         "dedupe_scope",
         "queue",
+        "delay",
     )
     assert OPTION_DEFAULTS["priority"] is JobPriority.NORMAL
     assert OPTION_DEFAULTS["misfire_grace_time"] is UNSET
@@ -119,7 +120,9 @@ def test_schedule_job_keeps_its_0_2_signature_and_otherwise_the_declaration() ->
         "dedupe_key",
         "dedupe_scope",
         "queue",
+        "delay",
     ]
+    assert params[1].default is None and params[2].default is None  # execution_time, task_data
     found = keywords(Scheduler.schedule_job)
     options = {n: d for n, d in found.items() if n in OPTION_NAMES}
     assert set(OPTION_NAMES) - set(options) == {"timeout", "retry_policy"}
@@ -160,6 +163,7 @@ OTHER = {
     "dedupe_key": "k",
     "dedupe_scope": "pending",
     "queue": "emails",
+    "delay": timedelta(seconds=30),
 }
 TASK_OTHER = {
     "name": "emails.deliver",
@@ -216,14 +220,14 @@ WHEN = datetime(2031, 1, 2, tzinfo=UTC)
 
 async def test_scheduler_schedule_hands_over_every_option() -> None:
     host = SimpleNamespace(_jobs=AsyncRecorder())
-    await Scheduler.schedule(host, deliver, execution_time=WHEN, **OTHER)  # type: ignore[arg-type]
+    await Scheduler.schedule(host, deliver, **OTHER)  # type: ignore[arg-type]
     assert handed_options(host._jobs) == JobOptions(**OTHER)
 
 
 async def test_schedule_job_hands_over_every_option_it_takes() -> None:
     host = SimpleNamespace(enqueuer=AsyncRecorder())
     given = {n: v for n, v in OTHER.items() if n not in ("timeout", "retry_policy")}
-    await Scheduler.schedule_job(host, "emails:deliver", WHEN, {}, **given)  # type: ignore[arg-type]
+    await Scheduler.schedule_job(host, "emails:deliver", None, {}, **given)  # type: ignore[arg-type]
     assert handed_options(host.enqueuer) == JobOptions(**given)
 
 
@@ -231,7 +235,7 @@ def test_sync_client_schedule_hands_over_every_option() -> None:
     client = SyncClient("postgresql://unused")  # opens nothing until its own pool is used
     recorder = Recorder()
     client._callers = recorder  # type: ignore[assignment]
-    client.schedule(deliver, execution_time=WHEN, connection=object(), **OTHER)
+    client.schedule(deliver, connection=object(), **OTHER)
     assert handed_options(recorder) == JobOptions(**OTHER)
 
 
@@ -257,6 +261,7 @@ BAD = {
     "dedupe_key": (5, TypeError),
     "dedupe_scope": ("forever", ValueError),
     "queue": ("no spaces", ValueError),
+    "delay": (timedelta(seconds=-5), ValueError),
 }
 
 
@@ -268,8 +273,8 @@ def test_every_option_has_a_bad_value_here() -> None:
 def test_check_job_checks_every_option(name: str) -> None:
     value, error = BAD[name]
     with pytest.raises(error, match=name):
-        check_job(WHEN, JobOptions(**{name: value}))
-    check_job(WHEN, JobOptions(**{name: OTHER[name]}))  # a good value passes
+        check_job(None, JobOptions(**{name: value}))
+    check_job(None, JobOptions(**{name: OTHER[name]}))  # a good value passes
 
 
 @pytest.mark.parametrize("name", OPTION_NAMES)
@@ -277,13 +282,13 @@ def test_jobspec_checks_every_option_alone(name: str) -> None:
     """One bad option and every other at its default (JobSpec's fast path)."""
     value, error = BAD[name]
     with pytest.raises(error, match=name):
-        JobSpec(deliver, WHEN, **{name: value})
-    spec = JobSpec(deliver, WHEN, **{name: OTHER[name]})
+        JobSpec(deliver, **{name: value})
+    spec = JobSpec(deliver, **{name: OTHER[name]})
     assert getattr(spec, name) == OTHER[name]
 
 
 def test_jobspec_keeps_every_option() -> None:
-    spec = JobSpec(deliver, WHEN + timedelta(hours=1), ("a",), {"b": 1}, **OTHER)
+    spec = JobSpec(deliver, None, ("a",), {"b": 1}, **OTHER)
     assert {n: getattr(spec, n) for n in OPTION_NAMES} == OTHER
     assert JobOptions.of({n: getattr(spec, n) for n in OPTION_NAMES}) == JobOptions(**OTHER)
 
@@ -387,7 +392,7 @@ def test_spawn_takes_a_childs_options_with_their_declared_defaults() -> None:
     assert found.pop("kwargs") is inspect.Parameter.empty  # **kwargs
     assert found.pop("detached") is False
     # The parent's priority unless given; the rest as declared. A child's id,
-    # misfire grace and dedupe key are not the caller's to give.
+    # misfire grace and dedupe key are not the caller's to give; it starts now.
     assert found.pop("priority") is None
     assert set(found) | {
         "priority",
@@ -395,5 +400,6 @@ def test_spawn_takes_a_childs_options_with_their_declared_defaults() -> None:
         "misfire_grace_time",
         "dedupe_key",
         "dedupe_scope",
+        "delay",
     } == set(OPTION_NAMES)
     assert_options_declared(found, {n: OPTION_DEFAULTS[n] for n in found})
