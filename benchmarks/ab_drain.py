@@ -1,6 +1,7 @@
 """A/B drain of two checkouts on one PostgreSQL, alternated, with CPU per job.
 
-``python benchmarks/ab_drain.py --trees A_DIR,B_DIR [--n 20000] [--rounds 3]``:
+``python benchmarks/ab_drain.py --trees A_DIR,B_DIR [--n 20000] [--rounds 3]
+[--unconfigured-logging]``:
 one embedded server (or ``--dsn``); each round drains N bulk-enqueued no-op
 jobs with each checkout's library in turn (a subprocess whose working
 directory is the checkout, so it imports that tree), in a fresh database.
@@ -17,11 +18,18 @@ import sys
 
 from checkouts import alternate, run_child, server_dsn  # benchmarks/, next to this script
 
-CHILD = r"""
-import asyncio, json, logging, os, sys, time
+# The application's logging: structlog at WARNING (LOG_CONFIG), or nothing at
+# all (--unconfigured-logging: the library's defaults, as a script that sets
+# nothing up gets them).
+LOG_CONFIG = """
 import structlog
 structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
                     cache_logger_on_first_use=True)
+"""
+
+CHILD = r"""
+import asyncio, json, logging, os, sys, time
+{log_config}
 import asyncpg
 from datetime import UTC, datetime, timedelta
 from pg_scheduler import JobSpec, Scheduler, task
@@ -86,12 +94,18 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=20_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dsn")
+    ap.add_argument(
+        "--unconfigured-logging",
+        action="store_true",
+        help="configure no logging in the drain's process (default: structlog at WARNING)",
+    )
     args = ap.parse_args()
+    child = CHILD.replace("{log_config}", "" if args.unconfigured_logging else LOG_CONFIG)
     dsn = server_dsn(args.dsn, "pgs-ab-")
     alternate(
         args.trees.split(","),
         args.rounds,
-        lambda tree: run_child(dsn, tree, CHILD, [str(args.n)])[0],
+        lambda tree: run_child(dsn, tree, child, [str(args.n)])[0],
         ("jobs_per_s", "py_us", "pg_us"),
     )
     return 0
