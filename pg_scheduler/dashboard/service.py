@@ -26,6 +26,7 @@ from ..models import Job
 from ..store import Store
 from ..store.dashboard import Cursor, DashboardStore
 from ..store.housekeeping import RETRYABLE_STATUSES, OpsStore, StatsStore
+from ..store.orphans import Orphans, OrphanStore
 from ..store.workflow_views import is_workflow_row
 from ..support.codec import decode_json
 from ..support.validation import check_queue
@@ -150,6 +151,7 @@ class DashboardService:
         self.stats = StatsStore(pool, schema)
         self.ops = OpsStore(pool, schema)
         self.jobs_store = Store(pool, schema)
+        self.orphan_store = OrphanStore(pool, schema)
         self._scheduler = scheduler
         self._pgbouncer = pgbouncer
         self._overview: tuple[float, dict[str, Any]] | None = None
@@ -185,7 +187,10 @@ class DashboardService:
         rows = await self.store.counts()
         series_rows = await self.store.finished_series(SERIES_SECONDS, SERIES_BUCKET)
         async with self.pool.acquire() as conn:
-            oldest = await self.stats.oldest_due_seconds(conn)
+            orphans = await self.orphan_store.read(HEARTBEAT_THRESHOLD, db=conn)
+            orphaned_tasks = sorted({o.task_name for o in orphans.jobs})
+            # The headline wait is of work some live worker runs; orphans have their own.
+            oldest = await self.store.served_oldest_due_seconds(conn, orphaned_tasks)
             now = await StatsStore.now(conn)
             workers = await self.stats.workers(conn)
         counts = dict.fromkeys((s.value for s in JobStatus), 0)
@@ -220,12 +225,31 @@ class DashboardService:
             "due": due,
             "scheduled": counts["pending"] - due,
             "oldest_due_seconds": None if oldest is None else max(0.0, oldest),
+            "orphans": self._orphans(orphans, now),
             "queues": queues,
             "tasks": [{"task": name, "counts": c} for name, c in sorted(tasks.items())],
             "series": {"bucket_seconds": SERIES_BUCKET, "points": series},
             "windows": rates,
             "live_workers": sum(1 for w in workers if w["seen_seconds_ago"] <= HEARTBEAT_THRESHOLD),
             "named_queues": self.store.catalog.has_queue_column,
+        }
+
+    @staticmethod
+    def _orphans(orphans: Orphans, now: datetime) -> dict[str, Any]:
+        """Due jobs no live worker runs (per task and queue) and periodic jobs no
+        live process declares, with the oldest orphaned job's wait."""
+        jobs = [
+            {
+                **plain(o._asdict()),
+                "waited_seconds": max(0.0, (now - o.oldest_due).total_seconds()),
+            }
+            for o in orphans.jobs
+        ]
+        return {
+            "jobs": jobs,
+            "due": sum(o.due for o in orphans.jobs),
+            "oldest_due_seconds": max((j["waited_seconds"] for j in jobs), default=None),
+            "periodic": [plain(o._asdict()) for o in orphans.periodic],
         }
 
     async def _queue_rows(self, rows: list[asyncpg.Record]) -> list[dict[str, Any]]:
@@ -383,6 +407,7 @@ class DashboardService:
         for r in rows:
             data = plain(r)
             data["alive"] = r["seen_seconds_ago"] <= HEARTBEAT_THRESHOLD
+            data["tasks"] = list(dict.fromkeys(r["tasks"] or ()))  # each once, in order
             data["running"] = by_worker.pop(r["worker_id"], [])
             workers.append(data)
         orphans = [job for jobs in by_worker.values() for job in jobs]

@@ -28,7 +28,7 @@ import asyncpg
 from ..enums import DEFAULT_QUEUE, FINAL_STATUSES, JobStatus
 from .limits import LimitStore
 from .names import DEFAULT_SCHEMA, Qualifier
-from .queues import QueueStore
+from .queues import GROUPS, QueueStore
 from .workflow_views import WorkflowViews
 
 ALL_STATUSES = [s.value for s in JobStatus]
@@ -113,6 +113,14 @@ SELECT y.* FROM (
  ORDER BY y.created_at DESC, y.job_id DESC
  LIMIT $7
 """
+# The oldest due job's wait, leaving out the tasks given ($1: the orphaned
+# ones, which no live worker runs): one index descent per (queue, task,
+# priority) group of pending rows, as the statistics' oldest due wait.
+_SERVED_OLDEST_DUE = f"""
+WITH RECURSIVE {GROUPS}
+SELECT EXTRACT(EPOCH FROM now() - min(g.execution_time))::float8
+  FROM groups g WHERE g.execution_time <= now() AND g.task_name <> ALL($1::text[])
+"""
 _JOB_QUEUE = "SELECT queue FROM scheduled_jobs WHERE job_id = $1"
 _RUNNING = """
 SELECT worker_id, job_id, task_name, started_at, progress
@@ -172,6 +180,7 @@ class DashboardStore:
         )
         self._job_queue = q(_JOB_QUEUE) if self.catalog.has_queue_column else None
         self._running = q(_RUNNING)
+        self._served_oldest_due = q(_SERVED_OLDEST_DUE)
         queues_table = q.table("scheduler_queues")
         self._queue_settings = _QUEUE_SETTINGS.format(table=queues_table)
         self._queues = QueueStore(pool, schema)
@@ -222,6 +231,12 @@ class DashboardStore:
             limit,
             queue,
         )
+
+    async def served_oldest_due_seconds(
+        self, conn: asyncpg.Connection, orphaned_tasks: Sequence[str]
+    ) -> float | None:
+        """Seconds the oldest due job of a task not in ``orphaned_tasks`` has waited."""
+        return await conn.fetchval(self._served_oldest_due, list(orphaned_tasks))
 
     async def job_queue(self, job_id: str) -> str:
         if self._job_queue is None:

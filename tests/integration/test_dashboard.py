@@ -468,3 +468,61 @@ async def test_queues_page_shows_global_limits_and_pauses_through_the_queue_stor
     assert (
         await pool.fetchval("SELECT count(*) FROM scheduler_queues WHERE name = 'no spaces'") == 0
     )
+
+
+async def fake_worker(pool, *tasks: str) -> None:
+    """A live worker's row listing ``tasks`` (nothing claims: no process behind it)."""
+    await pool.execute(
+        "INSERT INTO scheduler_workers (worker_id, hostname, pid, max_concurrent, tasks) "
+        "VALUES ('w-' || md5(random()::text), 'host', 1, 4, $1::text[])",
+        list(tasks),
+    )
+
+
+async def due_job(pool, job_id: str, task: str, minutes_ago: float) -> None:
+    await pool.execute(
+        "INSERT INTO scheduled_jobs (job_id, job_name, task_name, execution_time) "
+        "VALUES ($1, $2, $2, now() - make_interval(mins => $3))",
+        job_id,
+        task,
+        minutes_ago,
+    )
+
+
+async def test_overview_flags_orphans_and_leaves_them_out_of_the_oldest_wait(client, pool):
+    await fake_worker(pool, "dash.echo", "dash.echo")
+    await due_job(pool, "served-1", "dash.echo", 10)
+    await due_job(pool, "ghost-1", "ghost.task", 120)
+    await due_job(pool, "ghost-2", "ghost.task", 60)
+    await pool.execute(
+        "INSERT INTO periodic_jobs (dedup_key, job_name, task_name, schedule, next_run) "
+        "VALUES ('gone', 'gone_report', 'periodic:gone', 'every 60s', now())"
+    )
+    data = (await client.get("/api/overview")).json()
+    assert data["due"] == 3
+    # The served job's ten minutes, not the orphan's two hours.
+    assert 590 <= data["oldest_due_seconds"] < 700
+    orphans = data["orphans"]
+    assert orphans["due"] == 2
+    assert [(j["task_name"], j["queue"], j["due"]) for j in orphans["jobs"]] == [
+        ("ghost.task", "default", 2)
+    ]
+    assert 7190 <= orphans["oldest_due_seconds"] < 7300
+    assert [p["dedup_key"] for p in orphans["periodic"]] == ["gone"]
+
+
+async def test_overview_without_orphans_and_without_due_work(client, readonly, pool):
+    empty = (await readonly.get("/api/overview")).json()
+    assert empty["oldest_due_seconds"] is None
+    assert empty["orphans"] == {"jobs": [], "due": 0, "oldest_due_seconds": None, "periodic": []}
+    await fake_worker(pool, "dash.echo")
+    await due_job(pool, "served-1", "dash.echo", 5)
+    data = (await client.get("/api/overview")).json()
+    assert data["orphans"]["jobs"] == [] and data["orphans"]["due"] == 0
+    assert 290 <= data["oldest_due_seconds"] < 400
+
+
+async def test_workers_list_each_task_once(client, pool):
+    await fake_worker(pool, "dash.echo", "dash.boom", "dash.echo", "dash.boom", "dash.echo")
+    (worker,) = (await client.get("/api/workers")).json()["workers"]
+    assert worker["tasks"] == ["dash.echo", "dash.boom"]

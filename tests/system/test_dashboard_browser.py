@@ -8,7 +8,9 @@ test saves DIR/dashboard-<page>.png (the screenshots of docs/dashboard.md come f
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
+import re
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -188,20 +190,32 @@ async def test_a_wrong_token_is_refused(browser, site, pool, make_scheduler):
     )
 
 
-async def test_read_only_mode_refuses_actions(browser, readonly_site, pool, make_scheduler):
+async def test_read_only_mode_disables_actions(browser, readonly_site, pool, make_scheduler):
     scheduler = await make_scheduler(start=False)
     job_id = await scheduler.schedule(
         dashboard_tasks.echo, execution_time=now() + timedelta(hours=1), args=("x",)
     )
-    await load(browser, f"{readonly_site}/job?id={job_id}")
-    assert await browser.text("#mode") == "read-only"
-    assert await browser.js("return document.getElementById('token').hidden") is True
-    await browser.click("button[data-action=cancel]")
-
-    async def refused() -> bool:
-        return "read-only" in (await browser.text("#toast") or "")
-
-    await wait_until(refused, message="the read-only refusal to show")
+    for path in (f"/job?id={job_id}", "/jobs"):
+        await load(browser, readonly_site + path)
+        assert await browser.text("#mode") == "read-only"
+        assert await browser.js("return document.getElementById('token').hidden") is True
+        buttons = await browser.js(
+            "return [...document.querySelectorAll('main button[data-action]')]"
+            ".map((b) => [b.dataset.action, b.disabled, b.title])"
+        )
+        assert buttons, path
+        for action, disabled, title in buttons:
+            assert disabled is True, (path, action)
+            assert "read-only" in title, (path, action)
+    await browser.click("button[data-action=cancel]")  # a disabled button does nothing
+    # The server refuses the action all the same, whatever the page does.
+    response = await browser.js(
+        "const x = new XMLHttpRequest(); x.open('POST', '/api/action/cancel', false);"
+        "x.setRequestHeader('Content-Type', 'application/json');"
+        "x.send(JSON.stringify({job_id: arguments[0]})); return [x.status, x.responseText];",
+        job_id,
+    )
+    assert response[0] == 403 and "read-only" in response[1]
     assert (
         await pool.fetchval("SELECT status FROM scheduled_jobs WHERE job_id = $1", job_id)
         == "pending"
@@ -294,8 +308,8 @@ async def test_a_workflow_job_page_shows_steps_children_and_its_wait(
         # A sleeping workflow: its wake time, its steps' results (a long one clipped).
         await load(browser, f"{site}/job?id={sleeping}")
         wait_text = await browser.text("[data-field='waits for']")
-        assert wait_text is not None and wait_text.startswith("sleep until ")
-        assert "(in 2 h)" in wait_text or "(in 120 min)" in wait_text, wait_text
+        assert wait_text is not None and wait_text.startswith("sleep, wakes ")
+        assert wait_text.endswith(("in 2 h", "in 120 min")), wait_text
         clipped = await browser.text("tr[data-step='2'] [data-clipped]")
         assert clipped is not None and "characters" in clipped
 
@@ -330,3 +344,218 @@ async def test_many_pages_in_a_row_each_load_at_once(browser, site, pool, make_s
         await load(browser, site + path)
         assert time.monotonic() - started < 10, f"{path} took {time.monotonic() - started:.1f}s"
     await shows(browser, "#live", "live")
+
+
+async def fake_worker(pool, *tasks: str) -> None:
+    """A live worker's row listing ``tasks`` (nothing claims: no process behind it)."""
+    await pool.execute(
+        "INSERT INTO scheduler_workers (worker_id, hostname, pid, max_concurrent, tasks) "
+        "VALUES ('w-' || md5(random()::text), 'host', 1, 4, $1::text[])",
+        list(tasks),
+    )
+
+
+async def due_job(pool, job_id: str, task: str, minutes_ago: float, **columns) -> None:
+    names = "".join(f", {k}" for k in columns)
+    values = "".join(f", ${n}" for n in range(4, 4 + len(columns)))
+    await pool.execute(
+        f"INSERT INTO scheduled_jobs (job_id, job_name, task_name, execution_time{names}) "
+        f"VALUES ($1, $2, $2, now() - make_interval(mins => $3){values})",
+        job_id,
+        task,
+        minutes_ago,
+        *columns.values(),
+    )
+
+
+async def save_shot(browser: Browser, name: str) -> None:
+    shots = os.environ.get("PG_SCHEDULER_DASHBOARD_SCREENSHOTS")
+    if shots:
+        await asyncio.to_thread(Path(shots).mkdir, parents=True, exist_ok=True)
+        await browser.screenshot(Path(shots) / f"dashboard-{name}.png")
+
+
+async def test_orphans_have_their_panel_and_stay_out_of_the_oldest_wait(
+    browser, site, readonly_site, pool
+):
+    await load(browser, readonly_site + "/")  # another app: its overview is cached apart
+    await shows(browser, "[data-section=orphans] h3", "Orphaned work: none")
+    await fake_worker(pool, "dash.echo")
+    await due_job(pool, "served-1", "dash.echo", 10)
+    await due_job(pool, "ghost-1", "ghost.task", 180)
+    await due_job(pool, "ghost-2", "ghost.task", 90)
+    await pool.execute(
+        "INSERT INTO periodic_jobs (dedup_key, job_name, task_name, schedule, next_run) "
+        "VALUES ('gone', 'gone_report', 'periodic:gone', 'every 60s', now())"
+    )
+    await load(browser, site + "/")
+    await shows(browser, "[data-section=orphans] h3", "Orphaned work")
+    await shows(browser, "[data-count=due]", "3")
+    await shows(browser, "[data-count=orphaned]", "2")
+    oldest = await browser.text("[data-count=oldest]")
+    assert oldest is not None and oldest.endswith(" min") and 9 <= float(oldest.split()[0]) < 12
+    await shows(browser, "tr[data-orphan-task='ghost.task'] [data-orphan-due]", "2")
+    await shows(browser, "tr[data-orphan-task='ghost.task'] .time", "3 h ago")
+    await shows(browser, "tr[data-orphan-periodic=gone] td", "gone_report")
+    help_text = await browser.js(
+        "return document.querySelector('[data-count=oldest]').parentNode.title"
+    )
+    assert "orphaned" in help_text
+
+
+async def test_a_failed_jobs_page_opens_on_its_error_and_traceback(
+    browser, site, pool, make_scheduler
+):
+    scheduler = await make_scheduler()
+    job_id = await scheduler.schedule(
+        dashboard_tasks.boom,
+        execution_time=now(),
+        args=("disk full",),
+        max_retries=1,
+        retry_policy=FAST_RETRY,
+    )
+    await wait_for_status(pool, job_id, "failed")
+    await load(browser, f"{site}/job?id={job_id}")
+    await shows(browser, "[data-field=status]", "failed")
+    error = await browser.text("[data-section=failure] [data-field=error]")
+    assert error is not None and "disk full" in error
+    traceback = await browser.text("[data-section=failure] [data-field=traceback]")
+    assert traceback is not None and "Traceback" in traceback and "disk full" in traceback
+    # Before the fields, the arguments and the attempts, and shown once.
+    order = await browser.js(
+        "const main = document.getElementById('main');"
+        "const at = (s) => [...main.querySelectorAll('*')].indexOf(main.querySelector(s));"
+        "return [at('[data-section=failure]'), at('dl.fields'), at('[data-field=arguments]')];"
+    )
+    assert 0 <= order[0] < order[1] < order[2], order
+    assert await browser.js("return document.querySelectorAll('main pre').length") >= 3
+    shown = await browser.js(
+        "return [...document.querySelectorAll('main pre')].filter("
+        "(p) => p.textContent.startsWith('Traceback') && !p.closest('table')).length"
+    )
+    assert shown == 1
+    await save_shot(browser, "failed-job")
+    # A pending job's page has no such section.
+    other = await scheduler.schedule(
+        dashboard_tasks.echo, execution_time=now() + timedelta(hours=1), args=("x",)
+    )
+    await load(browser, f"{site}/job?id={other}")
+    assert await browser.text("[data-section=failure]") is None
+
+
+async def test_times_are_relative_with_the_exact_time_on_hover(browser, site, pool, make_scheduler):
+    scheduler = await make_scheduler(start=False)
+    job_id = await scheduler.schedule(
+        dashboard_tasks.echo, execution_time=now() + timedelta(minutes=10), args=("x",)
+    )
+    relative = r"^(\d+ (s|min|h|d) ago|in \d+ (s|min|h|d))$"
+    for path, least in ((f"/jobs?q={job_id}", 2), (f"/job?id={job_id}", 4)):
+        await load(browser, site + path)
+        times = await browser.js(
+            "return [...document.querySelectorAll('main .time')].map((n) => "
+            "[n.textContent, n.title, getComputedStyle(n).whiteSpace])"
+        )
+        assert len(times) >= least, (path, times)
+        for text, title, white_space in times:
+            assert re.match(relative, text), (path, text)
+            assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", title), (path, title)
+            assert white_space == "nowrap"
+        due = "[data-field=due] .time" if "job?" in path else "td:nth-child(8) .time"
+        assert await browser.text(due) in ("in 10 min", "in 9 min"), (path, times)
+        # No bare ISO time left in the page's text.
+        text = await browser.js("return document.getElementById('main').innerText")
+        assert not re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d", text), (path, text)
+
+
+async def test_the_jobs_table_fits_1400_pixels(browser, site, pool, make_scheduler):
+    dashboard_tasks.gate.clear()
+    scheduler = await make_scheduler()
+    try:
+        long_text = "x" * 2000
+        failed = await scheduler.schedule(
+            dashboard_tasks.boom, execution_time=now(), args=("boom " + "e" * 500,)
+        )
+        await wait_for_status(pool, failed, "failed")
+        wide = await scheduler.schedule(
+            dashboard_tasks.echo,
+            execution_time=now() + timedelta(hours=1),
+            args=(long_text,),
+        )
+        running = await scheduler.schedule(dashboard_tasks.gated, execution_time=now(), args=(1,))
+        await wait_for_status(pool, running, "running")
+        await load(browser, site + "/jobs")
+        assert await browser.js("return window.innerWidth") <= 1400
+        assert await browser.js("return document.documentElement.scrollWidth") <= 1400
+        # Status, error and actions in view; the arguments clipped, whole on hover.
+        for selector in (
+            f"tr[data-job-id='{failed}'] [data-status]",
+            f"tr[data-job-id='{failed}'] [data-error-text]",
+            f"tr[data-job-id='{failed}'] button[data-action=retry]",
+            f"tr[data-job-id='{wide}'] button[data-action=cancel]",
+        ):
+            right = await browser.js(
+                "return document.querySelector(arguments[0]).getBoundingClientRect().right",
+                selector,
+            )
+            assert right <= 1400, selector
+        args = await browser.js(
+            "const n = document.querySelector(arguments[0]);"
+            "return [n.title, n.scrollWidth > n.clientWidth, n.getBoundingClientRect().height];",
+            f"tr[data-job-id='{wide}'] [data-args]",
+        )
+        assert "xxxxxxxxxx" in args[0] and args[1] is True
+        error = await browser.text(f"tr[data-job-id='{failed}'] [data-error-text]")
+        assert error is not None and "boom" in error
+        # One line per row: the row is as tall as a row without long text.
+        heights = await browser.js(
+            "return [...document.querySelectorAll('table.jobs tbody tr')]"
+            ".map((r) => r.getBoundingClientRect().height)"
+        )
+        assert max(heights) - min(heights) < 2, heights
+        await save_shot(browser, "jobs-list")
+        # Running only, and back.
+        await browser.click("[data-toggle=running]")
+        await shows(browser, "[data-toggle=running]", "all statuses")
+        await shows(browser, f"tr[data-job-id='{running}'] [data-status]", "running")
+        assert await browser.js("return document.querySelectorAll('tr[data-job-id]').length") == 1
+        await browser.click("[data-toggle=running]")
+        await shows(browser, "[data-toggle=running]", "running only")
+        await shows(browser, f"tr[data-job-id='{wide}'] [data-status]", "pending")
+    finally:
+        dashboard_tasks.gate.set()
+    await wait_for_status(pool, running, "completed")
+
+
+async def test_the_workers_page_lists_each_task_once(browser, site, pool):
+    await fake_worker(pool, "dash.echo", "dash.boom", "dash.echo", "dash.echo")
+    await load(browser, site + "/workers")
+    await shows(browser, "[data-tasks]", "dash.echo, dash.boom")
+
+
+async def test_the_throughput_chart_has_a_time_axis_and_a_legend(browser, site, pool):
+    await pool.execute(
+        "INSERT INTO scheduled_jobs (job_id, job_name, task_name, execution_time, status, "
+        "finished_at) SELECT 'done-' || g, 't', 't', now(), "
+        "CASE WHEN g % 4 = 0 THEN 'failed' ELSE 'completed' END, "
+        "now() - make_interval(mins => g % 50) FROM generate_series(1, 200) g"
+    )
+    await load(browser, site + "/")
+    labels = await browser.js(
+        "return [...document.querySelectorAll('svg.chart [data-axis]')].map((n) => "
+        "[n.textContent, n.getAttribute('data-axis')])"
+    )
+    assert len(labels) == 6, labels
+    assert labels[-1][0] == "now"
+    assert all(re.match(r"^\d\d:\d\d", text) for text, _ in labels[:-1]), labels
+    stamps = [datetime.fromisoformat(iso.replace("Z", "+00:00")) for _, iso in labels]
+    assert all(b - a == timedelta(minutes=10) for a, b in itertools.pairwise(stamps))
+    legend = await browser.js(
+        "return [...document.querySelectorAll('svg.chart [data-legend]')].map((n) => "
+        "[n.dataset.legend, n.textContent, getComputedStyle(n.querySelector('rect')).fill])"
+    )
+    bars = await browser.js(
+        "return ['completed', 'failed'].map((k) => getComputedStyle("
+        "document.querySelector('svg.chart rect.' + k + ':not([data-legend] rect)')).fill)"
+    )
+    assert [(k, t) for k, t, _ in legend] == [("completed", "completed"), ("failed", "failed")]
+    assert [fill for _, _, fill in legend] == bars

@@ -43,7 +43,7 @@ function when(iso) {
     : Math.abs(ago) < 5400 ? `${Math.round(Math.abs(ago) / 60)} min`
     : Math.abs(ago) < 129600 ? `${Math.round(Math.abs(ago) / 3600)} h`
     : `${Math.round(Math.abs(ago) / 86400)} d`;
-  return el("span", { title: iso }, ago >= 0 ? `${rel} ago` : `in ${rel}`);
+  return el("span", { class: "time", title: iso, "data-time": iso }, ago >= 0 ? `${rel} ago` : `in ${rel}`);
 }
 
 function seconds(value) {
@@ -67,9 +67,9 @@ function link(page, params, text) {
   return el("a", { href: `${BASE}/${page}${query ? "?" + query : ""}` }, text);
 }
 
-// "2026-05-01T10:00:00Z (in 2 h)": a time and how far it is.
+// A time as every page shows it: how far it is ("in 2 h"), the exact time on hover.
 function at(iso) {
-  return el("span", {}, iso, " (", when(iso), ")");
+  return when(iso);
 }
 
 // What a parked workflow waits for: a sleep's end, a signal (until its timeout
@@ -77,12 +77,12 @@ function at(iso) {
 function waitNode(kind, signal, until, children) {
   if (!kind) return null;
   const parts = [];
-  if (kind === "sleep") parts.push("sleep until ", until ? at(until) : "?");
-  else if (kind === "signal") parts.push(`signal "${signal}"`, until ? [" until ", at(until)] : " (no timeout)");
+  if (kind === "sleep") parts.push("sleep, wakes ", until ? at(until) : "?");
+  else if (kind === "signal") parts.push(`signal "${signal}"`, until ? [", times out ", at(until)] : " (no timeout)");
   else if (kind === "children") {
     parts.push(children === null || children === undefined ? "children"
       : `${children} child${children === 1 ? "" : "ren"} to end`);
-    if (until) parts.push(" (deadline ", at(until), ")");
+    if (until) parts.push(", deadline ", at(until));
   } else parts.push(kind);
   return el("span", { "data-wait": kind }, parts);
 }
@@ -94,9 +94,32 @@ function clipped(text, length) {
     ? el("span", { class: "muted", "data-clipped": length }, ` … (${length} characters)`) : null];
 }
 
-function card(label, value, key) {
-  return el("div", { class: "card" }, el("div", { class: "label" }, label),
+function card(label, value, key, help) {
+  return el("div", { class: "card", title: help || null }, el("div", { class: "label" }, label),
     el("div", { class: "value", "data-count": key }, value));
+}
+
+// Work no live process serves: due jobs of tasks no live worker registered,
+// periodic jobs no live process declares. Nothing runs them until one starts.
+function orphansPanel(o) {
+  const none = !o.jobs.length && !o.periodic.length;
+  return el("section", { class: none ? "orphans none" : "orphans", "data-section": "orphans" },
+    el("h3", {}, none ? "Orphaned work: none" : "Orphaned work"),
+    none ? el("p", { class: "muted" }, "Every due job's task is registered by a live worker, and every periodic job is declared by a live process.") : [
+      el("p", {}, "No live worker runs these: they wait until a worker registering their task starts "
+        + "(the pg-scheduler orphans command lists and removes them). They are left out of the oldest due wait above."),
+      o.jobs.length ? table(["task", "queue", "due jobs", "oldest due"], o.jobs.map((j) =>
+        el("tr", { "data-orphan-task": j.task_name, "data-orphan-queue": j.queue },
+          el("td", {}, link("jobs", { task: j.task_name, status: "pending" }, j.task_name),
+            j.periodic_name ? ` (periodic ${j.periodic_name})` : ""),
+          el("td", {}, j.queue), el("td", { class: "num", "data-orphan-due": j.due }, j.due),
+          el("td", {}, when(j.oldest_due))))) : null,
+      o.periodic.length ? table(["periodic job", "dedup key", "schedule", "enabled", "pending windows"],
+        o.periodic.map((p) => el("tr", { "data-orphan-periodic": p.dedup_key },
+          el("td", {}, p.job_name), el("td", { class: "mono" }, p.dedup_key),
+          el("td", { class: "mono" }, p.schedule), el("td", {}, p.enabled ? "yes" : "no"),
+          el("td", { class: "num" }, p.pending)))) : null,
+    ]);
 }
 
 let toastTimer = null;
@@ -136,7 +159,7 @@ async function act(name, payload) {
 
 function actionButton(name, payload, label, danger) {
   return el("button", {
-    class: danger ? "danger" : "", "data-action": name, type: "button",
+    class: danger ? "danger" : "", "data-action": name, type: "button", disabled: READ_ONLY,
     title: READ_ONLY ? "read-only dashboard: start it with --token to act" : "",
     onclick: () => act(name, payload),
   }, label || name);
@@ -155,47 +178,65 @@ function jobActions(job) {
 
 // -- pages ---------------------------------------------------------------------------
 
+function svgNode(tag, attrs, text) {
+  const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, String(value));
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+const CHART_KINDS = ["completed", "failed"];
+
+// Finished jobs per bucket over the last hour: stacked bars, a time axis (local
+// clock times, a tick every 10 buckets, "now" at the end) and a legend.
 function chart(series) {
-  const ns = "http://www.w3.org/2000/svg";
-  const width = 720, height = 140, pad = 18;
-  const svg = document.createElementNS(ns, "svg");
-  svg.setAttribute("class", "chart");
-  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
-  svg.setAttribute("width", String(width));
-  svg.setAttribute("height", String(height));
+  const width = 720, height = 170, left = 34, right = 12, top = 26, bottom = 24;
+  const svg = svgNode("svg", { class: "chart", viewBox: `0 0 ${width} ${height}`, width, height,
+    "data-chart": "throughput" });
   const bucket = series.bucket_seconds;
   const end = Math.floor(Date.now() / 1000 / bucket) * bucket;
   const slots = 60;
   const byTime = new Map(series.points.map((p) => [p.t, p]));
   let max = 1;
   for (const p of series.points) max = Math.max(max, (p.completed || 0) + (p.failed || 0));
-  const barWidth = (width - 2 * pad) / slots;
+  const plotH = height - top - bottom, base = height - bottom;
+  const barWidth = (width - left - right) / slots;
+  svg.append(svgNode("line", { class: "axis", x1: left, y1: base, x2: width - right, y2: base }));
+  svg.append(svgNode("line", { class: "axis", x1: left, y1: top, x2: left, y2: base }));
+  svg.append(svgNode("text", { class: "tick", x: left - 4, y: top + 4, "text-anchor": "end" }, max));
+  svg.append(svgNode("text", { class: "tick", x: left - 4, y: base, "text-anchor": "end" }, 0));
   for (let i = 0; i < slots; i++) {
-    const point = byTime.get(end - (slots - 1 - i) * bucket) || {};
-    let y = height - pad;
-    for (const kind of ["completed", "failed"]) {
+    const t = end - (slots - 1 - i) * bucket;
+    const point = byTime.get(t) || {};
+    const x = left + i * barWidth;
+    let y = base;
+    for (const kind of CHART_KINDS) {
       const n = point[kind] || 0;
       if (!n) continue;
-      const h = (n / max) * (height - 2 * pad);
-      const rect = document.createElementNS(ns, "rect");
-      rect.setAttribute("x", String(pad + i * barWidth));
-      rect.setAttribute("y", String(y - h));
-      rect.setAttribute("width", String(Math.max(1, barWidth - 1)));
-      rect.setAttribute("height", String(h));
-      rect.setAttribute("class", kind);
-      const title = document.createElementNS(ns, "title");
-      title.textContent = `${n} ${kind}`;
-      rect.append(title);
+      const h = (n / max) * plotH;
+      const rect = svgNode("rect", { x, y: y - h, width: Math.max(1, barWidth - 1), height: h, class: kind });
+      rect.append(svgNode("title", {}, `${n} ${kind}, ${new Date(t * 1000).toLocaleTimeString()}`));
       svg.append(rect);
       y -= h;
     }
+    if ((slots - 1 - i) % 10 === 0) {
+      const cx = x + barWidth / 2;
+      const label = i === slots - 1 ? "now"
+        : new Date(t * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+      svg.append(svgNode("line", { class: "axis", x1: cx, y1: base, x2: cx, y2: base + 4 }));
+      svg.append(svgNode("text", { class: "tick", x: cx, y: height - 6, "text-anchor": "middle",
+        "data-axis": new Date(t * 1000).toISOString() }, label));
+    }
   }
-  const label = document.createElementNS(ns, "text");
-  label.setAttribute("x", String(pad));
-  label.setAttribute("y", "13");
-  label.setAttribute("font-size", "11");
-  label.textContent = `finished per minute, last hour (max ${max})`;
-  svg.append(label);
+  svg.append(svgNode("text", { class: "tick", x: left, y: 14 },
+    `finished per ${bucket >= 60 ? bucket / 60 + " min" : bucket + " s"}, last hour`));
+  CHART_KINDS.forEach((kind, k) => {
+    const x = width - right - 190 + k * 95;
+    const item = svgNode("g", { "data-legend": kind });
+    item.append(svgNode("rect", { x, y: 5, width: 10, height: 10, class: kind }));
+    item.append(svgNode("text", { class: "tick", x: x + 14, y: 14 }, kind));
+    svg.append(item);
+  });
   return svg;
 }
 
@@ -207,11 +248,15 @@ async function overview() {
     el("div", { class: "cards" },
       STATUSES.map((s) => card(s, d.counts[s], s)),
       card("due now", d.due, "due"),
-      card("oldest due wait", seconds(d.oldest_due_seconds), "oldest"),
+      card("oldest due wait", seconds(d.oldest_due_seconds), "oldest",
+        "of tasks a live worker runs; orphaned jobs are counted apart"),
+      card("orphaned due", d.orphans.due, "orphaned",
+        "due jobs whose task no live worker has registered: nothing runs them"),
       card("live workers", d.live_workers, "workers"),
       card("jobs/s (5 min)", w5.throughput.toFixed(2), "throughput"),
       card("failure rate (5 min)", percent(w5.failure_rate), "failure"),
       card("failure rate (1 h)", percent(w60.failure_rate), "failure-hour")),
+    orphansPanel(d.orphans),
     el("h3", {}, "Throughput"),
     chart(d.series),
     el("h3", {}, "By queue"),
@@ -242,20 +287,43 @@ function filterForm(params) {
     el("a", { href: `${BASE}/jobs` }, "clear"));
 }
 
+// The jobs table's columns and widths: it keeps to the page's width (fixed
+// layout), long text clipped on one line with the full value on hover.
+const JOB_COLUMNS = [["id", "19rem"], ["task", null], ["status", "6rem"], ["queue", "6rem"],
+  ["priority", "5rem"], ["tries", "3rem"], ["created", "6.5rem"], ["due / waits for", "8rem"],
+  ["arguments", null], ["error", null], ["", "5rem"]];
+
+function clipCell(text, attrs) {
+  return el("td", { class: "clip", title: text || "", ...attrs }, text || "");
+}
+
+function runningToggle(params) {
+  const only = params.get("status") === "running";
+  const next = new URLSearchParams(params);
+  next.delete("after");
+  if (only) next.delete("status"); else next.set("status", "running");
+  return el("a", { class: "toggle" + (only ? " on" : ""), href: `${BASE}/jobs?${next}`,
+    "data-toggle": "running" }, only ? "all statuses" : "running only");
+}
+
 async function jobs() {
   const params = new URLSearchParams(location.search);
   const query = new URLSearchParams();
   for (const [k, v] of params) if (v) query.set(k, v);
   const d = await api(`jobs?${query}`);
-  const rows = d.jobs.map((j) => el("tr", { "data-job-id": j.job_id },
-    el("td", { class: "id" }, link("job", { id: j.job_id }, j.job_id)),
-    el("td", {}, j.task_name), statusCell(j.status), el("td", {}, j.queue),
-    el("td", {}, j.priority), el("td", { class: "num" }, j.attempts),
-    el("td", {}, when(j.created_at)),
-    el("td", {}, j.status === "waiting" && j.wait_kind
-      ? waitNode(j.wait_kind, j.wait_for, j.wake_at, j.children_waiting) : when(j.execution_time)),
-    el("td", { class: "args", title: j.args || "" }, j.args || ""),
-    el("td", {}, j.error || ""), el("td", {}, jobActions(j))));
+  const rows = d.jobs.map((j) => {
+    const wait = j.status === "waiting" && j.wait_kind
+      ? waitNode(j.wait_kind, j.wait_for, j.wake_at, j.children_waiting) : null;
+    return el("tr", { "data-job-id": j.job_id },
+      el("td", { class: "id clip" }, link("job", { id: j.job_id }, j.job_id)),
+      clipCell(j.task_name), statusCell(j.status), clipCell(j.queue),
+      el("td", {}, j.priority), el("td", { class: "num" }, j.attempts),
+      el("td", { class: "clip" }, when(j.created_at)),
+      el("td", { class: "clip", title: wait ? wait.textContent : null }, wait || when(j.execution_time)),
+      clipCell(j.args, { class: "clip args", "data-args": "1" }),
+      clipCell(j.error, { class: "clip status-failed", "data-error-text": "1" }),
+      el("td", {}, jobActions(j)));
+  });
   const pager = el("div", { class: "pager" });
   if (params.get("after")) {
     const first = new URLSearchParams(params); first.delete("after");
@@ -265,9 +333,11 @@ async function jobs() {
     const next = new URLSearchParams(params); next.set("after", d.next);
     pager.append(el("a", { href: `${BASE}/jobs?${next}`, "data-next": "1" }, "next page"));
   }
-  return [el("h2", {}, "Jobs"), filterForm(params),
-    table(["id", "task", "status", "queue", "priority", "attempts", "created", "due / waits for", "arguments", "error", ""],
-      rows, "No jobs match."), pager];
+  const list = rows.length ? el("table", { class: "jobs" },
+    el("colgroup", {}, JOB_COLUMNS.map(([, w]) => el("col", { style: w ? `width:${w}` : null }))),
+    el("thead", {}, el("tr", {}, JOB_COLUMNS.map(([h]) => el("th", {}, h)))),
+    el("tbody", {}, rows)) : el("p", { class: "muted" }, "No jobs match.");
+  return [el("h2", {}, "Jobs ", runningToggle(params)), filterForm(params), list, pager];
 }
 
 function stepResult(s) {
@@ -335,8 +405,8 @@ async function job() {
   const fields = [["id", j.job_id], ["name", j.job_name], ["task", j.task_name],
     ["status", j.status], ["queue", j.queue], ["priority", j.priority],
     ["attempts", `${j.attempts} (max retries ${j.max_retries})`], ["worker", j.worker_id || ""],
-    ["created", j.created_at || ""], ["due", j.execution_time], ["started", j.started_at || ""],
-    ["finished", j.finished_at || ""], ["next retry", j.next_retry_at || ""]];
+    ["created", when(j.created_at)], ["due", when(j.execution_time)], ["started", when(j.started_at)],
+    ["finished", when(j.finished_at)], ["next retry", when(j.next_retry_at)]];
   if (w && w.wait) {
     fields.splice(4, 0, ["waits for", waitNode(w.wait.kind, w.wait.signal, w.wait.until, w.wait.children)]);
   }
@@ -348,8 +418,18 @@ async function job() {
   const progress = j.progress === null || j.progress === undefined ? null
     : el("div", {}, el("div", { class: "bar" }, el("span", { style: `width:${Math.round(j.progress * 100)}%` })),
       `${Math.round(j.progress * 100)} % ${j.progress_message || ""}`);
+  // A failed job's page opens on why: its error and its last traceback.
+  const tries = j.attempt_history.filter((a) => a.traceback);
+  const traceback = j.traceback || (tries.length ? tries[tries.length - 1].traceback : null);
+  const failure = j.status === "failed" && (j.error || traceback) ? el("section",
+    { class: "failure", "data-section": "failure" },
+    el("h3", {}, "Error"), el("pre", { "data-field": "error" }, j.error || ""),
+    traceback ? [el("h3", {}, "Last traceback"), el("pre", { "data-field": "traceback" }, traceback)] : null)
+    : null;
   return [
-    el("h2", {}, "Job ", el("span", { class: "mono" }, j.job_id)), jobActions(j),
+    el("h2", {}, "Job ", el("span", { class: "mono" }, j.job_id), " ",
+      el("span", { class: `status status-${j.status}` }, j.status)), jobActions(j),
+    failure,
     el("dl", { class: "fields", "data-job-status": j.status },
       fields.map(([k, v]) => [el("dt", {}, k), el("dd", { "data-field": k }, v)])),
     progress && el("h3", {}, "Progress"), progress,
@@ -357,8 +437,8 @@ async function job() {
     el("h3", {}, "Arguments"),
     el("pre", { "data-field": "arguments" }, JSON.stringify({ args: j.args, kwargs: j.kwargs }, null, 2)),
     el("h3", {}, "Result"), el("pre", {}, JSON.stringify(j.result, null, 2)),
-    j.error && el("h3", {}, "Error"), j.error && el("pre", {}, j.error),
-    j.traceback && el("pre", {}, j.traceback),
+    !failure && j.error && el("h3", {}, "Error"), !failure && j.error && el("pre", {}, j.error),
+    !failure && j.traceback && el("pre", {}, j.traceback),
     el("h3", {}, "Attempts"),
     table(["attempt", "outcome", "worker", "started", "finished", "error"],
       j.attempt_history.map((a) => [el("tr", {}, el("td", { class: "num" }, a.attempt),
@@ -367,7 +447,7 @@ async function job() {
         a.traceback ? el("tr", {}, el("td", { colSpan: 6 }, el("pre", {}, a.traceback))) : null]),
       "No attempt yet."),
     el("h3", {}, "Timeline"),
-    table(["when", "what"], j.timeline.map((t) => el("tr", {}, el("td", { class: "mono" }, t.at), el("td", {}, t.what)))),
+    table(["when", "what"], j.timeline.map((t) => el("tr", {}, el("td", {}, when(t.at)), el("td", {}, t.what)))),
   ];
 }
 
@@ -381,7 +461,7 @@ async function workers() {
         el("td", { class: "num" }, w.max_concurrent),
         el("td", { "data-running": w.running.length }, w.running.length ? w.running.map((r) =>
           el("div", {}, link("job", { id: r.job_id }, r.job_id), ` ${r.task_name}`)) : "0"),
-        el("td", {}, w.tasks.join(", ")))), "No workers registered."),
+        el("td", { "data-tasks": "1" }, [...new Set(w.tasks)].join(", ")))), "No workers registered."),
   ];
 }
 
