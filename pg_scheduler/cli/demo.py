@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import shutil
+import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import asyncpg
 
@@ -113,12 +117,30 @@ async def run_demo(pool: asyncpg.Pool, seconds: float = 12.0) -> None:
     finally:
         await scheduler.shutdown()
         await _clean_up(store)
+    cli = _command()
     print(
         "\ndemo: done. Its pending jobs and periodic job are removed; the finished jobs\n"
         "stay in the database: see them in the web dashboard\n"
-        "  pg-scheduler dashboard\n"
+        f"  {cli} dashboard\n"
         f"(it needs the dashboard extra: {install_hint('dashboard')})\n"
-        "or in the terminal with `pg-scheduler status --watch` and `pg-scheduler jobs`.\n"
+        f"or in the terminal with `{cli} status --watch` and `{cli} jobs`.\n"
         "Point your own code at the embedded database with\n"
-        "PG_SCHEDULER_DSN=$(pg-scheduler dsn)."
+        f"PG_SCHEDULER_DSN=$({cli} dsn)."
     )
+
+
+def _command() -> str:
+    """How to type this command again from here: ``pg-scheduler`` when that
+    is what the shell finds, else its path (``.venv/bin/pg-scheduler`` when
+    the virtualenv is not activated)."""
+    here = Path(sys.executable).parent / "pg-scheduler"
+    found = shutil.which("pg-scheduler")
+    if found is not None and Path(found).resolve() == here.resolve():
+        return "pg-scheduler"
+    if not here.exists():
+        return "pg-scheduler"
+    try:
+        relative = os.path.relpath(here)
+    except ValueError:  # another drive
+        return str(here)
+    return min(relative, str(here), key=len)
