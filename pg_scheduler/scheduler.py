@@ -232,6 +232,8 @@ class Scheduler:
         dedupe_key: str | None = None,
         dedupe_scope: str | None = None,
         queue: str | None = None,
+        depends_on: list[str] | tuple[str, ...] | None = None,
+        on_dependency_failure: str = "cancel",
     ) -> str:
         """Schedule ``func(*args, **kwargs)`` to run at ``execution_time``; returns the job id.
 
@@ -246,6 +248,12 @@ class Scheduler:
         ``dedupe_scope`` ("active", the default, or "pending"); on a held key
         ``conflict_resolution`` decides, and IGNORE/REPLACE return the id of
         the job that holds it. See the README's Dedupe keys.
+
+        ``depends_on``: ids of jobs that must complete first; the job waits
+        (never claimed) until the last of them completes, then becomes due in
+        that same transaction. ``on_dependency_failure``: when one of them
+        ends without completing, "cancel" (the default), "run" or "wait".
+        See docs/dependencies.md.
         """
         options = JobOptions.of(locals())
         return await self._jobs.schedule(
@@ -537,6 +545,8 @@ class Scheduler:
         dedupe_key: str | None = None,
         dedupe_scope: str | None = None,
         queue: str | None = None,
+        depends_on: list[str] | tuple[str, ...] | None = None,
+        on_dependency_failure: str = "cancel",
     ) -> str:
         """Low-level insert by name (0.2.x): ``task_data`` is ``{"args": [...], "kwargs": {...}}``.
 
@@ -547,6 +557,7 @@ class Scheduler:
         ``queue``:
         the job's queue (default: the queue of the task registered here under
         that name, else "default").
+        ``depends_on``, ``on_dependency_failure``: as for ``schedule()``.
         """
         options = JobOptions.of(locals())
         return await self.enqueuer.schedule_by_name(

@@ -125,6 +125,8 @@ class SyncClient:
         dedupe_key: str | None = None,
         dedupe_scope: str | None = None,
         queue: str | None = None,
+        depends_on: list[str] | tuple[str, ...] | None = None,
+        on_dependency_failure: str = "cancel",
     ) -> str:
         """As :meth:`Scheduler.schedule`: the same keywords, defaults and checks
         (``misfire_grace_time`` not given: the client's default). Returns the job id.

@@ -54,6 +54,7 @@ class DbapiEnqueuer:
         check_conflict_resolution(conflict)
         row = self.producer.call_row(func, execution_time, args, kwargs, options)
         _refuse_keys([row])
+        _refuse_dependencies([options.depends_on])
         self._write(connection, [row], conflict, 1)
         return row.job_id
 
@@ -67,6 +68,7 @@ class DbapiEnqueuer:
         if not rows:
             return []
         _refuse_keys(rows)
+        _refuse_dependencies([spec.depends_on for spec in jobs])
         user_ids = [spec.job_id for spec in jobs if spec.job_id is not None]
         if user_ids:
             check_repeated_ids(user_ids, conflict)
@@ -120,5 +122,15 @@ def _refuse_keys(rows: list[NewJob]) -> None:
     if any(row.dedupe_key is not None for row in rows):
         raise ValueError(
             "SyncClient(connection=...) does not write jobs with a dedupe key; "
+            "schedule them without connection= (the client's own connection)"
+        )
+
+
+def _refuse_dependencies(depends_on: list[Any]) -> None:
+    """Dependencies are written by the async path (not on a caller's DB-API
+    connection yet): refuse before anything is written."""
+    if any(depends_on):
+        raise ValueError(
+            "SyncClient(connection=...) does not write jobs with depends_on; "
             "schedule them without connection= (the client's own connection)"
         )

@@ -37,6 +37,7 @@ TABLES = (
     "scheduler_queues",
     "workflow_steps",
     "workflow_signals",
+    "job_dependencies",
 )
 _TABLE_RE = re.compile(r'(?<![."\w])(' + "|".join(TABLES) + r")\b")
 _CHANNEL_RE = re.compile(rf"'({JOBS_CHANNEL}|{CANCEL_CHANNEL}|{QUEUES_CHANNEL}|{EVENTS_CHANNEL})'")

@@ -1,4 +1,4 @@
--- The pg_scheduler schema as its migrations leave it (migrations/, 0001 to 0014),
+-- The pg_scheduler schema as its migrations leave it (migrations/, 0001 to 0015),
 -- in schema public: tables, indexes, triggers and functions as PostgreSQL 16
 -- prints them from the catalog of a freshly migrated database.
 --
@@ -23,6 +23,22 @@ CREATE TABLE public.job_attempts (
 
 -- [index] job_attempts_job_idx on job_attempts
 CREATE INDEX job_attempts_job_idx ON public.job_attempts USING btree (job_id, attempt_id);
+
+-- [table] job_dependencies
+CREATE TABLE public.job_dependencies (
+    depends_on text NOT NULL,
+    job_id text NOT NULL,
+    ordinal integer DEFAULT 0 NOT NULL,
+    on_failure text DEFAULT 'cancel'::text NOT NULL,
+    met boolean DEFAULT false NOT NULL,
+    status text,
+    result jsonb,
+    CONSTRAINT job_dependencies_pkey PRIMARY KEY (depends_on, job_id),
+    CONSTRAINT job_dependencies_on_failure_check CHECK ((on_failure = ANY (ARRAY['cancel'::text, 'run'::text, 'wait'::text])))
+);
+
+-- [index] job_dependencies_job_idx on job_dependencies
+CREATE INDEX job_dependencies_job_idx ON public.job_dependencies USING btree (job_id, ordinal);
 
 -- [table] periodic_jobs
 CREATE TABLE public.periodic_jobs (
@@ -96,10 +112,12 @@ CREATE TABLE public.scheduled_jobs (
     wait_seq integer,
     wait_children int4range,
     workflow_deadline timestamp with time zone,
+    has_dependents boolean DEFAULT false NOT NULL,
+    dependencies_unmet integer,
     CONSTRAINT scheduled_jobs_pkey PRIMARY KEY (job_id),
     CONSTRAINT scheduled_jobs_priority_check CHECK ((priority = ANY (ARRAY[1, 3, 5, 8]))),
     CONSTRAINT scheduled_jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'waiting'::text, 'completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text]))),
-    CONSTRAINT scheduled_jobs_wait_kind_check CHECK ((wait_kind = ANY (ARRAY['sleep'::text, 'signal'::text, 'children'::text])))
+    CONSTRAINT scheduled_jobs_wait_kind_check CHECK ((wait_kind = ANY (ARRAY['sleep'::text, 'signal'::text, 'children'::text, 'dependencies'::text])))
 )
 WITH (
     fillfactor=90,
@@ -133,6 +151,18 @@ CREATE INDEX scheduled_jobs_running_idx ON public.scheduled_jobs USING btree (wo
 
 -- [index] scheduled_jobs_wake_idx on scheduled_jobs
 CREATE INDEX scheduled_jobs_wake_idx ON public.scheduled_jobs USING btree (wake_at) WHERE (status = 'waiting'::text);
+
+-- [trigger] scheduled_jobs_dependencies_forget on scheduled_jobs
+CREATE TRIGGER scheduled_jobs_dependencies_forget AFTER DELETE ON public.scheduled_jobs REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_dependencies_forget();
+
+-- [trigger] scheduled_jobs_dependencies_truncate on scheduled_jobs
+CREATE TRIGGER scheduled_jobs_dependencies_truncate AFTER TRUNCATE ON public.scheduled_jobs FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_dependencies_forget();
+
+-- [trigger] scheduled_jobs_dependency_deleted on scheduled_jobs
+CREATE TRIGGER scheduled_jobs_dependency_deleted AFTER DELETE ON public.scheduled_jobs FOR EACH ROW WHEN ((old.has_dependents AND (old.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])))) EXECUTE FUNCTION pg_scheduler_dependency_done();
+
+-- [trigger] scheduled_jobs_dependency_done on scheduled_jobs
+CREATE TRIGGER scheduled_jobs_dependency_done AFTER UPDATE OF status ON public.scheduled_jobs FOR EACH ROW WHEN ((new.has_dependents AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])) AND (old.status IS DISTINCT FROM new.status))) EXECUTE FUNCTION pg_scheduler_dependency_done();
 
 -- [trigger] scheduled_jobs_events_delete on scheduled_jobs
 CREATE TRIGGER scheduled_jobs_events_delete AFTER DELETE ON public.scheduled_jobs REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_job_events();
@@ -261,6 +291,135 @@ CREATE TABLE public.workflow_steps (
 
 -- [index] workflow_steps_waiting_idx on workflow_steps
 CREATE INDEX workflow_steps_waiting_idx ON public.workflow_steps USING btree (job_id, seq) WHERE (status = 'waiting'::text);
+
+-- [function] pg_scheduler_dependencies_forget()
+CREATE OR REPLACE FUNCTION public.pg_scheduler_dependencies_forget()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public'
+AS $function$
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        DELETE FROM job_dependencies;
+        RETURN NULL;
+    END IF;
+    IF EXISTS (SELECT 1 FROM job_dependencies LIMIT 1) THEN
+        DELETE FROM job_dependencies e USING old_rows o WHERE e.job_id = o.job_id;
+    END IF;
+    RETURN NULL;
+END $function$;
+
+-- [function] pg_scheduler_dependency_done()
+CREATE OR REPLACE FUNCTION public.pg_scheduler_dependency_done()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public'
+AS $function$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        PERFORM pg_scheduler_dependency_ended(
+            OLD.job_id, CASE WHEN OLD.status = 'running' THEN 'completed' ELSE 'cancelled' END,
+            NULL);
+    ELSE
+        PERFORM pg_scheduler_dependency_ended(NEW.job_id, NEW.status, NEW.result);
+    END IF;
+    RETURN NULL;
+END $function$;
+
+-- [function] pg_scheduler_dependency_ended(dep text, dep_status text, dep_result jsonb)
+CREATE OR REPLACE FUNCTION public.pg_scheduler_dependency_ended(dep text, dep_status text, dep_result jsonb)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO 'public'
+AS $function$
+DECLARE
+    schema_suffix TEXT := CASE WHEN current_schema() = 'public' THEN ''
+                               ELSE ':' || current_schema() END;
+    reason TEXT := format('cancelled: its dependency %s %s', dep,
+                          CASE WHEN dep_status = 'cancelled' THEN 'was cancelled'
+                               ELSE dep_status END);
+    n INTEGER;
+    cancelled_count INTEGER;
+    sent_count INTEGER;
+BEGIN
+    IF dep_status <> 'completed' THEN
+        WITH RECURSIVE doomed(job_id) AS (
+            SELECT e.job_id FROM job_dependencies e
+              JOIN scheduled_jobs j ON j.job_id = e.job_id
+             WHERE e.depends_on = dep AND NOT e.met AND e.on_failure = 'cancel'
+               AND j.status = 'waiting' AND j.wait_kind = 'dependencies'
+            UNION
+            SELECT e.job_id FROM doomed d
+              JOIN job_dependencies e ON e.depends_on = d.job_id
+              JOIN scheduled_jobs j ON j.job_id = e.job_id
+             WHERE NOT e.met AND e.on_failure = 'cancel'
+               AND j.status = 'waiting' AND j.wait_kind = 'dependencies'
+        ), target AS (
+            SELECT j.job_id FROM scheduled_jobs j
+             WHERE j.job_id IN (SELECT d.job_id FROM doomed d)
+             ORDER BY j.job_id
+               FOR NO KEY UPDATE
+        ), cancelled AS (
+            UPDATE scheduled_jobs j
+               SET status = 'cancelled', finished_at = now(), wait_kind = NULL,
+                   error_message = reason
+              FROM target t
+             WHERE j.job_id = t.job_id AND j.status = 'waiting'
+               AND j.wait_kind = 'dependencies'
+            RETURNING j.job_id, j.task_name, j.attempts, j.queue
+        ), sent AS (
+            SELECT pg_notify('pg_scheduler_events' || schema_suffix,
+                             format('{"k":"cancelled","t":%s,"j":[%s]}',
+                                    extract(epoch FROM now()), string_agg(e.item, ',')))
+              FROM (SELECT json_build_array(c.job_id, c.task_name, c.attempts, NULL, NULL,
+                                            c.queue)::text AS item,
+                           (row_number() OVER (ORDER BY c.job_id) - 1) / 20 AS chunk
+                      FROM cancelled c) e
+             GROUP BY e.chunk
+        )
+        SELECT (SELECT count(*) FROM cancelled), (SELECT count(*) FROM sent)
+          INTO cancelled_count, sent_count;
+    END IF;
+    WITH marked AS (
+        UPDATE job_dependencies e
+           SET status = dep_status,
+               result = CASE WHEN dep_status = 'completed' THEN dep_result END,
+               met = dep_status = 'completed' OR e.on_failure = 'run'
+         WHERE e.depends_on = dep AND NOT e.met
+        RETURNING e.job_id, e.met
+    ), counted AS (
+        SELECT m.job_id, count(*)::int AS n FROM marked m WHERE m.met GROUP BY m.job_id
+    ), target AS (
+        SELECT j.job_id FROM scheduled_jobs j
+         WHERE j.job_id IN (SELECT c.job_id FROM counted c)
+           AND j.status = 'waiting' AND j.wait_kind = 'dependencies'
+         ORDER BY j.job_id
+           FOR NO KEY UPDATE
+    ), released AS (
+        UPDATE scheduled_jobs j
+           SET dependencies_unmet = j.dependencies_unmet - c.n,
+               status = CASE WHEN j.dependencies_unmet <= c.n THEN 'pending' ELSE 'waiting' END,
+               wait_kind = CASE WHEN j.dependencies_unmet <= c.n THEN NULL
+                                ELSE 'dependencies' END,
+               execution_time = CASE WHEN j.dependencies_unmet <= c.n
+                                     THEN greatest(j.execution_time, now())
+                                     ELSE j.execution_time END
+          FROM counted c
+         WHERE j.job_id = c.job_id AND j.job_id IN (SELECT t.job_id FROM target t)
+           AND j.status = 'waiting' AND j.wait_kind = 'dependencies'
+        RETURNING j.job_id, j.status, j.queue
+    ), woken AS (
+        SELECT pg_notify('pg_scheduler_jobs' || schema_suffix,
+                         CASE WHEN q.queue = 'default' THEN '' ELSE q.queue END)
+          FROM (SELECT DISTINCT r.queue FROM released r WHERE r.status = 'pending') q
+    )
+    SELECT (SELECT count(*) FROM released r WHERE r.status = 'pending'),
+           (SELECT count(*) FROM woken)
+      INTO n, sent_count;
+    RETURN n;
+END $function$;
 
 -- [function] pg_scheduler_job_events()
 CREATE OR REPLACE FUNCTION public.pg_scheduler_job_events()

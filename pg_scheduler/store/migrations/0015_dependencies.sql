@@ -1,0 +1,206 @@
+-- 0015: declared dependencies between jobs (schedule(..., depends_on=[...])).
+--
+-- A job whose dependencies have not all completed is 'waiting' with
+-- wait_kind 'dependencies': out of the claim index (its predicate is
+-- status = 'pending'), so it costs the claim nothing, holds no worker, lease
+-- or slot. dependencies_unmet counts its dependencies not yet met; when the
+-- last one completes, the trigger below makes it pending (due at once, or at
+-- its own execution_time if later) and notifies its queue's workers, in the
+-- same transaction as that completion. No sweep, no poller.
+--
+-- * job_dependencies: one row per edge (depends_on -> job_id), in the order
+--   the dependent declared them (ordinal), with the dependent's policy for a
+--   dependency that ends without completing (on_failure: cancel, run, wait).
+--   When the dependency ends, its final status is written on the edge, and
+--   its result when it completed: a dependent reads its dependencies' results
+--   there (current_job().dependency_results()), even after vacuum removed
+--   the dependency's row. met: the edge no longer holds its dependent back
+--   (the dependency completed, or it ended otherwise and the policy is run).
+--   An edge goes with its dependent's row (vacuum, delete, truncate).
+-- * scheduled_jobs.has_dependents: set on a job some job depends on; the row
+--   triggers below test it in their WHEN clause, so plain jobs pay nothing
+--   (no function is called for them) and their statements are unchanged.
+--
+-- A dependency that ends without completing (failed after its last retry,
+-- cancelled, expired, deleted unfinished) applies each dependent's policy:
+-- cancel (recursively: every job waiting on it through cancel edges is
+-- cancelled, its error naming the job that ended), run (the edge is met),
+-- wait (the dependent stays waiting; a manual retry of the dependency that
+-- completes meets the edge).
+
+ALTER TABLE scheduled_jobs
+    ADD COLUMN IF NOT EXISTS has_dependents BOOLEAN NOT NULL DEFAULT false,
+    ADD COLUMN IF NOT EXISTS dependencies_unmet INTEGER;
+
+-- The new wait kind. The check is written again (one scan of the table).
+ALTER TABLE scheduled_jobs DROP CONSTRAINT IF EXISTS scheduled_jobs_wait_kind_check;
+ALTER TABLE scheduled_jobs ADD CONSTRAINT scheduled_jobs_wait_kind_check CHECK (
+    wait_kind IN ('sleep', 'signal', 'children', 'dependencies'));
+
+CREATE TABLE IF NOT EXISTS job_dependencies (
+    depends_on TEXT NOT NULL,
+    job_id     TEXT NOT NULL,
+    ordinal    INTEGER NOT NULL DEFAULT 0,
+    on_failure TEXT NOT NULL DEFAULT 'cancel' CHECK (on_failure IN ('cancel', 'run', 'wait')),
+    met        BOOLEAN NOT NULL DEFAULT false,
+    status     TEXT,
+    result     JSONB,
+    PRIMARY KEY (depends_on, job_id)
+);
+-- A dependent's edges: its results, and the edges that go with its row.
+CREATE INDEX IF NOT EXISTS job_dependencies_job_idx ON job_dependencies (job_id, ordinal);
+
+-- Dependency ``dep`` ended with ``dep_status`` (and ``dep_result`` when it
+-- completed): every edge from it not yet met records that; the dependents
+-- whose policy is cancel are cancelled first, with every job waiting on them
+-- through cancel edges, in one statement (locked in job_id order, so the
+-- depth of a graph is not the depth of nested triggers); then each dependent
+-- whose edge is now met counts one dependency fewer, and one with none left
+-- becomes pending and wakes its queue's workers. The dependents are locked in
+-- job_id order and their counters decremented under that lock, so two
+-- dependencies ending at once never both leave the count above zero. Returns
+-- how many jobs it made pending.
+CREATE OR REPLACE FUNCTION pg_scheduler_dependency_ended(dep TEXT, dep_status TEXT,
+                                                         dep_result JSONB)
+RETURNS INTEGER
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    schema_suffix TEXT := CASE WHEN current_schema() = 'public' THEN ''
+                               ELSE ':' || current_schema() END;
+    reason TEXT := format('cancelled: its dependency %s %s', dep,
+                          CASE WHEN dep_status = 'cancelled' THEN 'was cancelled'
+                               ELSE dep_status END);
+    n INTEGER;
+    cancelled_count INTEGER;
+    sent_count INTEGER;
+BEGIN
+    IF dep_status <> 'completed' THEN
+        WITH RECURSIVE doomed(job_id) AS (
+            SELECT e.job_id FROM job_dependencies e
+              JOIN scheduled_jobs j ON j.job_id = e.job_id
+             WHERE e.depends_on = dep AND NOT e.met AND e.on_failure = 'cancel'
+               AND j.status = 'waiting' AND j.wait_kind = 'dependencies'
+            UNION
+            SELECT e.job_id FROM doomed d
+              JOIN job_dependencies e ON e.depends_on = d.job_id
+              JOIN scheduled_jobs j ON j.job_id = e.job_id
+             WHERE NOT e.met AND e.on_failure = 'cancel'
+               AND j.status = 'waiting' AND j.wait_kind = 'dependencies'
+        ), target AS (
+            SELECT j.job_id FROM scheduled_jobs j
+             WHERE j.job_id IN (SELECT d.job_id FROM doomed d)
+             ORDER BY j.job_id
+               FOR NO KEY UPDATE
+        ), cancelled AS (
+            UPDATE scheduled_jobs j
+               SET status = 'cancelled', finished_at = now(), wait_kind = NULL,
+                   error_message = reason
+              FROM target t
+             WHERE j.job_id = t.job_id AND j.status = 'waiting'
+               AND j.wait_kind = 'dependencies'
+            RETURNING j.job_id, j.task_name, j.attempts, j.queue
+        ), sent AS (
+            SELECT pg_notify('pg_scheduler_events' || schema_suffix,
+                             format('{"k":"cancelled","t":%s,"j":[%s]}',
+                                    extract(epoch FROM now()), string_agg(e.item, ',')))
+              FROM (SELECT json_build_array(c.job_id, c.task_name, c.attempts, NULL, NULL,
+                                            c.queue)::text AS item,
+                           (row_number() OVER (ORDER BY c.job_id) - 1) / 20 AS chunk
+                      FROM cancelled c) e
+             GROUP BY e.chunk
+        )
+        SELECT (SELECT count(*) FROM cancelled), (SELECT count(*) FROM sent)
+          INTO cancelled_count, sent_count;
+    END IF;
+    WITH marked AS (
+        UPDATE job_dependencies e
+           SET status = dep_status,
+               result = CASE WHEN dep_status = 'completed' THEN dep_result END,
+               met = dep_status = 'completed' OR e.on_failure = 'run'
+         WHERE e.depends_on = dep AND NOT e.met
+        RETURNING e.job_id, e.met
+    ), counted AS (
+        SELECT m.job_id, count(*)::int AS n FROM marked m WHERE m.met GROUP BY m.job_id
+    ), target AS (
+        SELECT j.job_id FROM scheduled_jobs j
+         WHERE j.job_id IN (SELECT c.job_id FROM counted c)
+           AND j.status = 'waiting' AND j.wait_kind = 'dependencies'
+         ORDER BY j.job_id
+           FOR NO KEY UPDATE
+    ), released AS (
+        UPDATE scheduled_jobs j
+           SET dependencies_unmet = j.dependencies_unmet - c.n,
+               status = CASE WHEN j.dependencies_unmet <= c.n THEN 'pending' ELSE 'waiting' END,
+               wait_kind = CASE WHEN j.dependencies_unmet <= c.n THEN NULL
+                                ELSE 'dependencies' END,
+               execution_time = CASE WHEN j.dependencies_unmet <= c.n
+                                     THEN greatest(j.execution_time, now())
+                                     ELSE j.execution_time END
+          FROM counted c
+         WHERE j.job_id = c.job_id AND j.job_id IN (SELECT t.job_id FROM target t)
+           AND j.status = 'waiting' AND j.wait_kind = 'dependencies'
+        RETURNING j.job_id, j.status, j.queue
+    ), woken AS (
+        SELECT pg_notify('pg_scheduler_jobs' || schema_suffix,
+                         CASE WHEN q.queue = 'default' THEN '' ELSE q.queue END)
+          FROM (SELECT DISTINCT r.queue FROM released r WHERE r.status = 'pending') q
+    )
+    SELECT (SELECT count(*) FROM released r WHERE r.status = 'pending'),
+           (SELECT count(*) FROM woken)
+      INTO n, sent_count;
+    RETURN n;
+END $$;
+
+-- A job some job depends on ended (or was deleted unfinished: a running row
+-- deleted is a completion that deletes its row, vacuum's IMMEDIATE policy,
+-- its result not kept; any other is counted as cancelled).
+CREATE OR REPLACE FUNCTION pg_scheduler_dependency_done() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        PERFORM pg_scheduler_dependency_ended(
+            OLD.job_id, CASE WHEN OLD.status = 'running' THEN 'completed' ELSE 'cancelled' END,
+            NULL);
+    ELSE
+        PERFORM pg_scheduler_dependency_ended(NEW.job_id, NEW.status, NEW.result);
+    END IF;
+    RETURN NULL;
+END $$;
+
+DROP TRIGGER IF EXISTS scheduled_jobs_dependency_done ON scheduled_jobs;
+CREATE TRIGGER scheduled_jobs_dependency_done
+    AFTER UPDATE OF status ON scheduled_jobs FOR EACH ROW
+    WHEN (NEW.has_dependents
+          AND NEW.status IN ('completed', 'failed', 'cancelled', 'expired')
+          AND OLD.status IS DISTINCT FROM NEW.status)
+    EXECUTE FUNCTION pg_scheduler_dependency_done();
+DROP TRIGGER IF EXISTS scheduled_jobs_dependency_deleted ON scheduled_jobs;
+CREATE TRIGGER scheduled_jobs_dependency_deleted
+    AFTER DELETE ON scheduled_jobs FOR EACH ROW
+    WHEN (OLD.has_dependents
+          AND OLD.status NOT IN ('completed', 'failed', 'cancelled', 'expired'))
+    EXECUTE FUNCTION pg_scheduler_dependency_done();
+
+-- A dependent's edges go with its row (vacuum, delete, by hand): one check
+-- per statement while no dependency was ever declared, one join otherwise.
+CREATE OR REPLACE FUNCTION pg_scheduler_dependencies_forget() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        DELETE FROM job_dependencies;
+        RETURN NULL;
+    END IF;
+    IF EXISTS (SELECT 1 FROM job_dependencies LIMIT 1) THEN
+        DELETE FROM job_dependencies e USING old_rows o WHERE e.job_id = o.job_id;
+    END IF;
+    RETURN NULL;
+END $$;
+
+DROP TRIGGER IF EXISTS scheduled_jobs_dependencies_forget ON scheduled_jobs;
+CREATE TRIGGER scheduled_jobs_dependencies_forget
+    AFTER DELETE ON scheduled_jobs REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_dependencies_forget();
+DROP TRIGGER IF EXISTS scheduled_jobs_dependencies_truncate ON scheduled_jobs;
+CREATE TRIGGER scheduled_jobs_dependencies_truncate
+    AFTER TRUNCATE ON scheduled_jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_dependencies_forget();
