@@ -124,7 +124,9 @@ def _shown(spec: JobSpec, name: str) -> str:
     value = getattr(spec, name)
     if name == "depends_on" and value is not None:
         items = [
-            f"<JobSpec {getattr(v.func, '__name__', v.func)!s}>" if isinstance(v, JobSpec) else repr(v)
+            f"<JobSpec {getattr(v.func, '__name__', v.func)!s}>"
+            if isinstance(v, JobSpec)
+            else repr(v)
             for v in value
         ]
         return "[" + ", ".join(items) + "]"

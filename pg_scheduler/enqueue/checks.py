@@ -94,9 +94,7 @@ def check_depends_on(value: Any) -> None:
                 raise ValueError("depends_on must not hold an empty job id")
             check_name("depends_on", item)
         elif item is None or isinstance(item, int | float | bytes | dict | list | tuple):
-            raise TypeError(
-                f"depends_on must hold job ids (or JobSpecs), got {clip_repr(item)}"
-            )
+            raise TypeError(f"depends_on must hold job ids (or JobSpecs), got {clip_repr(item)}")
 
 
 def check_on_dependency_failure(value: Any) -> None:

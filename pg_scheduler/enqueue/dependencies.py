@@ -235,11 +235,9 @@ class GraphWriter:
         if len(inner_edges) >= COPY_THRESHOLD:
             await self.dependencies.copy_edges(conn, inner_edges)
         elif inner_edges:
-            await self.dependencies.insert_edges(
-                conn, *zip(*inner_edges, strict=True), [False] * len(inner_edges)
-            )
+            await self.dependencies.insert_edges(conn, [(*edge, False) for edge in inner_edges])
         if outer_edges:
-            await self.dependencies.insert_edges(conn, *zip(*outer_edges, strict=True))
+            await self.dependencies.insert_edges(conn, outer_edges)
         ended = {dep: s for dep, s in status_of.items() if s in _ENDED_OTHERWISE}
         if ended:
             await self.dependencies.apply_ended(conn, ended)

@@ -142,23 +142,11 @@ class DependencyStore:
         )
 
     async def insert_edges(
-        self,
-        db: Executor,
-        depends_on: Sequence[str],
-        job_ids: Sequence[str],
-        ordinals: Sequence[int],
-        on_failure: Sequence[str],
-        completed: Sequence[bool],
+        self, db: Executor, edges: Sequence[tuple[str, str, int, str, bool]]
     ) -> None:
-        """One edge per position (``completed``: the dependency had completed)."""
-        await db.execute(
-            self._insert_edges,
-            list(depends_on),
-            list(job_ids),
-            list(ordinals),
-            list(on_failure),
-            list(completed),
-        )
+        """Edges as (depends_on, job_id, ordinal, on_failure, completed: the
+        dependency had completed)."""
+        await db.execute(self._insert_edges, *(list(column) for column in zip(*edges, strict=True)))
 
     async def copy_edges(self, db: asyncpg.Connection, edges: Sequence[tuple[Any, ...]]) -> None:
         """Edges to jobs of the same graph (none has ended): tuples of

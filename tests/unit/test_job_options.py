@@ -73,8 +73,12 @@ def test_the_declaration_is_what_the_readme_documents() -> None:
         "dedupe_key",
         "dedupe_scope",
         "queue",
+        "depends_on",
+        "on_dependency_failure",
     )
     assert OPTION_DEFAULTS["priority"] is JobPriority.NORMAL
+    assert OPTION_DEFAULTS["depends_on"] is None
+    assert OPTION_DEFAULTS["on_dependency_failure"] == "cancel"
     assert OPTION_DEFAULTS["misfire_grace_time"] is UNSET
     assert dict(OPTION_DEFAULTS) == {n: getattr(JobOptions(), n) for n in OPTION_NAMES}
 
@@ -119,6 +123,8 @@ def test_schedule_job_keeps_its_0_2_signature_and_otherwise_the_declaration() ->
         "dedupe_key",
         "dedupe_scope",
         "queue",
+        "depends_on",
+        "on_dependency_failure",
     ]
     found = keywords(Scheduler.schedule_job)
     options = {n: d for n, d in found.items() if n in OPTION_NAMES}
@@ -160,6 +166,8 @@ OTHER = {
     "dedupe_key": "k",
     "dedupe_scope": "pending",
     "queue": "emails",
+    "depends_on": ["job-0"],
+    "on_dependency_failure": "run",
 }
 TASK_OTHER = {
     "name": "emails.deliver",
@@ -257,6 +265,8 @@ BAD = {
     "dedupe_key": (5, TypeError),
     "dedupe_scope": ("forever", ValueError),
     "queue": ("no spaces", ValueError),
+    "depends_on": ("job-0", TypeError),
+    "on_dependency_failure": ("ignore", ValueError),
 }
 
 
@@ -387,7 +397,8 @@ def test_spawn_takes_a_childs_options_with_their_declared_defaults() -> None:
     assert found.pop("kwargs") is inspect.Parameter.empty  # **kwargs
     assert found.pop("detached") is False
     # The parent's priority unless given; the rest as declared. A child's id,
-    # misfire grace and dedupe key are not the caller's to give.
+    # misfire grace and dedupe key are not the caller's to give; a child waits
+    # for no declared dependency (its parent waits for it).
     assert found.pop("priority") is None
     assert set(found) | {
         "priority",
@@ -395,5 +406,7 @@ def test_spawn_takes_a_childs_options_with_their_declared_defaults() -> None:
         "misfire_grace_time",
         "dedupe_key",
         "dedupe_scope",
+        "depends_on",
+        "on_dependency_failure",
     } == set(OPTION_NAMES)
     assert_options_declared(found, {n: OPTION_DEFAULTS[n] for n in found})
