@@ -78,12 +78,14 @@ async def fail(name: str) -> None:
 
 
 @task(name="dep.collect")
-async def collect(name: str) -> dict[str, Any]:
-    """Return what the job's dependencies returned."""
+async def collect(name: str) -> list[list[Any]]:
+    """Return what the job's dependencies returned, as [job_id, result] pairs in
+    the order ``dependency_results()`` gives them (a JSON object stored as
+    jsonb would not keep it)."""
     run_id = await _started(name)
     results = await current_job().dependency_results()
     await _ended(run_id)
-    return results
+    return [[job_id, result] for job_id, result in results.items()]
 
 
 @task(name="dep.gate")
