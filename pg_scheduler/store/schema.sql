@@ -340,84 +340,81 @@ DECLARE
     reason TEXT := format('cancelled: its dependency %s %s', dep,
                           CASE WHEN dep_status = 'cancelled' THEN 'was cancelled'
                                ELSE dep_status END);
-    n INTEGER;
-    cancelled_count INTEGER;
+    doomed TEXT[];
+    dependent RECORD;
+    released RECORD;
+    n INTEGER := 0;
     sent_count INTEGER;
 BEGIN
     IF dep_status <> 'completed' THEN
-        WITH RECURSIVE doomed(job_id) AS (
+        WITH RECURSIVE closure(job_id) AS (
             SELECT e.job_id FROM job_dependencies e
-              JOIN scheduled_jobs j ON j.job_id = e.job_id
              WHERE e.depends_on = dep AND NOT e.met AND e.on_failure = 'cancel'
-               AND j.status = 'waiting' AND j.wait_kind = 'dependencies'
             UNION
-            SELECT e.job_id FROM doomed d
-              JOIN job_dependencies e ON e.depends_on = d.job_id
-              JOIN scheduled_jobs j ON j.job_id = e.job_id
+            SELECT e.job_id FROM closure c
+              JOIN job_dependencies e ON e.depends_on = c.job_id
              WHERE NOT e.met AND e.on_failure = 'cancel'
-               AND j.status = 'waiting' AND j.wait_kind = 'dependencies'
-        ), target AS (
-            SELECT j.job_id FROM scheduled_jobs j
-             WHERE j.job_id IN (SELECT d.job_id FROM doomed d)
-             ORDER BY j.job_id
-               FOR NO KEY UPDATE
-        ), cancelled AS (
-            UPDATE scheduled_jobs j
-               SET status = 'cancelled', finished_at = now(), wait_kind = NULL,
-                   error_message = reason
-              FROM target t
-             WHERE j.job_id = t.job_id AND j.status = 'waiting'
-               AND j.wait_kind = 'dependencies'
-            RETURNING j.job_id, j.task_name, j.attempts, j.queue
-        ), sent AS (
-            SELECT pg_notify('pg_scheduler_events' || schema_suffix,
-                             format('{"k":"cancelled","t":%s,"j":[%s]}',
-                                    extract(epoch FROM now()), string_agg(e.item, ',')))
-              FROM (SELECT json_build_array(c.job_id, c.task_name, c.attempts, NULL, NULL,
-                                            c.queue)::text AS item,
-                           (row_number() OVER (ORDER BY c.job_id) - 1) / 20 AS chunk
-                      FROM cancelled c) e
-             GROUP BY e.chunk
         )
-        SELECT (SELECT count(*) FROM cancelled), (SELECT count(*) FROM sent)
-          INTO cancelled_count, sent_count;
+        SELECT array_agg(c.job_id ORDER BY c.job_id) INTO doomed FROM closure c;
+        IF doomed IS NOT NULL THEN
+            PERFORM 1 FROM scheduled_jobs j
+              WHERE j.job_id = ANY(doomed)
+                AND (j.status = 'waiting' AND j.wait_kind = 'dependencies') IS TRUE
+              ORDER BY j.job_id
+                FOR NO KEY UPDATE;
+            WITH cancelled AS (
+                UPDATE scheduled_jobs j
+                   SET status = 'cancelled', finished_at = now(), wait_kind = NULL,
+                       error_message = reason
+                 WHERE j.job_id = ANY(doomed)
+                   AND (j.status = 'waiting' AND j.wait_kind = 'dependencies') IS TRUE
+                RETURNING j.job_id, j.task_name, j.attempts, j.queue
+            )
+            SELECT count(pg_notify('pg_scheduler_events' || schema_suffix,
+                                   format('{"k":"cancelled","t":%s,"j":[%s]}',
+                                          extract(epoch FROM now()), e.items)))
+              INTO sent_count
+              FROM (SELECT string_agg(json_build_array(c.job_id, c.task_name, c.attempts,
+                                                       NULL, NULL, c.queue)::text, ',')
+                               AS items
+                      FROM (SELECT x.*, (row_number() OVER (ORDER BY x.job_id) - 1) / 20
+                                           AS chunk
+                              FROM cancelled x) c
+                     GROUP BY c.chunk) e;
+        END IF;
     END IF;
-    WITH marked AS (
-        UPDATE job_dependencies e
-           SET status = dep_status,
-               result = CASE WHEN dep_status = 'completed' THEN dep_result END,
-               met = dep_status = 'completed' OR e.on_failure = 'run'
-         WHERE e.depends_on = dep AND NOT e.met
-        RETURNING e.job_id, e.met
-    ), counted AS (
-        SELECT m.job_id, count(*)::int AS n FROM marked m WHERE m.met GROUP BY m.job_id
-    ), target AS (
-        SELECT j.job_id FROM scheduled_jobs j
-         WHERE j.job_id IN (SELECT c.job_id FROM counted c)
-           AND j.status = 'waiting' AND j.wait_kind = 'dependencies'
-         ORDER BY j.job_id
-           FOR NO KEY UPDATE
-    ), released AS (
+    -- Each dependent by its primary key, in job_id order (two transactions
+    -- releasing the same dependents lock them in the same order).
+    FOR dependent IN
+        WITH marked AS (
+            UPDATE job_dependencies e
+               SET status = dep_status,
+                   result = CASE WHEN dep_status = 'completed' THEN dep_result END,
+                   met = dep_status = 'completed' OR e.on_failure = 'run'
+             WHERE e.depends_on = dep AND NOT e.met
+            RETURNING e.job_id, e.met
+        )
+        SELECT m.job_id FROM marked m WHERE m.met ORDER BY m.job_id
+    LOOP
         UPDATE scheduled_jobs j
-           SET dependencies_unmet = j.dependencies_unmet - c.n,
-               status = CASE WHEN j.dependencies_unmet <= c.n THEN 'pending' ELSE 'waiting' END,
-               wait_kind = CASE WHEN j.dependencies_unmet <= c.n THEN NULL
+           SET dependencies_unmet = j.dependencies_unmet - 1,
+               status = CASE WHEN j.dependencies_unmet <= 1 THEN 'pending' ELSE 'waiting' END,
+               wait_kind = CASE WHEN j.dependencies_unmet <= 1 THEN NULL
                                 ELSE 'dependencies' END,
-               execution_time = CASE WHEN j.dependencies_unmet <= c.n
+               execution_time = CASE WHEN j.dependencies_unmet <= 1
                                      THEN greatest(j.execution_time, now())
                                      ELSE j.execution_time END
-          FROM counted c
-         WHERE j.job_id = c.job_id AND j.job_id IN (SELECT t.job_id FROM target t)
-           AND j.status = 'waiting' AND j.wait_kind = 'dependencies'
-        RETURNING j.job_id, j.status, j.queue
-    ), woken AS (
-        SELECT pg_notify('pg_scheduler_jobs' || schema_suffix,
-                         CASE WHEN q.queue = 'default' THEN '' ELSE q.queue END)
-          FROM (SELECT DISTINCT r.queue FROM released r WHERE r.status = 'pending') q
-    )
-    SELECT (SELECT count(*) FROM released r WHERE r.status = 'pending'),
-           (SELECT count(*) FROM woken)
-      INTO n, sent_count;
+         WHERE j.job_id = dependent.job_id
+           AND (j.status = 'waiting' AND j.wait_kind = 'dependencies') IS TRUE
+        RETURNING j.status, j.queue INTO released;
+        IF released.status = 'pending' THEN
+            -- One NOTIFY per queue: PostgreSQL folds repeats within a transaction.
+            PERFORM pg_notify('pg_scheduler_jobs' || schema_suffix,
+                              CASE WHEN released.queue = 'default' THEN ''
+                                   ELSE released.queue END);
+            n := n + 1;
+        END IF;
+    END LOOP;
     RETURN n;
 END $function$;
 
