@@ -89,6 +89,12 @@ def check_depends_on(value: Any) -> None:
             f"depends_on must be a list of job ids (or JobSpecs), got {clip_repr(value)}"
         )
     for item in value:
+        if (
+            type(item) is not str
+            and not isinstance(item, str | int | float | bytes | dict | list | tuple)
+            and item is not None
+        ):
+            continue  # a JobSpec (checked where it is resolved)
         if isinstance(item, str):
             if not item.strip():
                 raise ValueError("depends_on must not hold an empty job id")

@@ -73,25 +73,33 @@ def plan(
             )
     spec_index = {id(spec): i for i, spec in enumerate(specs)} if specs is not None else {}
     resolved: list[list[str]] = []
-    checked_policies: list[str] = []
+    checked_policies: set[Any] = set()
     for index, (row, deps, policy) in enumerate(zip(rows, depends_on, policies, strict=True)):
-        check_on_dependency_failure(policy)
-        checked_policies.append(policy)
+        if policy not in checked_policies:
+            check_on_dependency_failure(policy)
+            checked_policies.add(policy)
+        if not deps:
+            resolved.append([])
+            continue
+        check_depends_on(deps)
         ids: list[str] = []
-        if deps:
-            check_depends_on(deps)
-            seen: set[str] = set()
-            for dep in deps:
+        for dep in deps:
+            if type(dep) is JobSpec:  # the common case first: a spec of the call
+                at = spec_index.get(id(dep))
+                dep_id = (
+                    rows[at].job_id
+                    if at is not None
+                    else _dependency_id(dep, spec_index, rows, index)
+                )
+            else:
                 dep_id = _dependency_id(dep, spec_index, rows, index)
-                if dep_id == row.job_id:
-                    raise ValueError(
-                        f"job {_named(row, index)} depends on itself; nothing was scheduled"
-                    )
-                if dep_id not in seen:
-                    seen.add(dep_id)
-                    ids.append(dep_id)
+            ids.append(dep_id)
+        if len(set(ids)) != len(ids):  # repeats: keep each first mention
+            ids = list(dict.fromkeys(ids))
+        if row.job_id in ids:
+            raise ValueError(f"job {_named(row, index)} depends on itself; nothing was scheduled")
         resolved.append(ids)
-    graph = Graph(rows, resolved, checked_policies, list(given), index_of)
+    graph = Graph(rows, resolved, list(policies), list(given), index_of)
     _refuse_cycles(graph)
     return graph
 
