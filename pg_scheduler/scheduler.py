@@ -279,6 +279,11 @@ class Scheduler:
         and all rows are written in one transaction (a savepoint inside the
         caller's transaction when ``connection`` is given). Caller-chosen ids
         go in statements of ``batch_size`` rows; generated ids in one COPY.
+
+        A spec's ``depends_on`` may name job ids and other specs of the same
+        call: the whole graph is checked (no cycle, no unknown id) and
+        written at once; ``pg_scheduler.chain``/``group``/``chord`` build
+        such lists. See docs/dependencies.md.
         """
         return await self._jobs.schedule_bulk(
             jobs, conflict_resolution, batch_size, connection, positional
