@@ -215,6 +215,13 @@ TRANSITIONS: tuple[Transition, ...] = (
         "trigger (0015): a dependency ended; the last one met makes its dependent pending, "
         "one that did not complete cancels the dependents whose policy is cancel",
     ),
+    Transition(
+        (WAITING,),
+        (PENDING,),
+        "function:pg_scheduler_dependencies_completed",
+        "job_sql._COMPLETE, _COMPLETE_UNLOCKED, _SET_STATUS (0015): the running jobs a "
+        "statement completes release their dependents, one call per statement",
+    ),
 )
 
 # Deleting a completed row in the completion itself (``jobs._COMPLETE_AND_DELETE``,

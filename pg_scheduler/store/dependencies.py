@@ -90,7 +90,7 @@ EDGE_COLUMNS = ["depends_on", "job_id", "ordinal", "on_failure"]
 # Existing dependencies that had ended without completing: the new
 # dependents' policies apply now (already-applied edges are left as they are).
 _APPLY_ENDED = """
-SELECT count({function}(d.job_id, d.status, NULL))
+SELECT count(pg_scheduler_dependency_ended(d.job_id, d.status, NULL))
   FROM unnest($1::text[], $2::text[]) AS d(job_id, status)
 """
 
@@ -110,9 +110,7 @@ class DependencyStore:
         self._lock = q(_LOCK_DEPENDENCIES)
         self._insert_jobs = q(_INSERT_DEPENDENTS)
         self._insert_edges = q(_INSERT_EDGES)
-        self._apply_ended = q(
-            _APPLY_ENDED.format(function=q.prefix + "pg_scheduler_dependency_ended")
-        )
+        self._apply_ended = q(_APPLY_ENDED)
         self._results = q(_RESULTS)
 
     async def lock_dependencies(self, db: Executor, job_ids: Sequence[str]) -> dict[str, str]:

@@ -162,7 +162,7 @@ CREATE TRIGGER scheduled_jobs_dependencies_truncate AFTER TRUNCATE ON public.sch
 CREATE TRIGGER scheduled_jobs_dependency_deleted AFTER DELETE ON public.scheduled_jobs FOR EACH ROW WHEN ((old.has_dependents AND (old.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])))) EXECUTE FUNCTION pg_scheduler_dependency_done();
 
 -- [trigger] scheduled_jobs_dependency_done on scheduled_jobs
-CREATE TRIGGER scheduled_jobs_dependency_done AFTER UPDATE OF status ON public.scheduled_jobs FOR EACH ROW WHEN ((new.has_dependents AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])) AND (old.status IS DISTINCT FROM new.status))) EXECUTE FUNCTION pg_scheduler_dependency_done();
+CREATE TRIGGER scheduled_jobs_dependency_done AFTER UPDATE OF status ON public.scheduled_jobs FOR EACH ROW WHEN ((new.has_dependents AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])) AND (old.status IS DISTINCT FROM new.status) AND (NOT ((old.status = 'running'::text) AND (new.status = 'completed'::text))))) EXECUTE FUNCTION pg_scheduler_dependency_done();
 
 -- [trigger] scheduled_jobs_events_delete on scheduled_jobs
 CREATE TRIGGER scheduled_jobs_events_delete AFTER DELETE ON public.scheduled_jobs REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_job_events();
@@ -291,6 +291,58 @@ CREATE TABLE public.workflow_steps (
 
 -- [index] workflow_steps_waiting_idx on workflow_steps
 CREATE INDEX workflow_steps_waiting_idx ON public.workflow_steps USING btree (job_id, seq) WHERE (status = 'waiting'::text);
+
+-- [function] pg_scheduler_dependencies_completed(ids text[], results jsonb)
+CREATE OR REPLACE FUNCTION public.pg_scheduler_dependencies_completed(ids text[], results jsonb)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public'
+AS $function$
+DECLARE
+    schema_suffix TEXT := CASE WHEN current_schema() = 'public' THEN ''
+                               ELSE ':' || current_schema() END;
+    dependents TEXT[];
+    counts INTEGER[];
+    n INTEGER;
+BEGIN
+    WITH marked AS (
+        UPDATE job_dependencies e
+           SET status = 'completed', met = true,
+               result = CASE WHEN results IS NULL
+                             THEN (SELECT s.result FROM scheduled_jobs s
+                                    WHERE s.job_id = e.depends_on)
+                             ELSE NULLIF(results -> e.depends_on -> 1, 'null'::jsonb) END
+          FROM unnest(ids) AS d(job_id)
+         WHERE e.depends_on = d.job_id AND NOT e.met
+        RETURNING e.job_id
+    )
+    SELECT array_agg(g.job_id ORDER BY g.job_id), array_agg(g.n ORDER BY g.job_id)
+      INTO dependents, counts
+      FROM (SELECT m.job_id, count(*)::int AS n FROM marked m GROUP BY m.job_id) g;
+    IF dependents IS NULL THEN
+        RETURN 0;
+    END IF;
+    WITH released AS (
+        UPDATE scheduled_jobs j
+           SET dependencies_unmet = j.dependencies_unmet - c.n,
+               status = CASE WHEN j.dependencies_unmet <= c.n THEN 'pending' ELSE 'waiting' END,
+               wait_kind = CASE WHEN j.dependencies_unmet <= c.n THEN NULL
+                                ELSE 'dependencies' END,
+               execution_time = CASE WHEN j.dependencies_unmet <= c.n
+                                     THEN greatest(j.execution_time, now())
+                                     ELSE j.execution_time END
+          FROM unnest(dependents, counts) AS c(job_id, n)
+         WHERE j.job_id = c.job_id
+           AND (j.status = 'waiting' AND j.wait_kind = 'dependencies') IS TRUE
+        RETURNING j.status, j.queue
+    )
+    SELECT count(pg_notify('pg_scheduler_jobs' || schema_suffix,
+                           CASE WHEN q.queue = 'default' THEN '' ELSE q.queue END))
+      INTO n
+      FROM (SELECT DISTINCT r.queue FROM released r WHERE r.status = 'pending') q;
+    RETURN n;
+END $function$;
 
 -- [function] pg_scheduler_dependencies_forget()
 CREATE OR REPLACE FUNCTION public.pg_scheduler_dependencies_forget()

@@ -162,6 +162,42 @@ async def test_the_dependent_is_pending_in_the_completion_transaction_and_wakes_
     assert result == '"out"'
 
 
+@pytest.mark.parametrize("how", ["complete", "complete_unlocked", "update_job_status"])
+async def test_every_statement_that_completes_a_running_job_releases_its_dependents(pool, how):
+    """The completer's statement, the one it writes a batch apart with, and a
+    forced status (0.2.x's update_job_status); each in its own transaction."""
+    producer = Scheduler(pool)
+    firsts = [await producer.schedule(t.step, execution_time=now(), args=(n,)) for n in "ab"]
+    join = await producer.schedule(t.step, execution_time=now(), args=("j",), depends_on=firsts)
+    single = await producer.schedule(
+        t.step, execution_time=now(), args=("s",), depends_on=firsts[:1]
+    )
+    await pool.execute(
+        "UPDATE scheduled_jobs SET status = 'running', worker_id = 'w1', attempts = 1,"
+        " started_at = now(), result = '\"stored\"'::jsonb WHERE job_id = ANY($1::text[])",
+        firsts,
+    )
+    store = Store(pool)
+    done = [Completion(firsts[0], 1, '"one"')]
+    if how == "complete":
+        assert await store.complete("w1", done, False) == {firsts[0]}
+    elif how == "complete_unlocked":
+        assert await store.complete_unlocked("w1", done, False) == ({firsts[0]}, set())
+    else:
+        assert await producer.update_job_status(firsts[0], "completed")
+    assert await job_status(pool, single) == "pending"
+    got = await row(pool, join)
+    assert (got["status"], got["dependencies_unmet"]) == ("waiting", 1)
+    expected = '"stored"' if how == "update_job_status" else '"one"'
+    assert (
+        await pool.fetchval("SELECT result::text FROM job_dependencies WHERE job_id = $1", single)
+        == expected
+    )
+    assert await store.complete("w1", [Completion(firsts[1], 1, None)], False) == {firsts[1]}
+    got = await row(pool, join)
+    assert (got["status"], got["dependencies_unmet"], got["wait_kind"]) == ("pending", 0, None)
+
+
 async def test_a_join_is_released_once_by_whichever_dependency_completes_last(pool, make_scheduler):
     scheduler = await make_scheduler(max_concurrent_jobs=20, batch_claim_limit=20)
     root = JobSpec(t.step, now(), ("root",))

@@ -151,9 +151,67 @@ BEGIN
     RETURN n;
 END $$;
 
+-- Completions in bulk: the completion statements (store/job_sql.py) call this
+-- once per statement with their completed rows that have dependents (``ids``)
+-- and the results they wrote (``results``: {job_id: [attempt, result]}, as
+-- the completion takes them; NULL: read each one's stored result). The same
+-- as pg_scheduler_dependency_ended for each, set-based: the edges marked, each
+-- dependent's count lowered by the number of its dependencies completed here,
+-- in job_id order, through the primary key.
+CREATE OR REPLACE FUNCTION pg_scheduler_dependencies_completed(ids TEXT[], results JSONB)
+RETURNS INTEGER
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    schema_suffix TEXT := CASE WHEN current_schema() = 'public' THEN ''
+                               ELSE ':' || current_schema() END;
+    dependents TEXT[];
+    counts INTEGER[];
+    n INTEGER;
+BEGIN
+    WITH marked AS (
+        UPDATE job_dependencies e
+           SET status = 'completed', met = true,
+               result = CASE WHEN results IS NULL
+                             THEN (SELECT s.result FROM scheduled_jobs s
+                                    WHERE s.job_id = e.depends_on)
+                             ELSE NULLIF(results -> e.depends_on -> 1, 'null'::jsonb) END
+          FROM unnest(ids) AS d(job_id)
+         WHERE e.depends_on = d.job_id AND NOT e.met
+        RETURNING e.job_id
+    )
+    SELECT array_agg(g.job_id ORDER BY g.job_id), array_agg(g.n ORDER BY g.job_id)
+      INTO dependents, counts
+      FROM (SELECT m.job_id, count(*)::int AS n FROM marked m GROUP BY m.job_id) g;
+    IF dependents IS NULL THEN
+        RETURN 0;
+    END IF;
+    WITH released AS (
+        UPDATE scheduled_jobs j
+           SET dependencies_unmet = j.dependencies_unmet - c.n,
+               status = CASE WHEN j.dependencies_unmet <= c.n THEN 'pending' ELSE 'waiting' END,
+               wait_kind = CASE WHEN j.dependencies_unmet <= c.n THEN NULL
+                                ELSE 'dependencies' END,
+               execution_time = CASE WHEN j.dependencies_unmet <= c.n
+                                     THEN greatest(j.execution_time, now())
+                                     ELSE j.execution_time END
+          FROM unnest(dependents, counts) AS c(job_id, n)
+         WHERE j.job_id = c.job_id
+           AND (j.status = 'waiting' AND j.wait_kind = 'dependencies') IS TRUE
+        RETURNING j.status, j.queue
+    )
+    SELECT count(pg_notify('pg_scheduler_jobs' || schema_suffix,
+                           CASE WHEN q.queue = 'default' THEN '' ELSE q.queue END))
+      INTO n
+      FROM (SELECT DISTINCT r.queue FROM released r WHERE r.status = 'pending') q;
+    RETURN n;
+END $$;
+
 -- A job some job depends on ended (or was deleted unfinished: a running row
 -- deleted is a completion that deletes its row, vacuum's IMMEDIATE policy,
--- its result not kept; any other is counted as cancelled).
+-- its result not kept; any other is counted as cancelled). Not for running ->
+-- completed: every statement that completes a running job calls
+-- pg_scheduler_dependencies_completed for its rows at once (one call per
+-- statement instead of one per row); a new one must too (states.py).
 CREATE OR REPLACE FUNCTION pg_scheduler_dependency_done() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
@@ -172,7 +230,8 @@ CREATE TRIGGER scheduled_jobs_dependency_done
     AFTER UPDATE OF status ON scheduled_jobs FOR EACH ROW
     WHEN (NEW.has_dependents
           AND NEW.status IN ('completed', 'failed', 'cancelled', 'expired')
-          AND OLD.status IS DISTINCT FROM NEW.status)
+          AND OLD.status IS DISTINCT FROM NEW.status
+          AND NOT (OLD.status = 'running' AND NEW.status = 'completed'))
     EXECUTE FUNCTION pg_scheduler_dependency_done();
 DROP TRIGGER IF EXISTS scheduled_jobs_dependency_deleted ON scheduled_jobs;
 CREATE TRIGGER scheduled_jobs_dependency_deleted
