@@ -156,8 +156,83 @@ def _refuse_cycles(graph: Graph) -> None:
         )
 
 
+@dataclass
+class Writes:
+    """What a :class:`Graph` writes, once the database has said which given ids
+    exist (IGNORE skips them) and which jobs outside the call it depends on."""
+
+    rows: list[NewJob]
+    unmet: list[int | None]  # per row: dependencies not met (None: it has none)
+    depended: list[bool]  # per row: some row of the call depends on it
+    inner_edges: list[tuple[str, str, int, str]]  # to rows written here
+    outer_edges: list[tuple[str, str, int, str, bool]]  # to existing jobs (completed?)
+    ended: dict[str, str]  # existing dependencies ended without completing
+    ids: list[str | None]  # the call's answer: one per row, None where skipped
+
+
+def outside(graph: Graph, skipped: set[str]) -> tuple[list[int], set[str], set[str]]:
+    """(the rows written, in order; the ids they depend on among them; those
+    outside the call, existing jobs to lock) when ``skipped`` ids exist."""
+    index_of = graph.index_of
+    written = [
+        i
+        for i, row in enumerate(graph.rows)
+        if row.job_id not in skipped and index_of[row.job_id] == i  # IGNORE: first wins
+    ]
+    inside: set[str] = set()
+    beyond: set[str] = set()
+    for i in written:
+        for dep in graph.depends_on[i]:
+            if dep in index_of and dep not in skipped:
+                inside.add(dep)
+            else:
+                beyond.add(dep)
+    return written, inside, beyond
+
+
+def writes(graph: Graph, written: list[int], inside: set[str], status_of: dict[str, str]) -> Writes:
+    """The rows and edges to write; ``status_of``: each existing dependency's
+    status, read under its lock (ValueError naming those that do not exist)."""
+    unknown = {dep for i in written for dep in graph.depends_on[i] if dep not in inside} - set(
+        status_of
+    )
+    if unknown:
+        raise ValueError(
+            f"depends_on names jobs that do not exist: {sorted(unknown)[:10]}; "
+            "nothing was scheduled"
+        )
+    out = Writes([], [], [], [], [], {}, [])
+    for i in written:
+        row = graph.rows[i]
+        deps = graph.depends_on[i]
+        policy = graph.policies[i]
+        count = 0
+        for ordinal, dep in enumerate(deps):
+            if dep in inside:
+                out.inner_edges.append((dep, row.job_id, ordinal, policy))
+                count += 1
+            else:
+                completed = status_of[dep] == _COMPLETED
+                out.outer_edges.append((dep, row.job_id, ordinal, policy, completed))
+                count += not completed
+        out.rows.append(row)
+        out.unmet.append(count if deps else None)
+        out.depended.append(row.job_id in inside)
+    out.ended = {dep: s for dep, s in status_of.items() if s in _ENDED_OTHERWISE}
+    done = {graph.rows[i].job_id for i in written}
+    out.ids = [
+        row.job_id if row.job_id in done and graph.index_of[row.job_id] == i else None
+        for i, row in enumerate(graph.rows)
+    ]
+    return out
+
+
+def _given_ids(graph: Graph) -> list[str]:
+    return [row.job_id for row, mine in zip(graph.rows, graph.given, strict=True) if mine]
+
+
 class GraphWriter:
-    """Writes a :class:`Graph` on one connection, inside a transaction the caller opened."""
+    """Writes a :class:`Graph` through asyncpg, inside a transaction the caller opened."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -171,89 +246,81 @@ class GraphWriter:
         batch_size: int,
     ) -> list[str | None]:
         """Write ``graph``; one id per row, None where IGNORE skipped an existing id."""
-        rows = graph.rows
-        given_ids = [row.job_id for row, mine in zip(rows, graph.given, strict=True) if mine]
+        given_ids = _given_ids(graph)
         skipped: set[str] = set()
         if given_ids:
             existing = await self.store.existing_ids(conn, given_ids)
             if conflict is ConflictResolution.RAISE:
                 check_none_existing(existing)
             skipped = set(existing)
-        index_of = graph.index_of
-        written = [
-            i
-            for i, row in enumerate(rows)
-            if row.job_id not in skipped and index_of[row.job_id] == i  # IGNORE: first wins
-        ]
-        # What the written rows depend on that they do not write: existing jobs.
-        outside: set[str] = set()
-        inside_depended: set[str] = set()
-        for i in written:
-            for dep in graph.depends_on[i]:
-                if dep in index_of and dep not in skipped:
-                    inside_depended.add(dep)
-                else:
-                    outside.add(dep)
+        written, inside, beyond = outside(graph, skipped)
         status_of: dict[str, str] = {}
-        if outside:
-            status_of = await self.dependencies.lock_dependencies(conn, sorted(outside))
-            unknown = outside - set(status_of)
-            if unknown:
-                raise ValueError(
-                    f"depends_on names jobs that do not exist: {sorted(unknown)[:10]}; "
-                    "nothing was scheduled"
-                )
-        new_rows: list[NewJob] = []
-        unmet: list[int | None] = []
-        depended: list[bool] = []
-        inner_edges: list[tuple[str, str, int, str]] = []
-        outer_edges: list[tuple[str, str, int, str, bool]] = []
-        for i in written:
-            row = rows[i]
-            deps = graph.depends_on[i]
-            policy = graph.policies[i]
-            count = 0
-            for ordinal, dep in enumerate(deps):
-                if dep in inside_depended:
-                    inner_edges.append((dep, row.job_id, ordinal, policy))
-                    count += 1
-                else:
-                    completed = status_of[dep] == _COMPLETED
-                    outer_edges.append((dep, row.job_id, ordinal, policy, completed))
-                    count += not completed
-            new_rows.append(row)
-            unmet.append(count if deps else None)
-            depended.append(row.job_id in inside_depended)
-        if not new_rows:
-            return [None] * len(rows)
-        if not given_ids and len(new_rows) >= COPY_THRESHOLD:
-            await self.dependencies.copy_jobs(
+        if beyond:
+            status_of = await self.dependencies.lock_dependencies(conn, sorted(beyond))
+        out = writes(graph, written, inside, status_of)
+        if not out.rows:
+            return out.ids
+        deps = self.dependencies
+        if not given_ids and len(out.rows) >= COPY_THRESHOLD:
+            await deps.copy_jobs(
                 conn,
                 [
                     (*row, _status(n), _wait_kind(n), n, d)
-                    for row, n, d in zip(new_rows, unmet, depended, strict=True)
+                    for row, n, d in zip(out.rows, out.unmet, out.depended, strict=True)
                 ],
             )
         else:
-            for start in range(0, len(new_rows), batch_size):
+            for start in range(0, len(out.rows), batch_size):
                 end = start + batch_size
-                await self.dependencies.insert_jobs(
-                    conn, new_rows[start:end], unmet[start:end], depended[start:end]
+                await deps.insert_jobs(
+                    conn, out.rows[start:end], out.unmet[start:end], out.depended[start:end]
                 )
-        if len(inner_edges) >= COPY_THRESHOLD:
-            await self.dependencies.copy_edges(conn, inner_edges)
-        elif inner_edges:
-            await self.dependencies.insert_edges(conn, [(*edge, False) for edge in inner_edges])
-        if outer_edges:
-            await self.dependencies.insert_edges(conn, outer_edges)
-        ended = {dep: s for dep, s in status_of.items() if s in _ENDED_OTHERWISE}
-        if ended:
-            await self.dependencies.apply_ended(conn, ended)
-        done = {rows[i].job_id for i in written}
-        return [
-            row.job_id if row.job_id in done and index_of[row.job_id] == i else None
-            for i, row in enumerate(rows)
-        ]
+        if len(out.inner_edges) >= COPY_THRESHOLD:
+            await deps.copy_edges(conn, out.inner_edges)
+        elif out.inner_edges:
+            await deps.insert_edges(conn, [(*edge, False) for edge in out.inner_edges])
+        if out.outer_edges:
+            await deps.insert_edges(conn, out.outer_edges)
+        if out.ended:
+            await deps.apply_ended(conn, out.ended)
+        return out.ids
+
+
+class DbapiGraphWriter:
+    """The same writes through a caller's DB-API connection (psycopg 3 or
+    psycopg2), inside the savepoint or transaction ``DbapiStatements.atomically``
+    opened; INSERT statements only (no COPY)."""
+
+    def __init__(self, statements: Any) -> None:
+        self.statements = statements  # store.dbapi.DbapiStatements
+
+    def write(
+        self, conn: Any, graph: Graph, conflict: ConflictResolution, batch_size: int
+    ) -> list[str | None]:
+        statements = self.statements
+        given_ids = _given_ids(graph)
+        skipped: set[str] = set()
+        if given_ids:
+            existing = statements.existing_ids(conn, given_ids)
+            if conflict is ConflictResolution.RAISE:
+                check_none_existing(existing)
+            skipped = set(existing)
+        written, inside, beyond = outside(graph, skipped)
+        status_of: dict[str, str] = {}
+        if beyond:
+            status_of = statements.lock_dependencies(conn, sorted(beyond))
+        out = writes(graph, written, inside, status_of)
+        for start in range(0, len(out.rows), batch_size):
+            end = start + batch_size
+            statements.insert_dependents(
+                conn, out.rows[start:end], out.unmet[start:end], out.depended[start:end]
+            )
+        edges = [(*edge, False) for edge in out.inner_edges] + out.outer_edges
+        if edges:
+            statements.insert_edges(conn, edges)
+        if out.ended:
+            statements.apply_ended(conn, out.ended)
+        return out.ids
 
 
 def _status(unmet: int | None) -> str:

@@ -549,14 +549,57 @@ async def test_the_sync_client_schedules_dependents_on_its_own_connection(
                     JobSpec(t.step, now(), ("c",)), JobSpec(t.step, now(), ("d",), depends_on=[b])
                 )
             )
-            with pytest.raises(ValueError, match="does not write jobs with depends_on"):
-                client.schedule(t.step, execution_time=now(), depends_on=[a], connection=object())
             return [a, b, *ids]
 
     ids = await asyncio.to_thread(produce)
     await all_final(pool, ids)
     done = await runs(pool)
     assert done["b"]["ended_at"] <= done["d"]["started_at"]
+    assert done["c"]["ended_at"] <= done["d"]["started_at"]
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
+async def test_the_sync_client_writes_dependents_in_a_callers_transaction(
+    pool, dsn, make_scheduler, driver
+):
+    """Through a caller's DB-API connection: inside its transaction, committed
+    or rolled back with it; a bad graph leaves the caller's transaction usable."""
+    driver_module = pytest.importorskip(driver)
+    await make_scheduler()
+
+    def produce(commit: bool) -> list[str]:
+        conn = driver_module.connect(dsn)
+        try:
+            with SyncClient(dsn) as client:
+                a = client.schedule(t.step, execution_time=now(), args=("a",), connection=conn)
+                b = client.schedule(
+                    t.step, execution_time=now(), args=("b",), depends_on=[a], connection=conn
+                )
+                with pytest.raises(ValueError, match="do not exist"):
+                    client.schedule(
+                        t.step, execution_time=now(), depends_on=["nope"], connection=conn
+                    )
+                ids = client.schedule_bulk(
+                    chain(
+                        JobSpec(t.step, now(), ("c",), depends_on=[b]),
+                        JobSpec(t.step, now(), ("d",)),
+                    ),
+                    connection=conn,
+                )
+            if commit:
+                conn.commit()
+            else:
+                conn.rollback()
+            return [a, b, *ids]
+        finally:
+            conn.close()
+
+    assert await asyncio.to_thread(produce, False)
+    assert await count_rows(pool) == (0, 0)
+    ids = await asyncio.to_thread(produce, True)
+    await all_final(pool, ids)
+    done = await runs(pool)
+    assert done["a"]["ended_at"] <= done["b"]["started_at"] <= done["c"]["started_at"]
     assert done["c"]["ended_at"] <= done["d"]["started_at"]
 
 
