@@ -74,6 +74,9 @@ def plan(
     spec_index = {id(spec): i for i, spec in enumerate(specs)} if specs is not None else {}
     resolved: list[list[str]] = []
     checked_policies: set[Any] = set()
+    # Every dependency inside the call earlier in it: no cycle (the common
+    # case: a spec can only name a spec made before it, unless changed later).
+    ordered = True
     for index, (row, deps, policy) in enumerate(zip(rows, depends_on, policies, strict=True)):
         if policy not in checked_policies:
             check_on_dependency_failure(policy)
@@ -86,21 +89,23 @@ def plan(
         for dep in deps:
             if type(dep) is JobSpec:  # the common case first: a spec of the call
                 at = spec_index.get(id(dep))
-                dep_id = (
-                    rows[at].job_id
-                    if at is not None
-                    else _dependency_id(dep, spec_index, rows, index)
-                )
+                if at is None:
+                    raise _foreign_spec(index, bool(spec_index))
+                ids.append(rows[at].job_id)
             else:
                 dep_id = _dependency_id(dep, spec_index, rows, index)
-            ids.append(dep_id)
+                at = index_of.get(dep_id)
+                ids.append(dep_id)
+            if at is not None and at >= index:
+                ordered = False
         if len(set(ids)) != len(ids):  # repeats: keep each first mention
             ids = list(dict.fromkeys(ids))
         if row.job_id in ids:
             raise ValueError(f"job {_named(row, index)} depends on itself; nothing was scheduled")
         resolved.append(ids)
     graph = Graph(rows, resolved, list(policies), list(given), index_of)
-    _refuse_cycles(graph)
+    if not ordered:
+        _refuse_cycles(graph)
     return graph
 
 
@@ -112,19 +117,24 @@ def _dependency_id(dep: Any, spec_index: dict[int, int], rows: list[NewJob], ind
     if isinstance(dep, str):
         return dep
     if isinstance(dep, JobSpec):
-        if not spec_index:
-            raise TypeError(
-                "depends_on of schedule() takes job ids; a JobSpec is named by "
-                "identity only among the specs of one schedule_bulk call"
-            )
         at = spec_index.get(id(dep))
         if at is None:
-            raise ValueError(
-                f"depends_on of jobs[{index}] names a JobSpec that is not in this "
-                "schedule_bulk call; pass it in the same call, or its job id"
-            )
+            raise _foreign_spec(index, bool(spec_index))
         return rows[at].job_id
     raise TypeError(f"depends_on must hold job ids (or JobSpecs), got {type(dep).__name__}")
+
+
+def _foreign_spec(index: int, bulk: bool) -> Exception:
+    """A JobSpec in depends_on that is not one of the call's."""
+    if not bulk:
+        return TypeError(
+            "depends_on of schedule() takes job ids; a JobSpec is named by "
+            "identity only among the specs of one schedule_bulk call"
+        )
+    return ValueError(
+        f"depends_on of jobs[{index}] names a JobSpec that is not in this "
+        "schedule_bulk call; pass it in the same call, or its job id"
+    )
 
 
 def _refuse_cycles(graph: Graph) -> None:

@@ -393,6 +393,14 @@ async def _ran(pool: asyncpg.Pool, name: str) -> bool:
 # -- bad input writes nothing --------------------------------------------------------
 
 
+def _spec_cycle(a: JobSpec) -> list[JobSpec]:
+    """Specs naming each other: the first changed after the second was made."""
+    b = JobSpec(t.step, later(), ("b",), depends_on=[a])
+    c = JobSpec(t.step, later(), ("c",), depends_on=[b])
+    a.depends_on = [*a.depends_on, c]
+    return [a, b, c]
+
+
 @pytest.mark.parametrize(
     "build, error, match",
     [
@@ -407,6 +415,7 @@ async def _ran(pool: asyncpg.Pool, name: str) -> bool:
             "cycle",
             id="cycle",
         ),
+        pytest.param(lambda a: _spec_cycle(a), ValueError, "cycle", id="spec-cycle"),
         pytest.param(
             lambda a: [a, JobSpec(t.step, later(), ("b",), job_id="b", depends_on=["b"])],
             ValueError,
