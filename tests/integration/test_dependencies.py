@@ -627,3 +627,26 @@ async def test_a_chord_runs_its_callback_with_the_headers_results(pool, make_sch
     assert results == [[ids[1 + i], f"part{i}"] for i in range(5)]
     done = await runs(pool)
     assert all(done["start"]["ended_at"] <= done[f"part{i}"]["started_at"] for i in range(5))
+
+
+async def test_dependencies_in_a_schema_of_their_own(pool, make_scheduler):
+    """The functions, their channels and the statements' qualified names in
+    another schema: a chain runs in order, and a failure cancels (its event
+    heard by wait_for)."""
+    schema = "deps_elsewhere"
+    await pool.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}")
+    scheduler = await make_scheduler(schema=schema)
+    try:
+        flow = chain(JobSpec(t.step, now(), ("a",)), JobSpec(t.collect, now(), ("b",)))
+        bad = chain(JobSpec(t.fail, now(), ("bad",)), JobSpec(t.step, now(), ("never",)))
+        ids = await scheduler.schedule_bulk([*flow, *bad])
+        assert await scheduler.result(ids[1], timeout=10) == [[ids[0], "a"]]
+        job = await scheduler.wait_for(ids[3], timeout=10)
+        assert (
+            job.status == "cancelled" and job.error == f"cancelled: its dependency {ids[2]} failed"
+        )
+        assert await pool.fetchval(f"SELECT count(*) FROM {schema}.job_dependencies") == 2
+        assert await pool.fetchval("SELECT count(*) FROM public.job_dependencies") == 0
+    finally:
+        await scheduler.shutdown(grace_period=1.0)  # before its tables go
+        await pool.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
