@@ -207,7 +207,7 @@ WITH done AS (
     RETURNING j.job_id, j.task_name, j.attempts, j.queue, j.has_dependents
 ), released AS (
     -- Their dependents (migration 0015), one call for the statement's rows that have any.
-    SELECT count(pg_scheduler_dependencies_completed(x.ids, $2::jsonb)) AS n
+    SELECT count(pg_scheduler_dependencies_completed(x.ids)) AS n
       FROM (SELECT array_agg(d.job_id) AS ids FROM done d WHERE d.has_dependents) x
      WHERE x.ids IS NOT NULL
 ), {
@@ -258,7 +258,7 @@ WITH {_MINE}, done AS (
     RETURNING j.job_id, j.task_name, j.attempts, j.queue, j.has_dependents
 ), released AS (
     -- Their dependents (migration 0015), one call for the statement's rows that have any.
-    SELECT count(pg_scheduler_dependencies_completed(x.ids, $2::jsonb)) AS n
+    SELECT count(pg_scheduler_dependencies_completed(x.ids)) AS n
       FROM (SELECT array_agg(d.job_id) AS ids FROM done d WHERE d.has_dependents) x
      WHERE x.ids IS NOT NULL
 ), {
@@ -436,7 +436,7 @@ WITH target AS (
               t.worker_id AS old_worker, j.has_dependents
 ), released AS (
     -- A running job forced to completed releases its dependents (migration 0015).
-    SELECT count(pg_scheduler_dependencies_completed(ARRAY[c.job_id], NULL)) AS n
+    SELECT count(pg_scheduler_dependencies_completed(ARRAY[c.job_id])) AS n
       FROM changed c
      WHERE c.has_dependents AND c.old_status = 'running' AND $2 = 'completed'
 ), {

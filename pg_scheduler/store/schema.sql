@@ -162,7 +162,7 @@ CREATE TRIGGER scheduled_jobs_dependencies_truncate AFTER TRUNCATE ON public.sch
 CREATE TRIGGER scheduled_jobs_dependency_deleted AFTER DELETE ON public.scheduled_jobs FOR EACH ROW WHEN ((old.has_dependents AND (old.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])))) EXECUTE FUNCTION pg_scheduler_dependency_done();
 
 -- [trigger] scheduled_jobs_dependency_done on scheduled_jobs
-CREATE TRIGGER scheduled_jobs_dependency_done AFTER UPDATE OF status ON public.scheduled_jobs FOR EACH ROW WHEN ((new.has_dependents AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])) AND (old.status IS DISTINCT FROM new.status) AND (NOT ((old.status = 'running'::text) AND (new.status = 'completed'::text))))) EXECUTE FUNCTION pg_scheduler_dependency_done();
+CREATE TRIGGER scheduled_jobs_dependency_done AFTER UPDATE OF status ON public.scheduled_jobs FOR EACH ROW WHEN ((new.has_dependents AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])) AND (old.status IS DISTINCT FROM new.status) AND (NOT ((old.status = 'running'::text) AND (new.status = 'completed'::text) AND (current_setting('pg_scheduler.dependencies_released'::text, true) = 'on'::text))))) EXECUTE FUNCTION pg_scheduler_dependency_done();
 
 -- [trigger] scheduled_jobs_events_delete on scheduled_jobs
 CREATE TRIGGER scheduled_jobs_events_delete AFTER DELETE ON public.scheduled_jobs REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_job_events();
@@ -292,8 +292,8 @@ CREATE TABLE public.workflow_steps (
 -- [index] workflow_steps_waiting_idx on workflow_steps
 CREATE INDEX workflow_steps_waiting_idx ON public.workflow_steps USING btree (job_id, seq) WHERE (status = 'waiting'::text);
 
--- [function] pg_scheduler_dependencies_completed(ids text[], results jsonb)
-CREATE OR REPLACE FUNCTION public.pg_scheduler_dependencies_completed(ids text[], results jsonb)
+-- [function] pg_scheduler_dependencies_completed(ids text[])
+CREATE OR REPLACE FUNCTION public.pg_scheduler_dependencies_completed(ids text[])
  RETURNS integer
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -306,15 +306,16 @@ DECLARE
     counts INTEGER[];
     n INTEGER;
 BEGIN
+    -- The row trigger below leaves this transaction's running -> completed
+    -- rows to this function (a statement of an earlier version, which does
+    -- not call it, still has them released by the trigger).
+    PERFORM set_config('pg_scheduler.dependencies_released', 'on', true);
     WITH marked AS (
         UPDATE job_dependencies e
-           SET status = 'completed', met = true,
-               result = CASE WHEN results IS NULL
-                             THEN (SELECT s.result FROM scheduled_jobs s
-                                    WHERE s.job_id = e.depends_on)
-                             ELSE NULLIF(results -> e.depends_on -> 1, 'null'::jsonb) END
+           SET status = 'completed', met = true, result = s.result
           FROM unnest(ids) AS d(job_id)
-         WHERE e.depends_on = d.job_id AND NOT e.met
+          JOIN scheduled_jobs s ON s.job_id = d.job_id
+         WHERE e.depends_on = d.job_id AND NOT e.met AND s.status = 'completed'
         RETURNING e.job_id
     )
     SELECT array_agg(g.job_id ORDER BY g.job_id), array_agg(g.n ORDER BY g.job_id)

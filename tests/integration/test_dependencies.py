@@ -162,10 +162,14 @@ async def test_the_dependent_is_pending_in_the_completion_transaction_and_wakes_
     assert result == '"out"'
 
 
-@pytest.mark.parametrize("how", ["complete", "complete_unlocked", "update_job_status"])
+@pytest.mark.parametrize(
+    "how", ["complete", "complete_unlocked", "update_job_status", "earlier_version"]
+)
 async def test_every_statement_that_completes_a_running_job_releases_its_dependents(pool, how):
-    """The completer's statement, the one it writes a batch apart with, and a
-    forced status (0.2.x's update_job_status); each in its own transaction."""
+    """The completer's statement, the one it writes a batch apart with, a
+    forced status (0.2.x's update_job_status), and a completion as a worker of
+    an earlier version writes it (a plain UPDATE: the trigger releases);
+    each in its own transaction."""
     producer = Scheduler(pool)
     firsts = [await producer.schedule(t.step, execution_time=now(), args=(n,)) for n in "ab"]
     join = await producer.schedule(t.step, execution_time=now(), args=("j",), depends_on=firsts)
@@ -183,6 +187,12 @@ async def test_every_statement_that_completes_a_running_job_releases_its_depende
         assert await store.complete("w1", done, False) == {firsts[0]}
     elif how == "complete_unlocked":
         assert await store.complete_unlocked("w1", done, False) == ({firsts[0]}, set())
+    elif how == "earlier_version":
+        await pool.execute(
+            "UPDATE scheduled_jobs SET status = 'completed', result = '\"one\"'::jsonb,"
+            " finished_at = now() WHERE job_id = $1 AND status = 'running'",
+            firsts[0],
+        )
     else:
         assert await producer.update_job_status(firsts[0], "completed")
     assert await job_status(pool, single) == "pending"

@@ -24,6 +24,7 @@ DROP TRIGGER IF EXISTS scheduled_jobs_dependencies_truncate ON scheduled_jobs;
 DROP FUNCTION IF EXISTS pg_scheduler_dependency_done();
 DROP FUNCTION IF EXISTS pg_scheduler_dependency_ended(TEXT, TEXT, JSONB);
 DROP FUNCTION IF EXISTS pg_scheduler_dependencies_forget();
+DROP FUNCTION IF EXISTS pg_scheduler_dependencies_completed(TEXT[]);
 DROP TABLE IF EXISTS job_dependencies;
 ALTER TABLE scheduled_jobs DROP COLUMN has_dependents, DROP COLUMN dependencies_unmet;
 ALTER TABLE scheduled_jobs DROP CONSTRAINT scheduled_jobs_wait_kind_check;

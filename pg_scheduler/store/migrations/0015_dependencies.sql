@@ -152,13 +152,14 @@ BEGIN
 END $$;
 
 -- Completions in bulk: the completion statements (store/job_sql.py) call this
--- once per statement with their completed rows that have dependents (``ids``)
--- and the results they wrote (``results``: {job_id: [attempt, result]}, as
--- the completion takes them; NULL: read each one's stored result). The same
--- as pg_scheduler_dependency_ended for each, set-based: the edges marked, each
--- dependent's count lowered by the number of its dependencies completed here,
--- in job_id order, through the primary key.
-CREATE OR REPLACE FUNCTION pg_scheduler_dependencies_completed(ids TEXT[], results JSONB)
+-- once per statement with their completed rows that have dependents. It reads
+-- each one's status and result as that statement left them (a function the
+-- statement calls sees its writes so far), so only jobs really completed
+-- release anything, whoever calls it. The same as pg_scheduler_dependency_ended
+-- for each, set-based: the edges marked, each dependent's count lowered by the
+-- number of its dependencies completed here, in job_id order, through the
+-- primary key.
+CREATE OR REPLACE FUNCTION pg_scheduler_dependencies_completed(ids TEXT[])
 RETURNS INTEGER
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
@@ -168,15 +169,16 @@ DECLARE
     counts INTEGER[];
     n INTEGER;
 BEGIN
+    -- The row trigger below leaves this transaction's running -> completed
+    -- rows to this function (a statement of an earlier version, which does
+    -- not call it, still has them released by the trigger).
+    PERFORM set_config('pg_scheduler.dependencies_released', 'on', true);
     WITH marked AS (
         UPDATE job_dependencies e
-           SET status = 'completed', met = true,
-               result = CASE WHEN results IS NULL
-                             THEN (SELECT s.result FROM scheduled_jobs s
-                                    WHERE s.job_id = e.depends_on)
-                             ELSE NULLIF(results -> e.depends_on -> 1, 'null'::jsonb) END
+           SET status = 'completed', met = true, result = s.result
           FROM unnest(ids) AS d(job_id)
-         WHERE e.depends_on = d.job_id AND NOT e.met
+          JOIN scheduled_jobs s ON s.job_id = d.job_id
+         WHERE e.depends_on = d.job_id AND NOT e.met AND s.status = 'completed'
         RETURNING e.job_id
     )
     SELECT array_agg(g.job_id ORDER BY g.job_id), array_agg(g.n ORDER BY g.job_id)
@@ -209,9 +211,10 @@ END $$;
 -- A job some job depends on ended (or was deleted unfinished: a running row
 -- deleted is a completion that deletes its row, vacuum's IMMEDIATE policy,
 -- its result not kept; any other is counted as cancelled). Not for running ->
--- completed: every statement that completes a running job calls
--- pg_scheduler_dependencies_completed for its rows at once (one call per
--- statement instead of one per row); a new one must too (states.py).
+-- completed in a transaction where pg_scheduler_dependencies_completed ran:
+-- the statements that complete running jobs call it for all their rows at
+-- once (one call per statement instead of one per row); such a statement of
+-- an earlier version, which does not, still has its rows released here.
 CREATE OR REPLACE FUNCTION pg_scheduler_dependency_done() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
@@ -231,7 +234,8 @@ CREATE TRIGGER scheduled_jobs_dependency_done
     WHEN (NEW.has_dependents
           AND NEW.status IN ('completed', 'failed', 'cancelled', 'expired')
           AND OLD.status IS DISTINCT FROM NEW.status
-          AND NOT (OLD.status = 'running' AND NEW.status = 'completed'))
+          AND NOT (OLD.status = 'running' AND NEW.status = 'completed'
+                   AND current_setting('pg_scheduler.dependencies_released', true) = 'on'))
     EXECUTE FUNCTION pg_scheduler_dependency_done();
 DROP TRIGGER IF EXISTS scheduled_jobs_dependency_deleted ON scheduled_jobs;
 CREATE TRIGGER scheduled_jobs_dependency_deleted
