@@ -4,9 +4,11 @@
 -- wait_kind 'dependencies': out of the claim index (its predicate is
 -- status = 'pending'), so it costs the claim nothing, holds no worker, lease
 -- or slot. dependencies_unmet counts its dependencies not yet met; when the
--- last one completes, the trigger below makes it pending (due at once, or at
--- its own execution_time if later) and notifies its queue's workers, in the
--- same transaction as that completion. No sweep, no poller.
+-- last one completes, it becomes pending (due at once, or at its own
+-- execution_time if later) and its queue's workers are notified, in the same
+-- transaction as that completion: the completion statements call
+-- pg_scheduler_dependencies_completed for their rows, the row trigger below
+-- handles every other end. No sweep, no poller.
 --
 -- * job_dependencies: one row per edge (depends_on -> job_id), in the order
 --   the dependent declared them (ordinal), with the dependent's policy for a
@@ -17,9 +19,9 @@
 --   the dependency's row. met: the edge no longer holds its dependent back
 --   (the dependency completed, or it ended otherwise and the policy is run).
 --   An edge goes with its dependent's row (vacuum, delete, truncate).
--- * scheduled_jobs.has_dependents: set on a job some job depends on; the row
---   triggers below test it in their WHEN clause, so plain jobs pay nothing
---   (no function is called for them) and their statements are unchanged.
+-- * scheduled_jobs.has_dependents: set on a job some job depends on; the
+--   completion statements and the row triggers below test it, so no function
+--   is called for plain jobs.
 --
 -- A dependency that ends without completing (failed after its last retry,
 -- cancelled, expired, deleted unfinished) applies each dependent's policy:
