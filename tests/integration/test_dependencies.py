@@ -660,3 +660,66 @@ async def test_dependencies_in_a_schema_of_their_own(pool, make_scheduler):
     finally:
         await scheduler.shutdown(grace_period=1.0)  # before its tables go
         await pool.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+async def test_a_dependent_written_while_its_dependency_completes_is_never_left_waiting(pool):
+    """Both orders of the race, each held open: the dependent's write waits for
+    the completion's commit and sees it completed; a completion that waits
+    for the dependent's write releases it once that commits."""
+    producer = Scheduler(pool)
+    store = Store(pool)
+
+    async def running(name: str) -> str:
+        job_id = await producer.schedule(t.step, execution_time=later(), args=(name,))
+        await pool.execute(
+            "UPDATE scheduled_jobs SET status = 'running', worker_id = 'w1', attempts = 1"
+            " WHERE job_id = $1",
+            job_id,
+        )
+        return job_id
+
+    # 1. The completion first, not committed: the dependent's write waits for it.
+    first = await running("first")
+    async with pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        await store.complete("w1", [Completion(first, 1, '"r1"')], False, conn)
+        write = asyncio.create_task(
+            producer.schedule(t.step, execution_time=later(), depends_on=[first])
+        )
+        await wait_until(
+            lambda: _blocked_on_lock(pool), message="the dependent's write waiting for the lock"
+        )
+        assert not write.done()
+        await tx.commit()
+    dependent = await write
+    assert (await row(pool, dependent))["status"] == "pending"
+
+    # 2. The dependent's write first, not committed: the completion waits for it.
+    second = await running("second")
+    async with pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        dependent = await producer.schedule(
+            t.step, execution_time=later(), depends_on=[second], connection=conn
+        )
+        completion = asyncio.create_task(
+            store.complete("w1", [Completion(second, 1, '"r2"')], False)
+        )
+        await wait_until(
+            lambda: _blocked_on_lock(pool), message="the completion waiting for the lock"
+        )
+        assert not completion.done()
+        await tx.commit()
+    assert await completion == {second}
+    got = await row(pool, dependent)
+    assert (got["status"], got["dependencies_unmet"]) == ("pending", 0)
+
+
+async def _blocked_on_lock(pool: asyncpg.Pool) -> bool:
+    return bool(
+        await pool.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND datname = current_database()"
+        )
+    )
