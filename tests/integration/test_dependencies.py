@@ -385,11 +385,19 @@ async def test_a_completion_that_deletes_its_row_still_releases_the_dependent(po
 
     config = VacuumConfig(completed=VacuumPolicy(trigger=VacuumTrigger.IMMEDIATE))
     scheduler = await make_scheduler(vacuum_enabled=True, vacuum_config=config)
-    a = await scheduler.schedule(t.step, execution_time=now(), args=("a",))
-    b = await scheduler.schedule(t.collect, execution_time=now(), args=("b",), depends_on=[a])
+    # In one call: a completed row is deleted at once, and could not be named after.
+    first = JobSpec(t.step, now(), ("a",))
+    a, _ = await scheduler.schedule_bulk(
+        [first, JobSpec(t.collect, now(), ("b",), depends_on=[first])]
+    )
     await wait_until(lambda: _ran(pool, "b"), timeout=10, message="b to run")
-    assert await pool.fetchval("SELECT count(*) FROM scheduled_jobs WHERE job_id = $1", a) == 0
-    assert b
+
+    async def both_gone() -> bool:  # b's own completion deletes it, and its edges
+        return await count_rows(pool) == (0, 0)
+
+    await wait_until(both_gone, timeout=10, message="both rows and the edge deleted")
+    with pytest.raises(ValueError, match="do not exist"):  # gone: an unknown id
+        await scheduler.schedule(t.step, execution_time=now(), depends_on=[a])
 
 
 async def _ran(pool: asyncpg.Pool, name: str) -> bool:
