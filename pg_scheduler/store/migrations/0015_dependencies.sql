@@ -180,7 +180,10 @@ BEGIN
            SET status = 'completed', met = true, result = s.result
           FROM unnest(ids) AS d(job_id)
           JOIN scheduled_jobs s ON s.job_id = d.job_id
-         WHERE e.depends_on = d.job_id AND NOT e.met AND s.status = 'completed'
+         WHERE e.depends_on = d.job_id AND NOT e.met
+           -- IS TRUE: no index led by status (scheduled_jobs_dashboard_idx) is
+           -- a candidate; each row is found by its primary key.
+           AND (s.status = 'completed') IS TRUE
         RETURNING e.job_id
     )
     SELECT array_agg(g.job_id ORDER BY g.job_id), array_agg(g.n ORDER BY g.job_id)
