@@ -23,6 +23,7 @@ from .workflows import (
     WorkflowTimeout,
     workflow,
 )
+from .workflows.graph import Flow, chain, chord, group
 
 __version__ = "0.3.0"
 
@@ -31,6 +32,7 @@ __all__ = [
     "CoalescePolicy",
     "ConflictResolution",
     "Event",
+    "Flow",
     "Job",
     "JobCancelled",
     "JobContext",
@@ -59,7 +61,10 @@ __all__ = [
     "WorkflowError",
     "WorkflowMismatch",
     "WorkflowTimeout",
+    "chain",
+    "chord",
     "current_job",
+    "group",
     "periodic",
     "task",
     "workflow",

@@ -15,8 +15,9 @@ from typing import Any
 
 from .enums import DEFAULT_QUEUE
 from .store import Store
+from .store.dependencies import DependencyStore
 from .store.events import EventStore
-from .support.codec import clip_text
+from .support.codec import clip_text, decode_json
 from .support.log import get_logger
 from .support.validation import text_problem
 
@@ -66,6 +67,16 @@ class JobContext:
     @property
     def scheduled_at(self) -> datetime | None:
         return self._row.get("execution_time")
+
+    async def dependency_results(self) -> dict[str, Any]:
+        """``{job_id: result}`` of the jobs this one declared in ``depends_on``,
+        in the order it declared them. A dependency that ended without
+        completing (policy "run") maps to None, as does one whose completion
+        deleted its row (vacuum's IMMEDIATE policy keeps no result). Read from
+        the dependency edges, so a dependency's row may be vacuumed meanwhile."""
+        store = DependencyStore(self._store.pool, self._store.schema)
+        rows = await store.results(self.job_id)
+        return {r["depends_on"]: decode_json(r["result"]) for r in rows}
 
     def cancelled(self) -> bool:
         """True once cancel_job() (or shutdown) asked this attempt to stop; the

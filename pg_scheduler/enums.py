@@ -65,8 +65,10 @@ class JobStatus(StrEnum):
 
     PENDING = "pending"
     RUNNING = "running"
-    #: A workflow parked: sleeping, waiting for a signal or for its children.
-    #: No worker holds it; what it waits for is on its row (Job.wait_kind).
+    #: A workflow parked: sleeping, waiting for a signal or for its children;
+    #: or a job whose dependencies have not all completed (wait_kind
+    #: "dependencies"). No worker holds it; what it waits for is on its row
+    #: (Job.wait_kind).
     WAITING = "waiting"
     COMPLETED = "completed"
     FAILED = "failed"

@@ -63,6 +63,8 @@ class JobSpec:
         dedupe_key: str | None = None,
         dedupe_scope: str | None = None,
         queue: str | None = None,
+        depends_on: list[str | JobSpec] | tuple[str | JobSpec, ...] | None = None,
+        on_dependency_failure: str = "cancel",
         delay: timedelta | float | None = None,
     ) -> None:
         if isinstance(func, str):
@@ -84,6 +86,9 @@ class JobSpec:
         self.dedupe_scope = dedupe_scope
         # None: the task's queue (``@task(queue=...)``), else "default".
         self.queue = queue
+        # Job ids, or JobSpecs of the same schedule_bulk call (see docs/dependencies.md).
+        self.depends_on = depends_on
+        self.on_dependency_failure = on_dependency_failure
         self.delay = delay
         if (
             priority is _NORMAL
@@ -96,6 +101,8 @@ class JobSpec:
             and dedupe_key is None
             and dedupe_scope is None
             and queue is None
+            and depends_on is None
+            and on_dependency_failure == "cancel"
             and delay is None
         ):
             # Every option at its default, which is valid: a bulk's common case.
@@ -108,16 +115,45 @@ class JobSpec:
         check_arguments(func, self.args, self.kwargs)
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in _FIELD_ORDER)
+        fields = ", ".join(f"{name}={_shown(self, name)}" for name in _FIELD_ORDER)
         return f"JobSpec({fields})"
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, JobSpec):
             return NotImplemented
-        return all(getattr(self, n) == getattr(other, n) for n in _FIELD_ORDER)
+        return all(
+            _same_dependencies(self.depends_on, other.depends_on)
+            if n == "depends_on"
+            else getattr(self, n) == getattr(other, n)
+            for n in _FIELD_ORDER
+        )
 
     __hash__ = None  # type: ignore[assignment]  # mutable, like a dataclass
 
 
 # The constructor's parameter order, for repr.
 _FIELD_ORDER = ("func", "execution_time", "args", "kwargs", *OPTION_NAMES)
+
+
+def _shown(spec: JobSpec, name: str) -> str:
+    """A field's repr; a JobSpec depended on by its function's name (a chain's
+    last spec would otherwise spell out the whole chain)."""
+    value = getattr(spec, name)
+    if name == "depends_on" and value is not None:
+        items = [
+            f"<JobSpec {getattr(v.func, '__name__', v.func)!s}>"
+            if isinstance(v, JobSpec)
+            else repr(v)
+            for v in value
+        ]
+        return "[" + ", ".join(items) + "]"
+    return repr(value)
+
+
+def _same_dependencies(a: Any, b: Any) -> bool:
+    """Equal lists of dependencies: the same ids, the very same JobSpecs."""
+    if a is None or b is None:
+        return a is b
+    return len(a) == len(b) and all(
+        x is y if isinstance(x, JobSpec) else x == y for x, y in zip(a, b, strict=True)
+    )

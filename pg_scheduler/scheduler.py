@@ -232,6 +232,8 @@ class Scheduler:
         dedupe_key: str | None = None,
         dedupe_scope: str | None = None,
         queue: str | None = None,
+        depends_on: list[str] | tuple[str, ...] | None = None,
+        on_dependency_failure: str = "cancel",
         delay: timedelta | float | None = None,
     ) -> str:
         """Schedule ``func(*args, **kwargs)`` to run at ``execution_time``; returns the job id.
@@ -251,6 +253,12 @@ class Scheduler:
         ``dedupe_scope`` ("active", the default, or "pending"); on a held key
         ``conflict_resolution`` decides, and IGNORE/REPLACE return the id of
         the job that holds it. See docs/queues.md, Dedupe keys.
+
+        ``depends_on``: ids of jobs that must complete first; the job waits
+        (never claimed) until the last of them completes, then becomes due in
+        that same transaction. ``on_dependency_failure``: when one of them
+        ends without completing, "cancel" (the default), "run" or "wait".
+        See docs/dependencies.md.
         """
         options = JobOptions.of(locals())
         return await self._jobs.schedule(
@@ -276,6 +284,11 @@ class Scheduler:
         and all rows are written in one transaction (a savepoint inside the
         caller's transaction when ``connection`` is given). Caller-chosen ids
         go in statements of ``batch_size`` rows; generated ids in one COPY.
+
+        A spec's ``depends_on`` may name job ids and other specs of the same
+        call: the whole graph is checked (no cycle, no unknown id) and
+        written at once; ``pg_scheduler.chain``/``group``/``chord`` build
+        such lists. See docs/dependencies.md.
         """
         return await self._jobs.schedule_bulk(
             jobs, conflict_resolution, batch_size, connection, positional
@@ -554,6 +567,8 @@ class Scheduler:
         dedupe_key: str | None = None,
         dedupe_scope: str | None = None,
         queue: str | None = None,
+        depends_on: list[str] | tuple[str, ...] | None = None,
+        on_dependency_failure: str = "cancel",
         delay: timedelta | float | None = None,
     ) -> str:
         """Low-level insert by name (0.2.x): ``task_data`` is ``{"args": [...], "kwargs": {...}}``
@@ -571,6 +586,7 @@ class Scheduler:
         ``queue``:
         the job's queue (default: the queue of the task registered here under
         that name, else "default").
+        ``depends_on``, ``on_dependency_failure``: as for ``schedule()``.
         """
         options = JobOptions.of(locals())
         return await self.enqueuer.schedule_by_name(

@@ -7,9 +7,10 @@ checks that every statement of the store and every migration function that
 writes ``status`` is listed here, so a new writer cannot appear without a row.
 ``None`` as a source: the row is written new (an INSERT).
 
-``waiting`` (migration 0014) is a parked workflow: no worker, no lease. It
-leaves only for ``pending`` (its event came: a signal, its last awaited
-child's end, its time) or ``cancelled``.
+``waiting`` (migration 0014) is a parked workflow, or (0015) a job whose
+dependencies have not all completed: no worker, no lease. It leaves only for
+``pending`` (its event came: a signal, its last awaited child's end, its
+time, its last dependency's completion) or ``cancelled``.
 """
 
 from __future__ import annotations
@@ -204,6 +205,28 @@ TRANSITIONS: tuple[Transition, ...] = (
         (CANCELLED,),
         "function:pg_scheduler_workflow_cancel_children",
         "trigger (0014): a workflow ended (or was replaced); its children not spawned detached",
+    ),
+    # -- declared dependencies (migration 0015) -------------------------------------------
+    Transition(
+        (None,),
+        (WAITING, PENDING),
+        "dependencies._INSERT_DEPENDENTS",
+        "enqueue/dependencies.py: a job with depends_on, waiting (pending when every "
+        "dependency had completed); a large graph by COPY of the same columns",
+    ),
+    Transition(
+        (WAITING,),
+        (PENDING, CANCELLED),
+        "function:pg_scheduler_dependency_ended",
+        "trigger (0015): a dependency ended; the last one met makes its dependent pending, "
+        "one that did not complete cancels the dependents whose policy is cancel",
+    ),
+    Transition(
+        (WAITING,),
+        (PENDING,),
+        "function:pg_scheduler_dependencies_completed",
+        "job_sql._COMPLETE, _COMPLETE_UNLOCKED, _SET_STATUS (0015): the running jobs a "
+        "statement completes release their dependents, one call per statement",
     ),
 )
 

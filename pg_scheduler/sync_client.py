@@ -131,6 +131,8 @@ class SyncClient:
         dedupe_key: str | None = None,
         dedupe_scope: str | None = None,
         queue: str | None = None,
+        depends_on: list[str] | tuple[str, ...] | None = None,
+        on_dependency_failure: str = "cancel",
         delay: timedelta | float | None = None,
     ) -> str:
         """As :meth:`Scheduler.schedule`: the same keywords, defaults and checks

@@ -117,3 +117,39 @@ def check_timeout(value: Any) -> None:
 def check_retry_policy(value: Any) -> None:
     if value is not None and not isinstance(value, RetryPolicy):
         raise TypeError(f"retry_policy must be a RetryPolicy, got {value!r}")
+
+
+#: What a job does when one of its dependencies ends without completing.
+DEPENDENCY_FAILURE_POLICIES = ("cancel", "run", "wait")
+
+
+def check_depends_on(value: Any) -> None:
+    """None, or a list or tuple of job ids (strings) and, in ``schedule_bulk``,
+    ``JobSpec``s of the same call (which ``enqueue/dependencies.py`` checks)."""
+    if value is None:
+        return
+    if not isinstance(value, list | tuple):
+        raise TypeError(
+            f"depends_on must be a list of job ids (or JobSpecs), got {clip_repr(value)}"
+        )
+    for item in value:
+        if (
+            type(item) is not str
+            and not isinstance(item, str | int | float | bytes | dict | list | tuple)
+            and item is not None
+        ):
+            continue  # a JobSpec (checked where it is resolved)
+        if isinstance(item, str):
+            if not item.strip():
+                raise ValueError("depends_on must not hold an empty job id")
+            check_name("depends_on", item)
+        elif item is None or isinstance(item, int | float | bytes | dict | list | tuple):
+            raise TypeError(f"depends_on must hold job ids (or JobSpecs), got {clip_repr(item)}")
+
+
+def check_on_dependency_failure(value: Any) -> None:
+    if value not in DEPENDENCY_FAILURE_POLICIES or not isinstance(value, str):
+        raise ValueError(
+            f"on_dependency_failure must be one of {', '.join(DEPENDENCY_FAILURE_POLICIES)}, "
+            f"got {clip_repr(value)}"
+        )

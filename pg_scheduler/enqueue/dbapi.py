@@ -23,6 +23,7 @@ from .conflicts import (
     duplicate_id_error,
     ids_in_order,
 )
+from .dependencies import DbapiGraphWriter, Graph, plan
 from .fields import JobOptions
 from .producer import Producer, check_bulk_call
 
@@ -39,6 +40,7 @@ class DbapiEnqueuer:
     def __init__(self, producer: Producer, statements: DbapiStatements) -> None:
         self.producer = producer
         self.statements = statements
+        self.graph = DbapiGraphWriter(statements)
 
     def schedule(
         self,
@@ -54,6 +56,18 @@ class DbapiEnqueuer:
         check_conflict_resolution(conflict)
         row = self.producer.call_row(func, execution_time, args, kwargs, options)
         _refuse_keys([row])
+        if options.depends_on:
+            user_id = options.job_id is not None
+            graph = plan(
+                [row],
+                [options.depends_on],
+                [options.on_dependency_failure],
+                [user_id],
+                None,
+                conflict,
+            )
+            self._write_graph(connection, graph, conflict, 1)
+            return row.job_id
         self._write(connection, [row], conflict, 1)
         return row.job_id
 
@@ -67,6 +81,17 @@ class DbapiEnqueuer:
         if not rows:
             return []
         _refuse_keys(rows)
+        if any(spec.depends_on for spec in jobs):
+            graph = plan(
+                rows,
+                [spec.depends_on for spec in jobs],
+                [spec.on_dependency_failure for spec in jobs],
+                [spec.job_id is not None for spec in jobs],
+                jobs,
+                conflict,
+            )
+            ids = self._write_graph(connection, graph, conflict, batch_size)
+            return ids if positional else [i for i in ids if i is not None]
         user_ids = [spec.job_id for spec in jobs if spec.job_id is not None]
         if user_ids:
             check_repeated_ids(user_ids, conflict)
@@ -74,6 +99,21 @@ class DbapiEnqueuer:
         written = self._write(connection, rows, conflict, batch_size, raise_on)
         ids = ids_in_order(rows, written, conflict)
         return ids if positional else [i for i in ids if i is not None]
+
+    def _write_graph(
+        self, connection: Any, graph: Graph, conflict: ConflictResolution, batch_size: int
+    ) -> list[str | None]:
+        """A checked graph, all or nothing, as :meth:`_write` writes rows."""
+        conn = _dbapi_connection(connection)
+        try:
+            return self.statements.atomically(  # type: ignore[no-any-return]
+                conn, lambda: self.graph.write(conn, graph, conflict, batch_size)
+            )
+        except Exception as exc:
+            if sqlstate(exc) == UNIQUE_VIOLATION:
+                detail = getattr(getattr(exc, "diag", None), "message_detail", None)
+                raise duplicate_id_error(detail or str(exc)) from None
+            raise
 
     def _write(
         self,

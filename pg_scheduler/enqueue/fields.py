@@ -12,7 +12,7 @@ holds each signature's names and defaults to this declaration.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from types import MappingProxyType
@@ -24,9 +24,11 @@ from ..store import NewJob
 from ..support.codec import encode_retry_policy
 from ..support.validation import check_queue
 from .checks import (
+    check_depends_on,
     check_job_id,
     check_max_retries,
     check_misfire_grace_time,
+    check_on_dependency_failure,
     check_priority,
     check_retry_policy,
     check_timeout,
@@ -49,6 +51,9 @@ class JobOptions:
     dedupe_key: str | None = None  # None: the task's key, if it has one
     dedupe_scope: str | None = None  # None: the task's scope, else "active"
     queue: str | None = None  # None: the task's queue, else enums.DEFAULT_QUEUE
+    # Jobs that must complete first (ids; in schedule_bulk, JobSpecs of the call too).
+    depends_on: Sequence[Any] | None = None
+    on_dependency_failure: str = "cancel"  # "cancel", "run" or "wait"
     # Due this long after now (a timedelta or seconds); instead of execution_time.
     delay: timedelta | float | None = None
 
@@ -89,6 +94,8 @@ def check_job(execution_time: Any, options: Any) -> None:
     check_dedupe_key(options.dedupe_key)
     check_dedupe_scope(options.dedupe_scope)
     _check_queue_or_none(options.queue)
+    check_depends_on(options.depends_on)
+    check_on_dependency_failure(options.on_dependency_failure)
 
 
 class JobFields(NamedTuple):

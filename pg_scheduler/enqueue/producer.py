@@ -43,6 +43,7 @@ from .conflicts import (
     duplicate_id_error,
 )
 from .dedupe import resolve as resolve_dedupe
+from .dependencies import Graph, GraphWriter, plan
 from .fields import JobFields, JobOptions, check_job, row_of
 from .ids import new_job_id
 from .keyed import KeyedWriter, KeyRace, check_batch_keys, is_dedupe_violation
@@ -210,6 +211,7 @@ class Enqueuer:
         # The task names workers listed at the last read (schedule_job's check).
         self._worker_tasks: set[str] = set()
         self._worker_tasks_read = -NAME_CHECK_EVERY
+        self.graph = GraphWriter(store)
 
     # -- the entry points ------------------------------------------------------------
 
@@ -233,6 +235,8 @@ class Enqueuer:
         check_conflict_resolution(conflict)
         row = self.producer.call_row(func, execution_time, args, kwargs, options)
         user_id = options.job_id is not None
+        if options.depends_on:
+            return await self._write_dependent(row, options, conflict, connection)
         if row.dedupe_key is not None:
             # Not started in process: the key's conflict policy settles it first.
             return await self.write_keyed_one(row, conflict, connection, user_id)
@@ -282,6 +286,8 @@ class Enqueuer:
         if job_name not in self.producer.registry:
             await self._check_name(job_name)
         user_id = options.job_id is not None
+        if options.depends_on:
+            return await self._write_dependent(row, options, conflict, None)
         if row.dedupe_key is not None:
             return await self.write_keyed_one(row, conflict, None, user_id)
         await self.write([row], conflict, None, user_ids=user_id)
@@ -357,6 +363,8 @@ class Enqueuer:
         check_int("batch_size", batch_size, 1)
         if not isinstance(jobs, Sequence):
             raise TypeError("jobs must be a list of JobSpec")
+        if any(getattr(spec, "depends_on", None) for spec in jobs):
+            return await self._graph(jobs, conflict, batch_size, connection)
         if streamable(jobs):
             ids = await self._streamed(jobs, connection)
             return list(ids), len(ids)
@@ -382,6 +390,70 @@ class Enqueuer:
                 returned.add(got)
             result.append(got if fresh else None)
         return result, len(written) + sum(1 for v in keyed.values() if v is not None)
+
+    async def _graph(
+        self,
+        jobs: Sequence[JobSpec],
+        conflict: ConflictResolution,
+        batch_size: int,
+        connection: asyncpg.Connection | None,
+    ) -> tuple[list[str | None], int]:
+        """Specs with dependencies: the whole graph checked, then written in one
+        transaction (see ``dependencies.py``)."""
+        rows = list(self.producer.spec_rows(jobs))
+        graph = plan(
+            rows,
+            [spec.depends_on for spec in jobs],
+            [spec.on_dependency_failure for spec in jobs],
+            [spec.job_id is not None for spec in jobs],
+            jobs,
+            conflict,
+        )
+        ids = await self.write_graph(graph, conflict, batch_size, connection)
+        return ids, sum(1 for job_id in ids if job_id is not None)
+
+    async def _write_dependent(
+        self,
+        row: NewJob,
+        options: JobOptions,
+        conflict: ConflictResolution,
+        connection: asyncpg.Connection | None,
+    ) -> str:
+        """One job with ``depends_on`` (never started in process: it waits)."""
+        user_id = options.job_id is not None
+        graph = plan(
+            [row], [options.depends_on], [options.on_dependency_failure], [user_id], None, conflict
+        )
+        await self.write_graph(graph, conflict, 1, connection)
+        log.debug("job scheduled", event_type="scheduled", job_id=row.job_id, task=row.task_name)
+        return row.job_id
+
+    async def write_graph(
+        self,
+        graph: Graph,
+        conflict: ConflictResolution,
+        batch_size: int,
+        connection: asyncpg.Connection | None,
+    ) -> list[str | None]:
+        """Write a checked graph in one transaction (a savepoint inside the
+        caller's); one id per row, None where IGNORE skipped an existing id."""
+        user_ids = any(graph.given)
+
+        async def on(conn: asyncpg.Connection) -> list[str | None]:
+            async with conn.transaction():
+                return await self.graph.write(conn, graph, conflict, batch_size)
+
+        if connection is not None:
+            return await self._attempts(lambda: on(connection), graph.rows, user_ids, False, False)
+
+        async def pooled() -> list[str | None]:
+            async with self.pool.acquire() as conn:
+                return await on(conn)
+
+        def lost() -> list[str | None]:
+            return [row.job_id for row in graph.rows]
+
+        return await self._attempts(pooled, graph.rows, user_ids, False, True, lost)
 
     async def _streamed(
         self, jobs: Sequence[JobSpec], connection: asyncpg.Connection | None

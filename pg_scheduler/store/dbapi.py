@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .dependencies import _APPLY_ENDED, _INSERT_DEPENDENTS, _INSERT_EDGES, _LOCK_DEPENDENCIES
 from .job_sql import _EXISTING_IDS, _INSERT_FROM_ARRAYS, _INSERT_ONE, _REPLACE_SET
 from .jobs import NewJob
 from .names import DEFAULT_SCHEMA, Qualifier
@@ -110,6 +111,10 @@ class DbapiStatements:
         self._ignore = " ON CONFLICT (job_id) DO NOTHING"
         self._replace = " ON CONFLICT (job_id) " + pyformat(q(_REPLACE_SET))
         self._existing_ids = pyformat(q(_EXISTING_IDS))
+        self._lock_dependencies = pyformat(q(_LOCK_DEPENDENCIES))
+        self._insert_dependents = pyformat(q(_INSERT_DEPENDENTS))
+        self._insert_edges = pyformat(q(_INSERT_EDGES))
+        self._apply_ended = pyformat(q(_APPLY_ENDED))
 
     def insert(self, conn: Any, rows: Sequence[NewJob], suffix: str) -> set[str]:
         """INSERT ``rows`` then ``suffix`` ("", "ignore" or "replace"); the ids written."""
@@ -127,6 +132,33 @@ class DbapiStatements:
         with conn.cursor() as cur:
             cur.execute(self._existing_ids, _params([list(job_ids)]))
             return [r[0] for r in cur.fetchall()]
+
+    # -- declared dependencies (store/dependencies.py: the same statements) -------
+
+    def lock_dependencies(self, conn: Any, job_ids: Sequence[str]) -> dict[str, str]:
+        with conn.cursor() as cur:
+            cur.execute(self._lock_dependencies, _params([list(job_ids)]))
+            return {r[0]: r[1] for r in cur.fetchall()}
+
+    def insert_dependents(
+        self,
+        conn: Any,
+        rows: Sequence[NewJob],
+        unmet: Sequence[int | None],
+        depended: Sequence[bool],
+    ) -> None:
+        values: list[Any] = [list(c) for c in zip(*rows, strict=True)]
+        values += [list(unmet), list(depended)]
+        with conn.cursor() as cur:
+            cur.execute(self._insert_dependents, _params(values))
+
+    def insert_edges(self, conn: Any, edges: Sequence[tuple[Any, ...]]) -> None:
+        with conn.cursor() as cur:
+            cur.execute(self._insert_edges, _params([list(c) for c in zip(*edges, strict=True)]))
+
+    def apply_ended(self, conn: Any, ended: dict[str, str]) -> None:
+        with conn.cursor() as cur:
+            cur.execute(self._apply_ended, _params([list(ended), list(ended.values())]))
 
     def atomically(self, conn: Any, work: Callable[[], Any]) -> Any:
         """Run ``work`` all-or-nothing, never ending a transaction this did not open.

@@ -204,13 +204,18 @@ WITH done AS (
      WHERE j.job_id = ANY($1::text[])
        AND j.attempts = ($2::jsonb -> j.job_id ->> 0)::int
        AND (j.worker_id = $3 AND j.status = 'running') IS TRUE
-    RETURNING j.job_id, j.task_name, j.attempts, j.queue
+    RETURNING j.job_id, j.task_name, j.attempts, j.queue, j.has_dependents
+), released AS (
+    -- Their dependents (migration 0015), one call for the statement's rows that have any.
+    SELECT count(pg_scheduler_dependencies_completed(x.ids)) AS n
+      FROM (SELECT array_agg(d.job_id) AS ids FROM done d WHERE d.has_dependents) x
+     WHERE x.ids IS NOT NULL
 ), {
     events_cte(
         "SELECT 'completed', job_id, task_name, attempts, $3::text, NULL::float8, queue FROM done"
     )
 }
-SELECT d.job_id FROM done d, sent
+SELECT d.job_id FROM done d, sent, released
 """
 _COMPLETE_AND_DELETE = """
 DELETE FROM scheduled_jobs j
@@ -250,13 +255,18 @@ WITH {_MINE}, done AS (
      WHERE j.job_id = ANY((SELECT array_agg(m.job_id) FROM mine m)::text[])
        AND j.attempts = ($2::jsonb -> j.job_id ->> 0)::int
        AND (j.worker_id = $3 AND j.status = 'running') IS TRUE
-    RETURNING j.job_id, j.task_name, j.attempts, j.queue
+    RETURNING j.job_id, j.task_name, j.attempts, j.queue, j.has_dependents
+), released AS (
+    -- Their dependents (migration 0015), one call for the statement's rows that have any.
+    SELECT count(pg_scheduler_dependencies_completed(x.ids)) AS n
+      FROM (SELECT array_agg(d.job_id) AS ids FROM done d WHERE d.has_dependents) x
+     WHERE x.ids IS NOT NULL
 ), {
     events_cte(
         "SELECT 'completed', job_id, task_name, attempts, $3::text, NULL::float8, queue FROM done"
     )
 }
-SELECT d.job_id, true AS written FROM done d, sent
+SELECT d.job_id, true AS written FROM done d, sent, released
 UNION ALL{_HELD_ELSEWHERE}"""
 _COMPLETE_AND_DELETE_UNLOCKED = f"""
 WITH {_MINE}, done AS (
@@ -423,7 +433,12 @@ WITH target AS (
       FROM target t
      WHERE j.job_id = t.job_id
     RETURNING j.job_id, j.task_name, j.attempts, j.queue, t.status AS old_status,
-              t.worker_id AS old_worker
+              t.worker_id AS old_worker, j.has_dependents
+), released AS (
+    -- A running job forced to completed releases its dependents (migration 0015).
+    SELECT count(pg_scheduler_dependencies_completed(ARRAY[c.job_id])) AS n
+      FROM changed c
+     WHERE c.has_dependents AND c.old_status = 'running' AND $2 = 'completed'
 ), {
     events_cte(
         "SELECT CASE WHEN old_status = $2 THEN NULL"
@@ -433,7 +448,7 @@ WITH target AS (
         " job_id, task_name, attempts, old_worker, NULL::float8, queue FROM changed"
     )
 }
-SELECT c.job_id FROM changed c, sent
+SELECT c.job_id FROM changed c, sent, released
 """
 
 

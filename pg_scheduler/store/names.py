@@ -38,8 +38,11 @@ TABLES = (
     "workflow_steps",
     "workflow_signals",
     "workflow_waits",
+    "job_dependencies",
 )
-_TABLE_RE = re.compile(r'(?<![."\w])(' + "|".join(TABLES) + r")\b")
+# Functions the statements call by name (migration 0015), qualified like tables.
+FUNCTIONS = ("pg_scheduler_dependencies_completed", "pg_scheduler_dependency_ended")
+_TABLE_RE = re.compile(r'(?<![."\w])(' + "|".join(TABLES + FUNCTIONS) + r")\b")
 _CHANNEL_RE = re.compile(rf"'({JOBS_CHANNEL}|{CANCEL_CHANNEL}|{QUEUES_CHANNEL}|{EVENTS_CHANNEL})'")
 
 

@@ -24,6 +24,22 @@ CREATE TABLE public.job_attempts (
 -- [index] job_attempts_job_idx on job_attempts
 CREATE INDEX job_attempts_job_idx ON public.job_attempts USING btree (job_id, attempt_id);
 
+-- [table] job_dependencies
+CREATE TABLE public.job_dependencies (
+    depends_on text NOT NULL,
+    job_id text NOT NULL,
+    ordinal integer DEFAULT 0 NOT NULL,
+    on_failure text DEFAULT 'cancel'::text NOT NULL,
+    met boolean DEFAULT false NOT NULL,
+    status text,
+    result jsonb,
+    CONSTRAINT job_dependencies_pkey PRIMARY KEY (depends_on, job_id),
+    CONSTRAINT job_dependencies_on_failure_check CHECK ((on_failure = ANY (ARRAY['cancel'::text, 'run'::text, 'wait'::text])))
+);
+
+-- [index] job_dependencies_job_idx on job_dependencies
+CREATE INDEX job_dependencies_job_idx ON public.job_dependencies USING btree (job_id, ordinal);
+
 -- [table] periodic_jobs
 CREATE TABLE public.periodic_jobs (
     dedup_key text NOT NULL,
@@ -96,10 +112,12 @@ CREATE TABLE public.scheduled_jobs (
     wait_seq integer,
     wait_children int4range,
     workflow_deadline timestamp with time zone,
+    has_dependents boolean DEFAULT false NOT NULL,
+    dependencies_unmet integer,
     CONSTRAINT scheduled_jobs_pkey PRIMARY KEY (job_id),
     CONSTRAINT scheduled_jobs_priority_check CHECK ((priority = ANY (ARRAY[1, 3, 5, 8]))),
     CONSTRAINT scheduled_jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'waiting'::text, 'completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text]))),
-    CONSTRAINT scheduled_jobs_wait_kind_check CHECK ((wait_kind = ANY (ARRAY['sleep'::text, 'signal'::text, 'children'::text])))
+    CONSTRAINT scheduled_jobs_wait_kind_check CHECK ((wait_kind = ANY (ARRAY['sleep'::text, 'signal'::text, 'children'::text, 'dependencies'::text])))
 )
 WITH (
     fillfactor=90,
@@ -133,6 +151,18 @@ CREATE INDEX scheduled_jobs_running_idx ON public.scheduled_jobs USING btree (wo
 
 -- [index] scheduled_jobs_wake_idx on scheduled_jobs
 CREATE INDEX scheduled_jobs_wake_idx ON public.scheduled_jobs USING btree (wake_at) WHERE (status = 'waiting'::text);
+
+-- [trigger] scheduled_jobs_dependencies_forget on scheduled_jobs
+CREATE TRIGGER scheduled_jobs_dependencies_forget AFTER DELETE ON public.scheduled_jobs REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_dependencies_forget();
+
+-- [trigger] scheduled_jobs_dependencies_truncate on scheduled_jobs
+CREATE TRIGGER scheduled_jobs_dependencies_truncate AFTER TRUNCATE ON public.scheduled_jobs FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_dependencies_forget();
+
+-- [trigger] scheduled_jobs_dependency_deleted on scheduled_jobs
+CREATE TRIGGER scheduled_jobs_dependency_deleted AFTER DELETE ON public.scheduled_jobs FOR EACH ROW WHEN ((old.has_dependents AND (old.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])))) EXECUTE FUNCTION pg_scheduler_dependency_done();
+
+-- [trigger] scheduled_jobs_dependency_done on scheduled_jobs
+CREATE TRIGGER scheduled_jobs_dependency_done AFTER UPDATE OF status ON public.scheduled_jobs FOR EACH ROW WHEN ((new.has_dependents AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])) AND (old.status IS DISTINCT FROM new.status) AND (NOT ((old.status = 'running'::text) AND (new.status = 'completed'::text) AND (current_setting('pg_scheduler.dependencies_released'::text, true) = 'on'::text))))) EXECUTE FUNCTION pg_scheduler_dependency_done();
 
 -- [trigger] scheduled_jobs_events_delete on scheduled_jobs
 CREATE TRIGGER scheduled_jobs_events_delete AFTER DELETE ON public.scheduled_jobs REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_job_events();
@@ -273,6 +303,188 @@ CREATE TABLE public.workflow_waits (
 WITH (
     fillfactor=30
 );
+
+-- [function] pg_scheduler_dependencies_completed(ids text[])
+CREATE OR REPLACE FUNCTION public.pg_scheduler_dependencies_completed(ids text[])
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public'
+AS $function$
+DECLARE
+    schema_suffix TEXT := CASE WHEN current_schema() = 'public' THEN ''
+                               ELSE ':' || current_schema() END;
+    dependents TEXT[];
+    counts INTEGER[];
+    n INTEGER;
+BEGIN
+    -- The row trigger below leaves this transaction's running -> completed
+    -- rows to this function (a statement of an earlier version, which does
+    -- not call it, still has them released by the trigger).
+    PERFORM set_config('pg_scheduler.dependencies_released', 'on', true);
+    WITH marked AS (
+        UPDATE job_dependencies e
+           SET status = 'completed', met = true, result = s.result
+          FROM unnest(ids) AS d(job_id)
+          JOIN scheduled_jobs s ON s.job_id = d.job_id
+         WHERE e.depends_on = d.job_id AND NOT e.met
+           -- IS TRUE: no index led by status (scheduled_jobs_dashboard_idx) is
+           -- a candidate; each row is found by its primary key.
+           AND (s.status = 'completed') IS TRUE
+        RETURNING e.job_id
+    )
+    SELECT array_agg(g.job_id ORDER BY g.job_id), array_agg(g.n ORDER BY g.job_id)
+      INTO dependents, counts
+      FROM (SELECT m.job_id, count(*)::int AS n FROM marked m GROUP BY m.job_id) g;
+    IF dependents IS NULL THEN
+        RETURN 0;
+    END IF;
+    WITH released AS (
+        UPDATE scheduled_jobs j
+           SET dependencies_unmet = j.dependencies_unmet - c.n,
+               status = CASE WHEN j.dependencies_unmet <= c.n THEN 'pending' ELSE 'waiting' END,
+               wait_kind = CASE WHEN j.dependencies_unmet <= c.n THEN NULL
+                                ELSE 'dependencies' END,
+               execution_time = CASE WHEN j.dependencies_unmet <= c.n
+                                     THEN greatest(j.execution_time, now())
+                                     ELSE j.execution_time END
+          FROM unnest(dependents, counts) AS c(job_id, n)
+         WHERE j.job_id = c.job_id
+           AND (j.status = 'waiting' AND j.wait_kind = 'dependencies') IS TRUE
+        RETURNING j.status, j.queue
+    )
+    SELECT count(pg_notify('pg_scheduler_jobs' || schema_suffix,
+                           CASE WHEN q.queue = 'default' THEN '' ELSE q.queue END))
+      INTO n
+      FROM (SELECT DISTINCT r.queue FROM released r WHERE r.status = 'pending') q;
+    RETURN n;
+END $function$;
+
+-- [function] pg_scheduler_dependencies_forget()
+CREATE OR REPLACE FUNCTION public.pg_scheduler_dependencies_forget()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public'
+AS $function$
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        DELETE FROM job_dependencies;
+        RETURN NULL;
+    END IF;
+    IF EXISTS (SELECT 1 FROM job_dependencies LIMIT 1) THEN
+        DELETE FROM job_dependencies e USING old_rows o WHERE e.job_id = o.job_id;
+    END IF;
+    RETURN NULL;
+END $function$;
+
+-- [function] pg_scheduler_dependency_done()
+CREATE OR REPLACE FUNCTION public.pg_scheduler_dependency_done()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public'
+AS $function$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        PERFORM pg_scheduler_dependency_ended(
+            OLD.job_id, CASE WHEN OLD.status = 'running' THEN 'completed' ELSE 'cancelled' END,
+            NULL);
+    ELSE
+        PERFORM pg_scheduler_dependency_ended(NEW.job_id, NEW.status, NEW.result);
+    END IF;
+    RETURN NULL;
+END $function$;
+
+-- [function] pg_scheduler_dependency_ended(dep text, dep_status text, dep_result jsonb)
+CREATE OR REPLACE FUNCTION public.pg_scheduler_dependency_ended(dep text, dep_status text, dep_result jsonb)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO 'public'
+AS $function$
+DECLARE
+    schema_suffix TEXT := CASE WHEN current_schema() = 'public' THEN ''
+                               ELSE ':' || current_schema() END;
+    reason TEXT := format('cancelled: its dependency %s %s', dep,
+                          CASE WHEN dep_status = 'cancelled' THEN 'was cancelled'
+                               ELSE dep_status END);
+    doomed TEXT[];
+    dependent RECORD;
+    released RECORD;
+    n INTEGER := 0;
+    sent_count INTEGER;
+BEGIN
+    IF dep_status <> 'completed' THEN
+        WITH RECURSIVE closure(job_id) AS (
+            SELECT e.job_id FROM job_dependencies e
+             WHERE e.depends_on = dep AND NOT e.met AND e.on_failure = 'cancel'
+            UNION
+            SELECT e.job_id FROM closure c
+              JOIN job_dependencies e ON e.depends_on = c.job_id
+             WHERE NOT e.met AND e.on_failure = 'cancel'
+        )
+        SELECT array_agg(c.job_id ORDER BY c.job_id) INTO doomed FROM closure c;
+        IF doomed IS NOT NULL THEN
+            PERFORM 1 FROM scheduled_jobs j
+              WHERE j.job_id = ANY(doomed)
+                AND (j.status = 'waiting' AND j.wait_kind = 'dependencies') IS TRUE
+              ORDER BY j.job_id
+                FOR NO KEY UPDATE;
+            WITH cancelled AS (
+                UPDATE scheduled_jobs j
+                   SET status = 'cancelled', finished_at = now(), wait_kind = NULL,
+                       error_message = reason
+                 WHERE j.job_id = ANY(doomed)
+                   AND (j.status = 'waiting' AND j.wait_kind = 'dependencies') IS TRUE
+                RETURNING j.job_id, j.task_name, j.attempts, j.queue
+            )
+            SELECT count(pg_notify('pg_scheduler_events' || schema_suffix,
+                                   format('{"k":"cancelled","t":%s,"j":[%s]}',
+                                          extract(epoch FROM now()), e.items)))
+              INTO sent_count
+              FROM (SELECT string_agg(json_build_array(c.job_id, c.task_name, c.attempts,
+                                                       NULL, NULL, c.queue)::text, ',')
+                               AS items
+                      FROM (SELECT x.*, (row_number() OVER (ORDER BY x.job_id) - 1) / 20
+                                           AS chunk
+                              FROM cancelled x) c
+                     GROUP BY c.chunk) e;
+        END IF;
+    END IF;
+    -- Each dependent by its primary key, in job_id order (two transactions
+    -- releasing the same dependents lock them in the same order).
+    FOR dependent IN
+        WITH marked AS (
+            UPDATE job_dependencies e
+               SET status = dep_status,
+                   result = CASE WHEN dep_status = 'completed' THEN dep_result END,
+                   met = dep_status = 'completed' OR e.on_failure = 'run'
+             WHERE e.depends_on = dep AND NOT e.met
+            RETURNING e.job_id, e.met
+        )
+        SELECT m.job_id FROM marked m WHERE m.met ORDER BY m.job_id
+    LOOP
+        UPDATE scheduled_jobs j
+           SET dependencies_unmet = j.dependencies_unmet - 1,
+               status = CASE WHEN j.dependencies_unmet <= 1 THEN 'pending' ELSE 'waiting' END,
+               wait_kind = CASE WHEN j.dependencies_unmet <= 1 THEN NULL
+                                ELSE 'dependencies' END,
+               execution_time = CASE WHEN j.dependencies_unmet <= 1
+                                     THEN greatest(j.execution_time, now())
+                                     ELSE j.execution_time END
+         WHERE j.job_id = dependent.job_id
+           AND (j.status = 'waiting' AND j.wait_kind = 'dependencies') IS TRUE
+        RETURNING j.status, j.queue INTO released;
+        IF released.status = 'pending' THEN
+            -- One NOTIFY per queue: PostgreSQL folds repeats within a transaction.
+            PERFORM pg_notify('pg_scheduler_jobs' || schema_suffix,
+                              CASE WHEN released.queue = 'default' THEN ''
+                                   ELSE released.queue END);
+            n := n + 1;
+        END IF;
+    END LOOP;
+    RETURN n;
+END $function$;
 
 -- [function] pg_scheduler_job_events()
 CREATE OR REPLACE FUNCTION public.pg_scheduler_job_events()

@@ -73,9 +73,13 @@ def test_the_declaration_is_what_the_readme_documents() -> None:
         "dedupe_key",
         "dedupe_scope",
         "queue",
+        "depends_on",
+        "on_dependency_failure",
         "delay",
     )
     assert OPTION_DEFAULTS["priority"] is JobPriority.NORMAL
+    assert OPTION_DEFAULTS["depends_on"] is None
+    assert OPTION_DEFAULTS["on_dependency_failure"] == "cancel"
     assert OPTION_DEFAULTS["misfire_grace_time"] is UNSET
     assert dict(OPTION_DEFAULTS) == {n: getattr(JobOptions(), n) for n in OPTION_NAMES}
 
@@ -120,6 +124,8 @@ def test_schedule_job_keeps_its_0_2_signature_and_otherwise_the_declaration() ->
         "dedupe_key",
         "dedupe_scope",
         "queue",
+        "depends_on",
+        "on_dependency_failure",
         "delay",
     ]
     assert params[1].default is None and params[2].default is None  # execution_time, task_data
@@ -163,6 +169,8 @@ OTHER = {
     "dedupe_key": "k",
     "dedupe_scope": "pending",
     "queue": "emails",
+    "depends_on": ["job-0"],
+    "on_dependency_failure": "run",
     "delay": timedelta(seconds=30),
 }
 TASK_OTHER = {
@@ -261,6 +269,8 @@ BAD = {
     "dedupe_key": (5, TypeError),
     "dedupe_scope": ("forever", ValueError),
     "queue": ("no spaces", ValueError),
+    "depends_on": ("job-0", TypeError),
+    "on_dependency_failure": ("ignore", ValueError),
     "delay": (timedelta(seconds=-5), ValueError),
 }
 
@@ -392,7 +402,8 @@ def test_spawn_takes_a_childs_options_with_their_declared_defaults() -> None:
     assert found.pop("kwargs") is inspect.Parameter.empty  # **kwargs
     assert found.pop("detached") is False
     # The parent's priority unless given; the rest as declared. A child's id,
-    # misfire grace and dedupe key are not the caller's to give; it starts now.
+    # misfire grace and dedupe key are not the caller's to give; it starts now;
+    # a child waits for no declared dependency (its parent waits for it).
     assert found.pop("priority") is None
     assert set(found) | {
         "priority",
@@ -400,6 +411,8 @@ def test_spawn_takes_a_childs_options_with_their_declared_defaults() -> None:
         "misfire_grace_time",
         "dedupe_key",
         "dedupe_scope",
+        "depends_on",
+        "on_dependency_failure",
         "delay",
     } == set(OPTION_NAMES)
     assert_options_declared(found, {n: OPTION_DEFAULTS[n] for n in found})
