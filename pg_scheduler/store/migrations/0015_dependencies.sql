@@ -215,7 +215,7 @@ END $$;
 
 -- A job some job depends on ended (or was deleted unfinished: a running row
 -- deleted is a completion that deletes its row, vacuum's IMMEDIATE policy,
--- its result not kept; any other is counted as cancelled). Not for running ->
+-- its result gone with the row; any other is counted as cancelled). Not for running ->
 -- completed in a transaction where pg_scheduler_dependencies_completed ran:
 -- the statements that complete running jobs call it for all their rows at
 -- once (one call per statement instead of one per row); such a statement of
