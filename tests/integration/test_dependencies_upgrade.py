@@ -17,6 +17,9 @@ from tests.support.common import FAST, wait_until, with_database
 
 # What 0015 adds, taken away again: the database as 0014 left it.
 BACK_TO_0014 = """
+DROP TRIGGER IF EXISTS scheduled_jobs_workflow_reopened ON scheduled_jobs;
+DROP TABLE IF EXISTS workflow_waits;
+DELETE FROM pg_scheduler_migrations WHERE version = 16;
 DROP TRIGGER IF EXISTS scheduled_jobs_dependency_done ON scheduled_jobs;
 DROP TRIGGER IF EXISTS scheduled_jobs_dependency_deleted ON scheduled_jobs;
 DROP TRIGGER IF EXISTS scheduled_jobs_dependencies_forget ON scheduled_jobs;
@@ -51,6 +54,9 @@ async def test_an_existing_database_upgrades_and_its_jobs_can_be_depended_on(fre
     try:
         await migrate(conn)
         await conn.execute(BACK_TO_0014)
+        # 0014's own functions and index, as 0016 found them.
+        [m14] = [m for m in load_migrations() if m.version == 14]
+        await conn.execute(m14.sql)
         assert await current_version(conn) == 14
     finally:
         await conn.close()
@@ -73,7 +79,7 @@ async def test_an_existing_database_upgrades_and_its_jobs_can_be_depended_on(fre
             " finished_at = now() WHERE job_id = 'old-done'"
         )
         async with pool.acquire() as conn:
-            assert await migrate(conn) == [15]
+            assert await migrate(conn) == [15, 16]
             assert await migrate(conn) == []
             # Applying the file again changes nothing (IF NOT EXISTS, OR REPLACE).
             [m] = [m for m in load_migrations() if m.version == 15]

@@ -61,7 +61,7 @@ async def _ended(run_id: int) -> None:
 
 
 @task(name="dep.step")
-async def step(name: str, seconds: float = 0.0) -> str:
+async def step(name: str = "", seconds: float = 0.0) -> str:
     """Record the run, sleep ``seconds``, return ``name``."""
     run_id = await _started(name)
     if seconds:
