@@ -7,7 +7,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .config import UNSET, RetryPolicy
-from .enqueue.arguments import check_arguments
 from .enqueue.checks import check_execution_time
 from .enqueue.fields import OPTION_NAMES, check_job
 from .enums import JobPriority
@@ -32,9 +31,9 @@ class JobSpec:
 
     ``func`` need only be callable here, as in 0.2.x: ``schedule_bulk`` is
     where a function that cannot run as a task (not ``async def``) raises
-    TypeError, before anything is written. Arguments ``func`` cannot take
-    raise TypeError here, and again in ``schedule_bulk`` (a spec may be
-    changed after it is built).
+    TypeError, before anything is written. So are arguments ``func``
+    cannot take (bound to its signature there, not here: a 0.2.x spec is
+    built whatever its arguments).
 
     ``execution_time`` None (the default) and no ``delay``: due at the
     ``schedule_bulk`` call; ``delay`` (a timedelta or seconds): that long
@@ -112,7 +111,8 @@ class JobSpec:
             check_job(execution_time, self)
         self.args = args if type(args) is tuple else as_args(args)
         self.kwargs = {} if kwargs is None else as_kwargs(kwargs)
-        check_arguments(func, self.args, self.kwargs)
+        # Its arguments are bound to the function's signature by schedule_bulk,
+        # not here: a 0.2.x JobSpec is built whatever they are.
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={_shown(self, name)}" for name in _FIELD_ORDER)
