@@ -279,6 +279,8 @@ class Executor:
             completion = Completion(job.job_id, job.attempt, encoded)
             if defer and running.linger is None:
                 # The task ends here: the completer settles the job after its write.
+                if observed:
+                    instrument.returned(observed)
                 running.observed, observed = observed, None
                 running.duration = duration
                 self._queue(completion, self._settle, running)

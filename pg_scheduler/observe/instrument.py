@@ -27,9 +27,13 @@ OUTCOMES = (
 class JobObserver(Protocol):
     """Told when a claimed job's function starts and when its attempt ends.
 
-    Both calls happen in the job's own task (so a context variable set in
-    ``job_started`` is seen by the job's code); they must be quick and must
-    not raise."""
+    ``job_started`` runs in the job's own task (so a context variable set there
+    is seen by the job's code). ``job_finished`` may run elsewhere: a completed
+    job's outcome is known only once its completion is written, which the
+    completer does after the job's task has ended. An observer that changed
+    the task's context undoes that in the optional ``job_returned(handle)``,
+    called in the job's task when its function has returned or raised. All of
+    them must be quick and must not raise."""
 
     def job_started(self, row: Mapping[str, Any], task: str) -> Any: ...
 
@@ -57,6 +61,14 @@ def remove_observer(observer: JobObserver) -> None:
 def started(row: Mapping[str, Any], task: str) -> list[tuple[JobObserver, Any]]:
     """Tell every observer a job starts; the handles :func:`finished` needs."""
     return [(o, o.job_started(row, task)) for o in observers]
+
+
+def returned(handles: list[tuple[JobObserver, Any]]) -> None:
+    """In the job's task, once its function is over: observers' context undone."""
+    for observer, handle in handles:
+        hook = getattr(observer, "job_returned", None)
+        if hook is not None:
+            hook(handle)
 
 
 def finished(handles: list[tuple[JobObserver, Any]], outcome: str, duration: float | None) -> None:

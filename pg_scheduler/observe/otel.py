@@ -69,7 +69,7 @@ class JobTracing:
             return None
         return self._propagate.extract(carrier) if isinstance(carrier, dict) else None
 
-    def job_started(self, row: Any, task: str) -> tuple[Any, Any]:
+    def job_started(self, row: Any, task: str) -> list[Any]:
         span = self.tracer.start_span(
             f"run {task}",
             context=self._parent(row),
@@ -82,15 +82,22 @@ class JobTracing:
             },
         )
         token = self._context.attach(self._trace.set_span_in_context(span))
-        return span, token
+        return [span, token]
 
-    def job_finished(self, handle: tuple[Any, Any], outcome: str, duration: float | None) -> None:
-        span, token = handle
+    def job_returned(self, handle: list[Any]) -> None:
+        """In the job's task: the span stops being current (it ends later,
+        with the outcome, possibly in the completer's task)."""
+        token, handle[1] = handle[1], None
+        if token is not None:
+            self._context.detach(token)
+
+    def job_finished(self, handle: list[Any], outcome: str, duration: float | None) -> None:
+        span = handle[0]
         span.set_attribute("pg_scheduler.outcome", outcome)
         if outcome in _ERROR_OUTCOMES:
             span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, outcome))
         span.end()
-        self._context.detach(token)
+        self.job_returned(handle)
 
 
 _installed: JobTracing | None = None
