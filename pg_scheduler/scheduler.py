@@ -182,6 +182,7 @@ class Scheduler:
         self._results = Results(
             hub=parts.events_hub, settings=settings, get_job=self.get_job, schedule=self.schedule
         )
+        self._workflow_ops = parts.workflow_ops
         self._lifecycle = lifecycle(
             settings, parts, self.registry, self.worker_id, local=self, prepare=self._prepare
         )
@@ -510,6 +511,34 @@ class Scheduler:
         job, TypeError/ValueError for a bad item; nothing written). Returns how
         many workflows were waiting for theirs and were woken."""
         return await send_signals(workflow_store(self.store), signals, connection)
+
+    async def cancel_workflow(self, job_id: str) -> list[str]:
+        """Cancel ``job_id`` and every unfinished job of its graph (joined by
+        ``depends_on``, either way); a code-first workflow's children go with
+        it. The ids cancelled (docs/workflow-operations.md)."""
+        return await self._workflow_ops.cancel_workflow(job_id)
+
+    async def retry_workflow(self, job_id: str) -> list[str]:
+        """Run a failed job again and let its graph go on (the dependents its
+        end cancelled wait again); a code-first workflow reruns from its failed
+        step. The ids reopened, ``job_id`` first."""
+        return await self._workflow_ops.retry_workflow(job_id)
+
+    async def fork_workflow(self, job_id: str, from_step: int | str) -> str:
+        """A new run of workflow ``job_id`` that replays its checkpoints before
+        ``from_step`` (a number from 1, or a step's name) and runs the rest."""
+        return await self._workflow_ops.fork_workflow(job_id, from_step)
+
+    async def workflow_graph(self, job_id: str) -> list[dict[str, Any]]:
+        """The jobs joined to ``job_id`` by ``depends_on``, each with its state
+        and the ids it depends on."""
+        return await self._workflow_ops.workflow_graph(job_id)
+
+    async def list_workflows(
+        self, status: str | JobStatus | None = None, limit: int = 50
+    ) -> list[dict[str, Any]]:
+        """Code-first workflows and graphs (by their first job), newest first."""
+        return await self._workflow_ops.list_workflows(status, limit)
 
     # -- periodic jobs -------------------------------------------------------------
 

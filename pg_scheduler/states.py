@@ -10,7 +10,8 @@ writes ``status`` is listed here, so a new writer cannot appear without a row.
 ``waiting`` (migration 0014) is a parked workflow, or (0015) a job whose
 dependencies have not all completed: no worker, no lease. It leaves only for
 ``pending`` (its event came: a signal, its last awaited child's end, its
-time, its last dependency's completion) or ``cancelled``.
+time, its last dependency's completion) or ``cancelled``. A graph's retry
+puts the dependents a failed job's end cancelled back to ``waiting``.
 """
 
 from __future__ import annotations
@@ -142,6 +143,20 @@ TRANSITIONS: tuple[Transition, ...] = (
         "housekeeping._RETRY_JOBS",
         "cli retry (operator)",
     ),
+    # -- whole workflows (api/workflow_ops.py) ---------------------------------------
+    Transition(
+        (PENDING, RUNNING, WAITING),
+        (CANCELLED,),
+        "graph_sql._CANCEL_MANY",
+        "Scheduler.cancel_workflow (every unfinished job of a graph)",
+    ),
+    Transition(
+        (FAILED, CANCELLED, EXPIRED),
+        (PENDING, WAITING),
+        "graph_sql._REOPEN",
+        "Scheduler.retry_workflow (a failed job and the dependents its end cancelled)",
+    ),
+    Transition((None,), (PENDING,), "graph_sql._FORK_JOB", "Scheduler.fork_workflow"),
     # -- periodic windows -------------------------------------------------------------
     Transition(
         (PENDING,),

@@ -27,6 +27,7 @@ from ..services.stall import StallGuard
 from ..services.watchdog import LoopWatchdog
 from ..store import QueueStore, Store
 from ..store.bounded import BoundedPool
+from ..store.graph_ops import GraphOpsStore
 from ..store.housekeeping import VacuumStore
 from ..tasks import TaskRegistry
 from ..workflows.runner import WAKE_LOOKAHEAD, workflow_store
@@ -36,6 +37,7 @@ from .limits import GlobalLimits
 from .ops import Operations
 from .queues import Queues
 from .settings import Settings
+from .workflow_ops import WorkflowOps
 
 
 @dataclass(eq=False, slots=True)
@@ -58,6 +60,8 @@ class Parts:
     #: Wakes parked workflows at their time (runs once a workflow is registered).
     workflow_timer: WorkflowTimerService
     operations: Operations
+    #: Whole workflows and graphs: cancel, retry, fork, list.
+    workflow_ops: WorkflowOps
     limits: GlobalLimits
     queues: Queues
     compat: Compat
@@ -153,6 +157,7 @@ def build(settings: Settings, worker_id: str, registry: TaskRegistry) -> Parts:
             rescuer=rescuer,
             vacuum=vacuum,
         ),
+        workflow_ops=WorkflowOps(GraphOpsStore(bounded, schema), worker.cancel_local),
         limits=GlobalLimits(store.limits, registry, worker.limits.forget),
         queues=Queues(queue_store),
         compat=Compat(
