@@ -1,5 +1,5 @@
 """Operations commands: status, jobs, retry, cancel, vacuum, periodic, limits,
-queues, orphans, metrics.
+queues, orphans, workflows, metrics.
 
 This module declares their arguments and runs them; ``reports`` (status, jobs,
 metrics), ``job_actions`` (retry, cancel, vacuum) and ``periodic_jobs`` implement
@@ -35,6 +35,8 @@ from .output import EXIT_INTERRUPTED, CommandError
 from .periodic_jobs import cmd_periodic_enable, cmd_periodic_list, cmd_periodic_trigger
 from .queue_commands import cmd_queues_delete, cmd_queues_list, cmd_queues_pause
 from .reports import cmd_jobs, cmd_metrics, cmd_status
+from .workflows import HANDLERS as WORKFLOW_HANDLERS
+from .workflows import register as register_workflows
 
 # -- argument types ------------------------------------------------------------------
 
@@ -282,6 +284,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     orphans = register_orphans(commands, json_flag)
     orphans.set_defaults(handler=_handler(cmd_orphans))
+
+    for action, parser in register_workflows(commands, json_flag).items():
+        parser.set_defaults(handler=_handler(WORKFLOW_HANDLERS[action]))
 
     metrics = commands.add_parser(
         "metrics",
