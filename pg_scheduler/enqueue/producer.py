@@ -34,6 +34,7 @@ from ..support.pool_release import autocommitted
 from ..support.reconnect import retry_on_disconnect
 from ..support.validation import check_int, check_name
 from ..tasks import TaskRegistry, ensure_async, queue_of, task_name_of
+from ..workflows.decorator import is_workflow
 from .arguments import check_arguments
 from .checks import when_of
 from .conflicts import (
@@ -133,7 +134,9 @@ class Producer:
         check_arguments(func, args, kwargs)
         key, scope = resolve_dedupe(func, options.dedupe_key, options.dedupe_scope, args, kwargs)
         if instrument.trace_injector is not None:  # the caller's trace context
-            task_data = instrument.trace_injector(task_data)
+            # A workflow without a current span: a trace of its own.
+            root = f"schedule {task_name}" if is_workflow(func) else None
+            task_data = instrument.trace_injector(task_data, root)
         check_job(execution_time, options)
         aware = when_of(execution_time, options.delay)
         return JobFields(func.__name__, task_name, aware, task_data, options, key, scope, queue)
@@ -331,7 +334,13 @@ class Enqueuer:
         """``schedule_bulk``: ids in input order; with ``positional``, one entry
         per spec (None where IGNORE skipped one), else the ids written."""
         check_positional(positional)
-        ids, written = await self.bulk(jobs, conflict, batch_size, connection)
+        opener = instrument.span_opener
+        if opener is not None and _declares_dependencies(jobs):
+            # A graph made without a current span: one trace for all of it.
+            with opener("schedule graph", {"pg_scheduler.jobs": len(jobs)}, True):
+                ids, written = await self.bulk(jobs, conflict, batch_size, connection)
+        else:
+            ids, written = await self.bulk(jobs, conflict, batch_size, connection)
         # One line per call, not per job: a bulk call may carry a million rows.
         log.debug("jobs scheduled", event_type="scheduled", count=written, bulk=True)
         if positional:
@@ -653,6 +662,13 @@ class Enqueuer:
         """After a lost answer: did every row (generated ids) get written?"""
         ids = [r[0] for r in rows]  # job_id
         return len(await self.store.existing_ids(self.pool, ids)) == len(set(ids))
+
+
+def _declares_dependencies(jobs: Any) -> bool:
+    """Whether a list of specs holds one with ``depends_on``."""
+    return isinstance(jobs, list | tuple) and any(
+        isinstance(spec, JobSpec) and spec.depends_on for spec in jobs
+    )
 
 
 def _key_race_error() -> ValueError:

@@ -22,6 +22,7 @@ from ..store import NewJob
 from ..support.codec import encode_retry_policy, encode_task_data
 from ..support.validation import check_queue
 from ..tasks import queue_of
+from ..workflows.decorator import is_workflow
 from .arguments import check_arguments
 from .checks import (
     check_job_id,
@@ -175,8 +176,8 @@ def _rows(
             key, scope = resolve_dedupe(
                 func, spec.dedupe_key, spec.dedupe_scope, spec.args, spec.kwargs
             )
-        if inject is not None:
-            task_data = inject(task_data)
+        if inject is not None:  # a workflow without a current span: a trace of its own
+            task_data = inject(task_data, f"schedule {task_name}" if is_workflow(func) else None)
         row = (
             next(fresh_ids) if job_id is None else job_id,
             job_name,

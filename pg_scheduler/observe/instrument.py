@@ -10,6 +10,7 @@ of the package, so anything may import it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 #: What an attempt ended as, as observers see it.
@@ -43,8 +44,15 @@ class JobObserver(Protocol):
 #: The installed observers (a tuple: the executor iterates it without a lock).
 observers: tuple[JobObserver, ...] = ()
 #: Given a job's task_data JSON text at schedule(), returns it with the
-#: caller's trace context added (or unchanged). None: tracing is off.
-trace_injector: Callable[[str], str] | None = None
+#: caller's trace context added (or unchanged). The second argument names a
+#: root span to open (and end) when the caller has none: a workflow starts a
+#: trace of its own. None: tracing is off.
+trace_injector: Callable[[str, str | None], str] | None = None
+#: ``span_opener(name, attributes, root_only)``: a context manager with a span
+#: current inside it (a workflow's step, the enqueue of a graph). With
+#: ``root_only``, a span is opened only when none is current. None: tracing
+#: is off.
+span_opener: Callable[[str, Mapping[str, Any], bool], AbstractContextManager[Any]] | None = None
 
 
 def add_observer(observer: JobObserver) -> None:

@@ -10,6 +10,14 @@
   stored context, current while the job's function runs (so spans the job
   opens are its children), ended with the attempt's outcome.
 
+Workflows and graphs make one trace each: a workflow scheduled without a
+current span gets a root span ``schedule <task>`` of its own, so every run
+of it (it runs again after each park) shares that trace; each step it runs
+is a span ``step <name>`` under its run's span, and each child it spawns
+carries the run's context (its run span is a child of the spawning run's).
+A ``schedule_bulk`` call holding dependencies and made without a current
+span runs under a span ``schedule graph``: every job of the graph is in it.
+
 Only processes that called ``enable_tracing()`` do either; the rest pay one
 attribute read per job.
 """
@@ -17,6 +25,8 @@ attribute read per job.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import pg_scheduler.observe.instrument as instrument
@@ -49,15 +59,34 @@ class JobTracing:
         self._propagate = propagate
         self.tracer = trace.get_tracer("pg_scheduler", tracer_provider=tracer_provider)
 
-    def inject(self, task_data: str) -> str:
-        """``task_data`` with the current span's context added, if there is one."""
+    def inject(self, task_data: str, root: str | None = None) -> str:
+        """``task_data`` with the current span's context added, if there is one;
+        else, given ``root``, the context of a new span of that name (a trace
+        of the job's own, for a workflow and everything it spawns)."""
+        context = None
         if not self._trace.get_current_span().get_span_context().is_valid:
-            return task_data
+            if root is None:
+                return task_data
+            span = self.tracer.start_span(root, kind=self._trace.SpanKind.PRODUCER)
+            span.end()
+            context = self._trace.set_span_in_context(span)
         carrier: dict[str, str] = {}
-        self._propagate.inject(carrier)
+        self._propagate.inject(carrier, context=context)
         if not carrier or not task_data.endswith("}"):
             return task_data
         return f'{task_data[:-1]}, "{TRACE_KEY}": {json.dumps(carrier)}}}'
+
+    def span(
+        self, name: str, attributes: Mapping[str, Any], root_only: bool
+    ) -> AbstractContextManager[Any]:
+        """A span current inside the block (ended with it; an exception that
+        leaves the block is recorded on it). With ``root_only``, none is opened
+        while a span is current."""
+        if root_only and self._trace.get_current_span().get_span_context().is_valid:
+            return nullcontext()
+        return self.tracer.start_as_current_span(
+            name, kind=self._trace.SpanKind.INTERNAL, attributes=dict(attributes)
+        )
 
     def _parent(self, row: Any) -> Any:
         raw = row.get("task_data")
@@ -112,6 +141,7 @@ def enable_tracing(tracer_provider: Any = None) -> JobTracing:
     disable_tracing()
     instrument.add_observer(tracing)
     instrument.trace_injector = tracing.inject
+    instrument.span_opener = tracing.span
     _installed = tracing
     return tracing
 
@@ -123,6 +153,8 @@ def disable_tracing() -> None:
         instrument.remove_observer(_installed)
         if instrument.trace_injector == _installed.inject:
             instrument.trace_injector = None
+        if instrument.span_opener == _installed.span:
+            instrument.span_opener = None
         _installed = None
 
 

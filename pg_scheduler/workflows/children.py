@@ -28,6 +28,8 @@ from typing import Any
 
 import asyncpg
 
+import pg_scheduler.observe.instrument as instrument
+
 from ..enqueue.checks import check_max_retries, check_priority, check_retry_policy, check_timeout
 from ..enqueue.fields import JobOptions
 from ..enums import PRIORITY_DB_VALUE_OF, JobStatus
@@ -119,6 +121,8 @@ def spawn(
         recorded = record.result or {}
         return ChildHandle(recorded["job_id"], seq, task_name, bool(recorded.get("detached")))
     job_id = child_job_id(run.lease.job_id, run.incarnation, seq)
+    if instrument.trace_injector is not None:  # the spawning run's span is the parent
+        task_data = instrument.trace_injector(task_data, None)
     if child_queue is None:
         # The task's own queue if it declares one, else the parent's.
         child_queue = queue_of(func) if hasattr(func, QUEUE_ATTR) else run.queue

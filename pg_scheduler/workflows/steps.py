@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pg_scheduler.observe.instrument as instrument
+
 from ..support.codec import ERROR_MAX_CHARS, clip_text
 from .errors import StepFailed
 from .replay import COMPLETED, FAILED
@@ -94,6 +96,27 @@ async def run_step(
             raise StepFailed(name, key, record.error or "", record.attempts)
     policy = retry or ONCE
     started = run.now()
+    opener = instrument.span_opener
+    if opener is None:
+        return await _run(run, seq, name, key, fn, args, kwargs, policy, timeout, started)
+    attributes = {"pg_scheduler.step": name, "pg_scheduler.step_key": key, "pg_scheduler.seq": seq}
+    with opener(f"step {name}", attributes, False):
+        return await _run(run, seq, name, key, fn, args, kwargs, policy, timeout, started)
+
+
+async def _run(
+    run: RunState,
+    seq: int,
+    name: str,
+    key: str,
+    fn: Callable[..., Any],
+    args: tuple,
+    kwargs: dict[str, Any],
+    policy: StepRetry,
+    timeout: float | None,
+    started: Any,
+) -> Any:
+    """Run the step's function (again, per ``policy``) and record its outcome."""
     attempt = 0
     while True:
         attempt += 1

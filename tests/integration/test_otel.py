@@ -107,3 +107,66 @@ async def test_bulk_schedule_carries_the_context_too(spans, pool, make_scheduler
         )
     rows = await pool.fetch("SELECT task_data FROM scheduled_jobs WHERE job_id = ANY($1)", ids)
     assert len(rows) == 3 and all(TRACE_KEY in r["task_data"] for r in rows)
+
+
+async def test_a_workflow_is_one_trace_with_its_steps_runs_and_children(
+    spans, pool, make_scheduler
+):
+    from tests.support import otel_workflow_tasks as wf
+
+    _provider, exporter = spans
+    scheduler = await make_scheduler()
+    job_id = await scheduler.schedule(wf.flow, args=(1,))  # no current span
+    await wait_for_status(pool, job_id, "waiting")
+    await scheduler.signal(job_id, "go", 10)
+    assert await scheduler.result(job_id, timeout=10) == 14
+    # It ran two or three times: at the start, maybe after its child, after the signal.
+    deadline = time.monotonic() + 10
+    while not any(
+        r.attributes["pg_scheduler.outcome"] == "completed"
+        for r in await run_spans(exporter, "otelwf.flow")
+    ):
+        assert time.monotonic() < deadline, "the last run's span never ended"
+        await asyncio.sleep(0.01)
+    runs = await run_spans(exporter, "otelwf.flow")
+    assert len(runs) >= 2
+    [child] = await run_spans(exporter, "otelwf.child")
+    finished = exporter.get_finished_spans()
+    [root] = [s for s in finished if s.name == "schedule otelwf.flow"]
+    steps = {s.name: s for s in finished if s.name.startswith("step ")}
+    assert set(steps) == {"step first", "step last"}  # each ran once; replays make no span
+    trace_id = root.context.trace_id
+    assert {s.context.trace_id for s in [*runs, child, *steps.values()]} == {trace_id}
+    assert all(r.parent.span_id == root.context.span_id for r in runs)
+    run_ids = {r.context.span_id for r in runs}
+    assert child.parent.span_id in run_ids and steps["step first"].parent.span_id in run_ids
+    assert steps["step last"].attributes["pg_scheduler.step"] == "last"
+    # The child's row carries the context, so a worker in another process joins the trace.
+    [child_data] = await pool.fetch(
+        "SELECT task_data FROM scheduled_jobs WHERE parent_job_id = $1", job_id
+    )
+    assert format(trace_id, "032x") in child_data["task_data"]
+
+
+async def test_a_graph_scheduled_in_one_call_is_one_trace(spans, pool, make_scheduler):
+    from pg_scheduler import JobSpec, chain, group
+
+    _provider, exporter = spans
+    scheduler = await make_scheduler()
+    flow = chain(
+        JobSpec(dashboard_tasks.echo, now(), (1,)),
+        group(
+            JobSpec(dashboard_tasks.echo, now(), (2,)), JobSpec(dashboard_tasks.echo, now(), (3,))
+        ),
+    )
+    ids = await scheduler.schedule_bulk(flow)
+    for job_id in ids:
+        await scheduler.wait_for(job_id, timeout=10)
+    runs = await run_spans(exporter, "dash.echo", count=3)
+    [root] = [s for s in exporter.get_finished_spans() if s.name == "schedule graph"]
+    assert {r.context.trace_id for r in runs} == {root.context.trace_id}
+    assert {r.parent.span_id for r in runs} == {root.context.span_id}
+    # Independent jobs in one call, without a span: no trace is made up for them.
+    plain = await scheduler.schedule_bulk([JobSpec(dashboard_tasks.echo, now(), (4,))])
+    stored = await pool.fetchval("SELECT task_data FROM scheduled_jobs WHERE job_id = $1", plain[0])
+    assert TRACE_KEY not in stored
