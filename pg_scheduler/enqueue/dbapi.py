@@ -159,6 +159,7 @@ def _refuse_keys(rows: list[NewJob]) -> None:
     caller's DB-API connection yet): refuse before anything is written."""
     if any(row.dedupe_key is not None for row in rows):
         raise ValueError(
-            "SyncClient(connection=...) does not write jobs with a dedupe key; "
+            "SyncClient(connection=...) does not write jobs with a dedupe key "
+            "(debounced and throttled jobs included); "
             "schedule them without connection= (the client's own connection)"
         )
