@@ -7,6 +7,8 @@ transaction left to the caller."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import sys
 from datetime import UTC, datetime, timedelta
@@ -469,3 +471,35 @@ async def test_sync_client_debounces_on_its_own_connection(pool, dsn):
     assert len(set(ids)) == 1
     [row] = await rows(pool, "s")
     assert args_of(row) == ["sync", 2]
+
+
+# -- the operator's view ---------------------------------------------------------------
+
+
+def _cli(argv: list[str]) -> tuple[int, str]:
+    from pg_scheduler.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(argv)
+    return code, out.getvalue()
+
+
+async def test_the_cli_shows_a_debounced_jobs_burst_and_due_time(
+    pool, dsn, make_scheduler, monkeypatch
+):
+    from pg_scheduler.cli import ops
+
+    monkeypatch.setattr(ops, "configure_logging", lambda args: None)
+    client = await make_scheduler(start=False)
+    job_id = await client.schedule(
+        debounce_tasks.reindex, args=("cli", 1), dedupe_key="reindex:42", debounce=300
+    )
+    code, shown = await asyncio.to_thread(_cli, ["--dsn", dsn, "jobs", job_id])
+    assert code == 0
+    assert "reindex:42 (debounced: burst since" in shown and "unless another call" in shown
+    code, data = await asyncio.to_thread(_cli, ["--dsn", dsn, "jobs", job_id, "--json"])
+    job = json.loads(data)
+    assert job["dedupe_scope"] == "debounce" and job["status"] == "pending"
+    [row] = await rows(pool, "reindex:42")
+    assert datetime.fromisoformat(job["execution_time"]) == row["execution_time"]
