@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import asyncpg
@@ -108,17 +108,10 @@ class TimedWriter:
             if holder is None:
                 # Inserted, or None when another call's row appeared meanwhile.
                 return await self.timing.debounce(conn, row, seconds, max_wait, None, True)
-            if holder["status"] != "pending":
+            mine = merged_row(row, holder, timing, func, args, kwargs)
+            if mine is None:
                 return None  # claimed ahead: wait for its start or its hand-back
-            mine = row
-            if holder["task_name"] == row.task_name:
-                assert merge is not None
-                new = merge_arguments(func, merge, holder["task_data"], args, kwargs)
-                data = encode_task_data(new.args, new.kwargs, row.task_name)
-                if instrument.trace_injector is not None:
-                    data = instrument.trace_injector(data)
-                mine = row._replace(task_data=data)
-            return await self.timing.debounce(conn, mine, seconds, max_wait, holder["job_id"], True)
+            return await self.timing.debounce(conn, mine, seconds, max_wait, holder[0], True)
 
         attempt = plain if merge is None else merged
         deadline = time.monotonic() + CLAIMED_WAIT
@@ -133,10 +126,7 @@ class TimedWriter:
             if job_id is not None:
                 return job_id
             if time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"debounce key {row.dedupe_key!r}: its job stayed claimed by a worker "
-                    f"that had not started it for {CLAIMED_WAIT:g} s; nothing was scheduled"
-                )
+                raise claimed_too_long(row)
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.2)
 
@@ -161,10 +151,45 @@ class TimedWriter:
             if holder is not None and holder[1]:
                 return holder[0]
             # The period ended between the two statements: take the next one.
-        raise ValueError(
-            f"throttle key {key!r}: its period ended {THROTTLE_ATTEMPTS} times while this "
-            "call ran; nothing was scheduled, try again"
-        )
+        raise throttle_race(key)
+
+
+def merged_row(
+    row: NewJob,
+    holder: Sequence[Any],
+    timing: Timing,
+    func: Callable[..., Any],
+    args: Any,
+    kwargs: Any,
+) -> NewJob | None:
+    """``row`` with the task's merge of the pending ``holder``'s arguments
+    (job_id, task_name, status, task_data) and the call's; the row as it is
+    for a holder of another task; None if the holder is not pending (claimed
+    ahead)."""
+    _, task_name, status, task_data = holder
+    if status != "pending":
+        return None
+    if task_name != row.task_name or timing.merge is None:
+        return row
+    new = merge_arguments(func, timing.merge, task_data, args, kwargs)
+    data = encode_task_data(new.args, new.kwargs, row.task_name)
+    if instrument.trace_injector is not None:
+        data = instrument.trace_injector(data)
+    return row._replace(task_data=data)
+
+
+def claimed_too_long(row: NewJob) -> TimeoutError:
+    return TimeoutError(
+        f"debounce key {row.dedupe_key!r}: its job stayed claimed by a worker "
+        f"that had not started it for {CLAIMED_WAIT:g} s; nothing was scheduled"
+    )
+
+
+def throttle_race(key: str) -> ValueError:
+    return ValueError(
+        f"throttle key {key!r}: its period ended {THROTTLE_ATTEMPTS} times while this "
+        "call ran; nothing was scheduled, try again"
+    )
 
 
 def merge_arguments(

@@ -503,3 +503,70 @@ async def test_the_cli_shows_a_debounced_jobs_burst_and_due_time(
     assert job["dedupe_scope"] == "debounce" and job["status"] == "pending"
     [row] = await rows(pool, "reindex:42")
     assert datetime.fromisoformat(job["execution_time"]) == row["execution_time"]
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
+async def test_sync_client_on_the_callers_connection_never_ends_its_transaction(pool, dsn, driver):
+    """Debounce (merged too) and throttle through a caller's DB-API connection:
+    savepoints in its transaction; rolled back, nothing; committed, one job
+    per burst and period."""
+    module = pytest.importorskip(driver)
+    from pg_scheduler import SyncClient
+
+    def calls(commit: bool) -> tuple[list[str], list[str], list[str], bool]:
+        conn = module.connect(dsn)
+        try:
+            with SyncClient(dsn) as client:
+                burst = [
+                    client.schedule(
+                        debounce_tasks.reindex,
+                        args=("db", n),
+                        dedupe_key="k",
+                        debounce=30,
+                        connection=conn,
+                    )
+                    for n in range(3)
+                ]
+                merged = [
+                    client.schedule(
+                        debounce_tasks.collect,
+                        kwargs={"ids": [n]},
+                        dedupe_key="ids",
+                        debounce=30,
+                        connection=conn,
+                    )
+                    for n in range(3)
+                ]
+                period = [
+                    client.schedule(
+                        debounce_tasks.ping, args=(n,), dedupe_key="t", throttle=30, connection=conn
+                    )
+                    for n in range(3)
+                ]
+                open_still = conn.closed == 0 if driver == "psycopg2" else not conn.closed
+                status = (
+                    conn.get_transaction_status()
+                    if driver == "psycopg2"
+                    else conn.info.transaction_status
+                )
+                in_transaction = open_still and status == 2  # INTRANS: the caller's, not ended
+            if commit:
+                conn.commit()
+            else:
+                conn.rollback()
+            return burst, merged, period, in_transaction
+        finally:
+            conn.close()
+
+    burst, merged, period, in_transaction = await asyncio.to_thread(calls, False)
+    assert in_transaction
+    assert await count(pool) == 0
+    burst, merged, period, in_transaction = await asyncio.to_thread(calls, True)
+    assert in_transaction
+    assert len(set(burst)) == len(set(merged)) == len(set(period)) == 1
+    [row] = await rows(pool, "k")
+    assert args_of(row) == ["db", 2] and row["job_id"] == burst[0]
+    [row] = await rows(pool, "ids")
+    assert kwargs_of(row) == {"ids": [0, 1, 2]}
+    [row] = await rows(pool, "t")
+    assert args_of(row) == [0] and row["dedupe_scope"] == "throttle"
