@@ -7,8 +7,9 @@ server (or ``--dsn``); each round runs each tree in turn (a subprocess whose
 working directory is the checkout, so it imports that tree's library), in a
 fresh database. Each run, from 8 concurrent callers on a pool of 8:
 
-* plain: ``n`` ``schedule()`` calls, no keywords (jobs/s): what every
-  application pays, compared across trees;
+* plain: ``n`` ``schedule()`` calls, no keywords (jobs/s, and this
+  process's CPU per call in microseconds, steadier than jobs/s on a shared
+  machine): what every application pays, compared across trees;
 * debounce: ``n`` calls spread over ``keys`` keys (``debounce=60``): calls/s,
   and as a ratio to the plain rate of the same run;
 * merge: the same with a task's ``debounce_merge`` (a read, a lock, a
@@ -69,7 +70,9 @@ async def main():
     later = datetime.now(UTC) + timedelta(hours=1)
     for i in range(200):  # warm: statements prepared, the table's first pages
         await s.schedule(plain, execution_time=later, args=(i,))
+    cpu = time.process_time()
     out = {"jobs_per_s": await rate(lambda i: s.schedule(plain, execution_time=later, args=(i,)))}
+    out["client_cpu_us"] = (time.process_time() - cpu) / N * 1e6
     if timed:
         out["debounce_per_s"] = await rate(
             lambda i: s.schedule(plain, args=(i,), dedupe_key=f"d{i % KEYS}", debounce=60))
@@ -111,7 +114,9 @@ def main() -> None:
         print("MEDIAN", tree, med)
     if len(trees) == 2 and all(results.values()):
         a, b = (statistics.median(r["jobs_per_s"] for r in results[t]) for t in trees)
-        print(f"plain schedule(): {trees[1]} / {trees[0]} = {b / a:.3f}")
+        print(f"plain schedule() jobs/s: {trees[1]} / {trees[0]} = {b / a:.3f}")
+        a, b = (statistics.median(r["client_cpu_us"] for r in results[t]) for t in trees)
+        print(f"plain schedule() client CPU per call: {trees[1]} / {trees[0]} = {b / a:.3f}")
     sys.stdout.flush()
 
 

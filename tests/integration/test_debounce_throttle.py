@@ -68,7 +68,7 @@ async def main():
     mode, label, first, total = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     pool = await asyncpg.create_pool(os.environ["PG_SCHEDULER_DSN"], min_size=4, max_size=4)
     scheduler = Scheduler(pool)  # never started: it only enqueues
-    timing = {"debounce": 1.0} if mode == "debounce" else {"throttle": 30}
+    timing = {"debounce": 2.0} if mode == "debounce" else {"throttle": 30}
     await pool.fetchval("SELECT 1")
     print("ready", flush=True)
     sys.stdin.readline()
@@ -108,15 +108,21 @@ async def producers(dsn: str, mode: str) -> list[asyncio.subprocess.Process]:
 
 
 async def go_and_collect(procs: list) -> list[str]:
+    """Start the producers' calls; the ids they got, read as soon as printed."""
     for p in procs:
         p.stdin.write(b"go\n")
         await p.stdin.drain()
     ids: list[str] = []
     for p in procs:
-        out, _ = await asyncio.wait_for(p.communicate(), 60)
-        assert p.returncode == 0
-        ids.extend(json.loads(out.decode().strip().splitlines()[-1]))
+        line = await asyncio.wait_for(p.stdout.readline(), 60)
+        ids.extend(json.loads(line.decode()))
     return ids
+
+
+async def finished(procs: list) -> None:
+    for p in procs:
+        await asyncio.wait_for(p.communicate(), 60)
+        assert p.returncode == 0
 
 
 # -- debounce ---------------------------------------------------------------------
@@ -131,7 +137,7 @@ async def test_a_burst_from_connections_and_two_processes_runs_once_with_the_las
 
     async def here(n: int) -> str:
         return await client.schedule(
-            debounce_tasks.reindex, args=("here", n), dedupe_key="burst", debounce=1.0
+            debounce_tasks.reindex, args=("here", n), dedupe_key="burst", debounce=2.0
         )
 
     # 30 calls from this process's pool and 20 from two processes, together.
@@ -140,15 +146,16 @@ async def test_a_burst_from_connections_and_two_processes_runs_once_with_the_las
     ids = [*await local, *await remote]
     before = await db_now(pool)
     last = await client.schedule(
-        debounce_tasks.reindex, args=("last", 0), dedupe_key="burst", debounce=1.0
+        debounce_tasks.reindex, args=("last", 0), dedupe_key="burst", debounce=2.0
     )
     after = await db_now(pool)
+    await finished(procs)
     assert set(ids) == {last}  # every call of the burst got its one job's id
     [row] = await rows(pool, "burst")
     assert row["dedupe_scope"] == "debounce"
     assert args_of(row) == ["last", 0]
-    # Due a second after the last call (the database's clock).
-    assert before + timedelta(seconds=1) <= row["execution_time"] <= after + timedelta(seconds=1)
+    # Due two seconds after the last call (the database's clock).
+    assert before + timedelta(seconds=2) <= row["execution_time"] <= after + timedelta(seconds=2)
     await wait_for_status(pool, last, "completed", timeout=15)
     [done] = await rows(pool, "burst")
     assert done["started_at"] >= row["execution_time"]
@@ -164,15 +171,15 @@ async def test_max_wait_bounds_a_burst_that_never_stops(pool, make_scheduler):
             debounce_tasks.reindex,
             args=("steady", n),
             dedupe_key="steady",
-            debounce=timedelta(seconds=0.4),
-            debounce_max_wait=timedelta(seconds=1.2),
+            debounce=timedelta(seconds=0.8),
+            debounce_max_wait=timedelta(seconds=2),
         )
 
     first = await call(0)
     [row] = await rows(pool, "steady")
-    bound = row["created_at"] + timedelta(seconds=1.2)
+    bound = row["created_at"] + timedelta(seconds=2)
     n = 0
-    # Calls never 0.4 s apart: without the bound the job would never be due.
+    # Calls never 0.8 s apart: without the bound the job would never be due.
     while True:
         n += 1
         job_id = await call(n)
@@ -322,6 +329,7 @@ async def test_throttle_first_call_wins_across_processes(pool, dsn, make_schedul
     local = asyncio.gather(*(here(n) for n in range(30)))
     remote = go_and_collect(procs)
     ids = [*await local, *await remote]
+    await finished(procs)
     [row] = await rows(pool, "burst")
     assert set(ids) == {row["job_id"]}
     assert row["dedupe_scope"] == "throttle"
