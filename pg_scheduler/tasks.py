@@ -287,5 +287,9 @@ def task(
     Queues, limits and dedupe keys).
     ``@task(queue="emails")`` puts its jobs in queue ``emails`` (unless the
     call that schedules one names a queue; the default queue is ``"default"``).
+    ``debounce``, ``debounce_max_wait``, ``throttle``: every job of the task is
+    debounced or throttled on its dedupe key unless the call says otherwise;
+    ``debounce_merge(previous, new)`` merges a burst's arguments
+    (:class:`~pg_scheduler.CallArguments`; docs: Debounce and throttle).
     """
     return default_registry.decorator(func, TaskOptions.of(locals()))

@@ -174,7 +174,11 @@ def _rows(
             if timed:
                 _refuse_timing(index, "its task debounces or throttles its jobs")
         job_name, task_name, keyed_task, queue = task
-        if spec.debounce is not None or spec.throttle is not None or spec.debounce_max_wait:
+        if (
+            spec.debounce is not None
+            or spec.throttle is not None
+            or spec.debounce_max_wait is not None
+        ):
             _refuse_timing(index, "it gives debounce or throttle")
         if spec.queue is not None:
             queue = spec.queue
