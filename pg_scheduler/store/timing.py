@@ -31,22 +31,35 @@ _COLUMNS = """job_id, job_name, task_name, execution_time, status, task_data, pr
 # $1..$11: the row's fields (see _debounce_args); $12 the quiet period and $13
 # the longest wait (NULL: none), in seconds; $14 whether the holder may be
 # updated only if it is $15 (a merge read that holder's arguments first).
+# A new burst's row wakes the workers through the INSERT trigger. A call that
+# moves the due time earlier (a shorter debounce or longest wait than the
+# burst's earlier calls gave) wakes them itself: they may sleep until the old
+# time. ``before`` is read from the statement's snapshot: a hint for the wake-up only.
 _DEBOUNCE = f"""
-INSERT INTO scheduled_jobs AS j ({_COLUMNS})
-VALUES ($1, $2, $3,
-        LEAST(statement_timestamp() + make_interval(secs => $12::float8),
-              now() + make_interval(secs => $13::float8)),
-        'pending', $4::jsonb, $5, $6, $7, $8, $9::jsonb, $10, 'debounce', $11)
-ON CONFLICT (dedupe_key) WHERE dedupe_scope = 'debounce' AND NOT started_before
-    AND (status = 'pending' OR (status = 'running' AND claimed_ahead))
-DO UPDATE SET job_name = EXCLUDED.job_name, task_name = EXCLUDED.task_name,
-    execution_time = LEAST(statement_timestamp() + make_interval(secs => $12::float8),
-                           j.created_at + make_interval(secs => $13::float8)),
-    task_data = EXCLUDED.task_data, priority = EXCLUDED.priority,
-    max_retries = EXCLUDED.max_retries, misfire_grace_time = EXCLUDED.misfire_grace_time,
-    timeout = EXCLUDED.timeout, retry_policy = EXCLUDED.retry_policy, queue = EXCLUDED.queue
-WHERE j.status = 'pending' AND (NOT $14::bool OR j.job_id = $15::text)
-RETURNING j.job_id
+WITH before AS (
+    SELECT j.execution_time FROM scheduled_jobs j WHERE j.dedupe_key = $10 AND {HELD_DEBOUNCED}
+), written AS (
+    INSERT INTO scheduled_jobs AS j ({_COLUMNS})
+    VALUES ($1, $2, $3,
+            LEAST(statement_timestamp() + make_interval(secs => $12::float8),
+                  now() + make_interval(secs => $13::float8)),
+            'pending', $4::jsonb, $5, $6, $7, $8, $9::jsonb, $10, 'debounce', $11)
+    ON CONFLICT (dedupe_key) WHERE dedupe_scope = 'debounce' AND NOT started_before
+        AND (status = 'pending' OR (status = 'running' AND claimed_ahead))
+    DO UPDATE SET job_name = EXCLUDED.job_name, task_name = EXCLUDED.task_name,
+        execution_time = LEAST(statement_timestamp() + make_interval(secs => $12::float8),
+                               j.created_at + make_interval(secs => $13::float8)),
+        task_data = EXCLUDED.task_data, priority = EXCLUDED.priority,
+        max_retries = EXCLUDED.max_retries, misfire_grace_time = EXCLUDED.misfire_grace_time,
+        timeout = EXCLUDED.timeout, retry_policy = EXCLUDED.retry_policy, queue = EXCLUDED.queue
+    WHERE j.status = 'pending' AND (NOT $14::bool OR j.job_id = $15::text)
+    RETURNING j.job_id, j.execution_time, j.queue
+), woke AS (
+    SELECT pg_notify('pg_scheduler_jobs', CASE WHEN w.queue = 'default' THEN '' ELSE w.queue END)
+      FROM written w, before b
+     WHERE w.execution_time < b.execution_time
+)
+SELECT w.job_id, (SELECT count(*) FROM woke) AS woken FROM written w
 """
 
 # The holder of a debounce key, locked (a merge reads its arguments).

@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from pg_scheduler import JobSpec
+from pg_scheduler import JobSpec, PollingConfig
 from pg_scheduler.enqueue import timed
 from tests.support import debounce_tasks
 from tests.support.common import child_env, wait_for_status
@@ -194,6 +194,26 @@ async def test_max_wait_bounds_a_burst_that_never_stops(pool, make_scheduler):
     assert done[first]["started_at"] >= bound
     assert done[job_id]["status"] == "pending"
     assert args_of(done[job_id]) == ["steady", n]
+
+
+async def test_a_call_that_brings_the_due_time_forward_wakes_the_workers(pool, make_scheduler):
+    """Workers asleep until the burst's first due time (a minute away, and
+    polling at most every 30 s) hear of the earlier one at once."""
+    await make_scheduler(polling_config=PollingConfig(max_interval=30, idle_start_interval=30))
+    client = await make_scheduler(start=False)
+    first = await client.schedule(
+        debounce_tasks.reindex, args=("far", 0), dedupe_key="soon", debounce=60
+    )
+    again = await client.schedule(
+        debounce_tasks.reindex, args=("near", 1), dedupe_key="soon", debounce=0.3
+    )
+    assert again == first
+    [row] = await rows(pool, "soon")
+    await wait_for_status(pool, first, "completed", timeout=10)
+    [done] = await rows(pool, "soon")
+    late = (done["started_at"] - row["execution_time"]).total_seconds()
+    assert 0 <= late < 5, late  # not the 30 s poll, nor the minute
+    assert debounce_tasks.runs == [("reindex", ("near", 1), {})]
 
 
 async def test_the_tasks_merge_sees_every_call_of_a_burst(pool, make_scheduler):
