@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..enums import DEFAULT_QUEUE
 from .dedupe import HELD_DEBOUNCED
 from .jobs import NewJob
 from .names import Executor, Qualifier
@@ -34,7 +35,8 @@ _COLUMNS = """job_id, job_name, task_name, execution_time, status, task_data, pr
 # A new burst's row wakes the workers through the INSERT trigger. A call that
 # moves the due time earlier (a shorter debounce or longest wait than the
 # burst's earlier calls gave) wakes them itself: they may sleep until the old
-# time. ``before`` is read from the statement's snapshot: a hint for the wake-up only.
+# time (sent as job inserts send it: '' for the default queue). ``before`` is
+# read from the statement's snapshot: a hint for the wake-up only.
 _DEBOUNCE = f"""
 WITH before AS (
     SELECT j.execution_time FROM scheduled_jobs j WHERE j.dedupe_key = $10 AND {HELD_DEBOUNCED}
@@ -55,7 +57,8 @@ WITH before AS (
     WHERE j.status = 'pending' AND (NOT $14::bool OR j.job_id = $15::text)
     RETURNING j.job_id, j.execution_time, j.queue
 ), woke AS (
-    SELECT pg_notify('pg_scheduler_jobs', CASE WHEN w.queue = 'default' THEN '' ELSE w.queue END)
+    SELECT pg_notify('pg_scheduler_jobs',
+                     CASE WHEN w.queue = '{DEFAULT_QUEUE}' THEN '' ELSE w.queue END)
       FROM written w, before b
      WHERE w.execution_time < b.execution_time
 )
