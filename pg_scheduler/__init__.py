@@ -3,6 +3,7 @@
 from .api.results import JobCancelled, JobExpired, JobFailed, JobNotFound
 from .config import PollingConfig, RetryPolicy, VacuumConfig, VacuumPolicy
 from .context import JobContext, current_job
+from .enqueue.timing import CallArguments
 from .enums import ConflictResolution, JobPriority, JobStatus, VacuumTrigger
 from .job_spec import JobSpec
 from .limits import RateLimit
@@ -29,6 +30,7 @@ __version__ = "0.3.0"
 
 __all__ = [
     "Attempt",
+    "CallArguments",
     "CoalescePolicy",
     "ConflictResolution",
     "Event",

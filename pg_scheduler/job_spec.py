@@ -65,6 +65,9 @@ class JobSpec:
         depends_on: list[str | JobSpec] | tuple[str | JobSpec, ...] | None = None,
         on_dependency_failure: str = "cancel",
         delay: timedelta | float | None = None,
+        debounce: timedelta | float | None = None,
+        debounce_max_wait: timedelta | float | None = None,
+        throttle: timedelta | float | None = None,
     ) -> None:
         if isinstance(func, str):
             raise TypeError(
@@ -89,6 +92,10 @@ class JobSpec:
         self.depends_on = depends_on
         self.on_dependency_failure = on_dependency_failure
         self.delay = delay
+        # Kept and checked; schedule_bulk refuses them (schedule() writes such jobs).
+        self.debounce = debounce
+        self.debounce_max_wait = debounce_max_wait
+        self.throttle = throttle
         if (
             priority is _NORMAL
             and type(max_retries) is int
@@ -103,6 +110,9 @@ class JobSpec:
             and depends_on is None
             and on_dependency_failure == "cancel"
             and delay is None
+            and debounce is None
+            and debounce_max_wait is None
+            and throttle is None
         ):
             # Every option at its default, which is valid: a bulk's common case.
             if execution_time is not None:

@@ -91,7 +91,8 @@ class Job(BaseModel):
     progress: float | None = None
     progress_message: str | None = None
     progress_at: datetime | None = None
-    #: The job's dedupe key and its scope ("active" or "pending"), or None.
+    #: The job's dedupe key and its scope ("active" or "pending"; "debounce" or
+    #: "throttle" for a debounced or throttled job), or None.
     dedupe_key: str | None = None
     dedupe_scope: str | None = None
     #: A parked workflow (status ``waiting``): what it waits for ("sleep",

@@ -203,6 +203,10 @@ class Scheduler:
         max_running: int | None = None,
         rate_limit: str | RateLimit | None = None,
         queue: str | None = None,
+        debounce: timedelta | float | None = None,
+        debounce_max_wait: timedelta | float | None = None,
+        debounce_merge: Callable[[Any, Any], Any] | None = None,
+        throttle: timedelta | float | None = None,
     ) -> Any:
         """Decorator: register a function this scheduler can run (see :func:`pg_scheduler.task`)."""
         return self.registry.decorator(func, TaskOptions.of(locals()))
@@ -236,6 +240,9 @@ class Scheduler:
         depends_on: list[str] | tuple[str, ...] | None = None,
         on_dependency_failure: str = "cancel",
         delay: timedelta | float | None = None,
+        debounce: timedelta | float | None = None,
+        debounce_max_wait: timedelta | float | None = None,
+        throttle: timedelta | float | None = None,
     ) -> str:
         """Schedule ``func(*args, **kwargs)`` to run at ``execution_time``; returns the job id.
 
@@ -260,6 +267,14 @@ class Scheduler:
         that same transaction. ``on_dependency_failure``: when one of them
         ends without completing, "cancel" (the default), "run" or "wait".
         See docs/dependencies.md.
+
+        ``debounce`` (with a dedupe key): a burst of calls with one key makes
+        one job, due ``debounce`` after the burst's last call (at most
+        ``debounce_max_wait`` after its first), with the last call's
+        arguments (or the task's ``debounce_merge`` of them); returns that
+        job's id. ``throttle``: at most one job per period and key, the
+        period's first call's; the others write nothing and return its id.
+        See docs/debounce-throttle.md.
         """
         options = JobOptions.of(locals())
         return await self._jobs.schedule(

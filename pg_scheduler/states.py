@@ -50,6 +50,14 @@ TRANSITIONS: tuple[Transition, ...] = (
         "enqueue/keyed.py (REPLACE on a dedupe key: the pending holder takes the new fields)",
     ),
     Transition(
+        (None, PENDING),
+        (PENDING,),
+        "timing._DEBOUNCE",
+        "enqueue/timed.py (debounce: a burst's first call inserts, the others move the "
+        "pending holder's due time; never a claimed row)",
+    ),
+    Transition((None,), (PENDING,), "timing._THROTTLE", "enqueue/timed.py (a period's first call)"),
+    Transition(
         (None,),
         (RUNNING, PENDING),
         "job_sql._INSERT_RUNNING",

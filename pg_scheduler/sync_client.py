@@ -134,6 +134,9 @@ class SyncClient:
         depends_on: list[str] | tuple[str, ...] | None = None,
         on_dependency_failure: str = "cancel",
         delay: timedelta | float | None = None,
+        debounce: timedelta | float | None = None,
+        debounce_max_wait: timedelta | float | None = None,
+        throttle: timedelta | float | None = None,
     ) -> str:
         """As :meth:`Scheduler.schedule`: the same keywords, defaults and checks
         (``misfire_grace_time`` not given: the client's default). Returns the job id.

@@ -11,9 +11,11 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
+from datetime import timedelta
 from typing import Any, TypeVar, overload
 
 from .enqueue.dedupe import mark_task
+from .enqueue.timing import mark_task as mark_timing
 from .enums import DEFAULT_QUEUE
 from .limits import Limits, RateLimit
 from .support.validation import check_name, check_queue
@@ -44,6 +46,13 @@ class TaskOptions:
     max_running: int | None = None
     rate_limit: str | RateLimit | None = None
     queue: str | None = None
+    # Defaults of the task's jobs (docs/debounce-throttle.md): a call's
+    # debounce or throttle replaces them; debounce_merge(previous, new)
+    # combines a burst's arguments (enqueue/timing.py CallArguments).
+    debounce: timedelta | float | None = None
+    debounce_max_wait: timedelta | float | None = None
+    debounce_merge: Callable[[Any, Any], Any] | None = None
+    throttle: timedelta | float | None = None
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> TaskOptions:
@@ -161,6 +170,13 @@ class TaskRegistry:
 
         def decorate(f: F) -> F:
             mark_task(f, options.dedupe_key, options.dedupe_scope)
+            mark_timing(
+                f,
+                options.debounce,
+                options.debounce_max_wait,
+                options.debounce_merge,
+                options.throttle,
+            )
             return self.register(
                 f, name=options.name, executor=options.executor, limits=limits, queue=options.queue
             )
@@ -237,6 +253,10 @@ def task(
     max_running: int | None = None,
     rate_limit: str | RateLimit | None = None,
     queue: str | None = None,
+    debounce: timedelta | float | None = None,
+    debounce_max_wait: timedelta | float | None = None,
+    debounce_merge: Callable[[Any, Any], Any] | None = None,
+    throttle: timedelta | float | None = None,
 ) -> Callable[[F], F]: ...
 def task(
     func: Any = None,
@@ -249,6 +269,10 @@ def task(
     max_running: int | None = None,
     rate_limit: str | RateLimit | None = None,
     queue: str | None = None,
+    debounce: timedelta | float | None = None,
+    debounce_max_wait: timedelta | float | None = None,
+    debounce_merge: Callable[[Any, Any], Any] | None = None,
+    throttle: timedelta | float | None = None,
 ) -> Any:
     """Register an async function as a task, usable before any Scheduler exists.
 
@@ -263,5 +287,9 @@ def task(
     Queues, limits and dedupe keys).
     ``@task(queue="emails")`` puts its jobs in queue ``emails`` (unless the
     call that schedules one names a queue; the default queue is ``"default"``).
+    ``debounce``, ``debounce_max_wait``, ``throttle``: every job of the task is
+    debounced or throttled on its dedupe key unless the call says otherwise;
+    ``debounce_merge(previous, new)`` merges a burst's arguments
+    (:class:`~pg_scheduler.CallArguments`; docs: Debounce and throttle).
     """
     return default_registry.decorator(func, TaskOptions.of(locals()))

@@ -450,6 +450,18 @@ def render_workflow(workflow: dict[str, Any], out: Any) -> None:
         )
 
 
+def describe_key(job: Job) -> str | None:
+    """A job's dedupe key and scope; a debounced job's burst (docs/debounce-throttle.md)."""
+    if not job.dedupe_key:
+        return None
+    if job.dedupe_scope == "debounce" and job.status.value == "pending":
+        return (
+            f"{job.dedupe_key} (debounced: burst since {when(job.created_at)}, "
+            f"due {when(job.execution_time)} unless another call moves it)"
+        )
+    return f"{job.dedupe_key} (scope {job.dedupe_scope})"
+
+
 def render_job(
     job: Job, family: asyncpg.Record | None = None, workflow: dict[str, Any] | None = None
 ) -> None:
@@ -476,7 +488,7 @@ def render_job(
         ("attempts", f"{job.attempts} (retries {job.retry_count}/{job.max_retries})"),
         ("rescues", job.rescue_count),
         ("worker", job.worker_id),
-        ("dedupe key", f"{job.dedupe_key} (scope {job.dedupe_scope})" if job.dedupe_key else None),
+        ("dedupe key", describe_key(job)),
         ("next retry", when(job.next_retry_at) if job.next_retry_at else None),
         ("args", json.dumps(job.args, default=str)),
         ("kwargs", json.dumps(job.kwargs, default=str)),

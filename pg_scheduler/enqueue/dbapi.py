@@ -10,12 +10,14 @@ caller's transaction it is a savepoint (:meth:`DbapiStatements.atomically`).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..enums import ConflictResolution
 from ..store.dbapi import UNIQUE_VIOLATION, DbapiStatements, sqlstate
 from ..store.jobs import NewJob
+from . import timed
 from .conflicts import (
     check_conflict_resolution,
     check_none_existing,
@@ -26,6 +28,7 @@ from .conflicts import (
 from .dependencies import DbapiGraphWriter, Graph, plan
 from .fields import JobOptions
 from .producer import Producer, check_bulk_call
+from .timing import THROTTLE_SCOPE, Timing
 
 _SUFFIX = {
     ConflictResolution.RAISE: "",
@@ -54,7 +57,10 @@ class DbapiEnqueuer:
     ) -> str:
         """One job (``Scheduler.schedule``'s checks and row); its id."""
         check_conflict_resolution(conflict)
-        row = self.producer.call_row(func, execution_time, args, kwargs, options)
+        fields = self.producer.call_fields(func, execution_time, args, kwargs, options)
+        row = self.producer.new_row(fields)
+        if fields.timing is not None:
+            return self._timed(connection, row, fields.timing, func, args, kwargs)
         _refuse_keys([row])
         if options.depends_on:
             user_id = options.job_id is not None
@@ -99,6 +105,65 @@ class DbapiEnqueuer:
         written = self._write(connection, rows, conflict, batch_size, raise_on)
         ids = ids_in_order(rows, written, conflict)
         return ids if positional else [i for i in ids if i is not None]
+
+    def _timed(
+        self,
+        connection: Any,
+        row: NewJob,
+        timing: Timing,
+        func: Callable[..., Any],
+        args: Any,
+        kwargs: Any,
+    ) -> str:
+        """A debounced or throttled job (``timed.py``, the same statements): each
+        attempt all or nothing, one that wrote nothing undone (its row locks go)."""
+        conn = _dbapi_connection(connection)
+        statements, key = self.statements, str(row.dedupe_key)
+
+        def attempt(work: Callable[[], str | None]) -> str | None:
+            def written() -> str:
+                job_id = work()
+                if job_id is None:
+                    raise _Nothing
+                return job_id
+
+            try:
+                return statements.atomically(conn, written)  # type: ignore[no-any-return]
+            except _Nothing:
+                return None
+
+        if timing.kind == THROTTLE_SCOPE:
+            for _ in range(timed.THROTTLE_ATTEMPTS):
+                job_id = attempt(lambda: statements.throttle(conn, row, timing.seconds))
+                if job_id is not None:
+                    return job_id
+                holder = statements.throttle_holder(conn, key)
+                if holder is not None and holder[1]:
+                    return holder[0]
+            raise timed.throttle_race(key)
+
+        def debounce() -> str | None:
+            seconds, max_wait = timing.seconds, timing.max_wait
+            if timing.merge is None:
+                return statements.debounce(conn, row, seconds, max_wait)
+            holder = statements.debounce_holder(conn, key)
+            if holder is None:
+                return statements.debounce(conn, row, seconds, max_wait, None, True)
+            mine = timed.merged_row(row, holder, timing, func, args, kwargs)
+            if mine is None:
+                return None
+            return statements.debounce(conn, mine, seconds, max_wait, holder[0], True)
+
+        deadline = time.monotonic() + timed.CLAIMED_WAIT
+        pause = 0.005
+        while True:
+            job_id = attempt(debounce)
+            if job_id is not None:
+                return job_id
+            if time.monotonic() >= deadline:
+                raise timed.claimed_too_long(row)
+            time.sleep(pause)  # the claimed-ahead holder starts or is handed back
+            pause = min(pause * 2, 0.2)
 
     def _write_graph(
         self, connection: Any, graph: Graph, conflict: ConflictResolution, batch_size: int
@@ -147,6 +212,10 @@ class DbapiEnqueuer:
             raise
 
 
+class _Nothing(Exception):
+    """An attempt wrote nothing: its savepoint (or transaction) is undone."""
+
+
 def _dbapi_connection(connection: Any) -> Any:
     """The driver's connection: SQLAlchemy's pooled proxy
     (``session.connection().connection``) gives its ``dbapi_connection``."""
@@ -156,9 +225,11 @@ def _dbapi_connection(connection: Any) -> Any:
 
 def _refuse_keys(rows: list[NewJob]) -> None:
     """Dedupe keys need the async path's conflict handling (not written on a
-    caller's DB-API connection yet): refuse before anything is written."""
+    caller's DB-API connection yet; debounce and throttle are): refuse before
+    anything is written."""
     if any(row.dedupe_key is not None for row in rows):
         raise ValueError(
-            "SyncClient(connection=...) does not write jobs with a dedupe key; "
+            "SyncClient(connection=...) does not write jobs with a dedupe key "
+            "(only debounced and throttled ones); "
             "schedule them without connection= (the client's own connection)"
         )

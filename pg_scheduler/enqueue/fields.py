@@ -35,6 +35,7 @@ from .checks import (
     check_when,
 )
 from .dedupe import check_dedupe_key, check_dedupe_scope
+from .timing import Timing, check_duration
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,13 @@ class JobOptions:
     on_dependency_failure: str = "cancel"  # "cancel", "run" or "wait"
     # Due this long after now (a timedelta or seconds); instead of execution_time.
     delay: timedelta | float | None = None
+    # One job per burst of calls with the job's dedupe key, due this long (a
+    # timedelta or seconds) after the burst's last call; at most
+    # debounce_max_wait after its first. See docs/debounce-throttle.md.
+    debounce: timedelta | float | None = None
+    debounce_max_wait: timedelta | float | None = None
+    # At most one job per this period and dedupe key: the period's first call.
+    throttle: timedelta | float | None = None
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> JobOptions:
@@ -96,6 +104,9 @@ def check_job(execution_time: Any, options: Any) -> None:
     _check_queue_or_none(options.queue)
     check_depends_on(options.depends_on)
     check_on_dependency_failure(options.on_dependency_failure)
+    check_duration("debounce", options.debounce)
+    check_duration("debounce_max_wait", options.debounce_max_wait)
+    check_duration("throttle", options.throttle)
 
 
 class JobFields(NamedTuple):
@@ -110,6 +121,7 @@ class JobFields(NamedTuple):
     dedupe_key: str | None  # the call's, else the task's
     dedupe_scope: str | None  # with a key: the call's, else the task's, else "active"
     queue: str  # the call's, else the task's, else enums.DEFAULT_QUEUE
+    timing: Timing | None = None  # debounced or throttled (the task's defaults applied)
 
 
 def row_of(fields: JobFields, job_id: str, default_grace: Callable[[], int | None]) -> NewJob:

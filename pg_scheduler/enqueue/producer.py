@@ -49,6 +49,8 @@ from .fields import JobFields, JobOptions, check_job, row_of
 from .ids import new_job_id
 from .keyed import KeyedWriter, KeyRace, check_batch_keys, is_dedupe_violation
 from .rows import COPY_THRESHOLD, spec_rows, spec_tuples, streamable
+from .timed import TimedWriter
+from .timing import check_timed_call, timing_of
 
 # A write that finds a dedupe key changing hands under it starts over this often.
 KEY_RACE_ATTEMPTS = 20
@@ -138,8 +140,14 @@ class Producer:
             root = f"schedule {task_name}" if is_workflow(func) else None
             task_data = instrument.trace_injector(task_data, root)
         check_job(execution_time, options)
+        timing = timing_of(func, options)
+        if timing is not None:
+            check_timed_call(timing, key, execution_time, options)
+            scope = timing.kind
         aware = when_of(execution_time, options.delay)
-        return JobFields(func.__name__, task_name, aware, task_data, options, key, scope, queue)
+        return JobFields(
+            func.__name__, task_name, aware, task_data, options, key, scope, queue, timing
+        )
 
     def name_fields(
         self, job_name: Any, execution_time: Any, task_data: Any, options: JobOptions
@@ -215,6 +223,7 @@ class Enqueuer:
         self._worker_tasks: set[str] = set()
         self._worker_tasks_read = -NAME_CHECK_EVERY
         self.graph = GraphWriter(store)
+        self.timed = TimedWriter(store, pool)
 
     # -- the entry points ------------------------------------------------------------
 
@@ -236,7 +245,11 @@ class Enqueuer:
         caller's transaction, may be written already claimed by a worker of
         this process (the job must not start before a caller's commit)."""
         check_conflict_resolution(conflict)
-        row = self.producer.call_row(func, execution_time, args, kwargs, options)
+        fields = self.producer.call_fields(func, execution_time, args, kwargs, options)
+        row = self.producer.new_row(fields)
+        if fields.timing is not None:
+            # Debounce and throttle decide what a held key means: conflict is not consulted.
+            return await self.timed.write(row, fields.timing, func, args, kwargs, connection)
         user_id = options.job_id is not None
         if options.depends_on:
             return await self._write_dependent(row, options, conflict, connection)

@@ -37,6 +37,7 @@ from .checks import (
 from .dedupe import has_task_key
 from .dedupe import resolve as resolve_dedupe
 from .ids import new_job_ids
+from .timing import has_task_timing
 
 # schedule_bulk batches at least this large are written with COPY (generated ids only).
 COPY_THRESHOLD = 100
@@ -44,6 +45,13 @@ COPY_THRESHOLD = 100
 # NewJob without its Python-level __new__ (13 arguments): a third of a row's build.
 _new_row = tuple.__new__
 _NOT_SEEN: Any = object()
+
+
+def _refuse_timing(index: int, why: str) -> None:
+    raise ValueError(
+        f"jobs[{index}]: schedule_bulk does not debounce or throttle ({why}); "
+        "schedule such jobs one by one with schedule(); nothing was scheduled"
+    )
 
 
 def streamable(jobs: Sequence[Any]) -> bool:
@@ -162,8 +170,17 @@ def _rows(
         task = tasks.get(func)
         if task is None:
             task_name = register(func)
+            timed = has_task_timing(func)
             task = tasks[func] = (func.__name__, task_name, has_task_key(func), queue_of(func))
+            if timed:
+                _refuse_timing(index, "its task debounces or throttles its jobs")
         job_name, task_name, keyed_task, queue = task
+        if (
+            spec.debounce is not None
+            or spec.throttle is not None
+            or spec.debounce_max_wait is not None
+        ):
+            _refuse_timing(index, "it gives debounce or throttle")
         if spec.queue is not None:
             queue = spec.queue
             if queue is not last_queue:

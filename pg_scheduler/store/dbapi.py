@@ -24,6 +24,7 @@ from .dependencies import _APPLY_ENDED, _INSERT_DEPENDENTS, _INSERT_EDGES, _LOCK
 from .job_sql import _EXISTING_IDS, _INSERT_FROM_ARRAYS, _INSERT_ONE, _REPLACE_SET
 from .jobs import NewJob
 from .names import DEFAULT_SCHEMA, Qualifier
+from .timing import _DEBOUNCE, _DEBOUNCE_HOLDER, _THROTTLE, _THROTTLE_HOLDER, _debounce_args
 
 _PLACEHOLDER = re.compile(r"\$(\d+)")
 _SAVEPOINT = "pg_scheduler_enqueue"
@@ -115,6 +116,10 @@ class DbapiStatements:
         self._insert_dependents = pyformat(q(_INSERT_DEPENDENTS))
         self._insert_edges = pyformat(q(_INSERT_EDGES))
         self._apply_ended = pyformat(q(_APPLY_ENDED))
+        self._debounce = pyformat(q(_DEBOUNCE))
+        self._debounce_holder = pyformat(q(_DEBOUNCE_HOLDER))
+        self._throttle = pyformat(q(_THROTTLE))
+        self._throttle_holder = pyformat(q(_THROTTLE_HOLDER))
 
     def insert(self, conn: Any, rows: Sequence[NewJob], suffix: str) -> set[str]:
         """INSERT ``rows`` then ``suffix`` ("", "ignore" or "replace"); the ids written."""
@@ -159,6 +164,38 @@ class DbapiStatements:
     def apply_ended(self, conn: Any, ended: dict[str, str]) -> None:
         with conn.cursor() as cur:
             cur.execute(self._apply_ended, _params([list(ended), list(ended.values())]))
+
+    # -- debounce and throttle (store/timing.py: the same statements) -------------
+
+    def _one(self, conn: Any, sql: str, values: Sequence[Any]) -> Any:
+        with conn.cursor() as cur:
+            cur.execute(sql, _params(values))
+            return cur.fetchone()
+
+    def debounce(
+        self,
+        conn: Any,
+        row: NewJob,
+        seconds: float,
+        max_wait: float | None,
+        only_holder: str | None = None,
+        merged: bool = False,
+    ) -> str | None:
+        args = (*_debounce_args(row), seconds, max_wait, merged, only_holder)
+        found = self._one(conn, self._debounce, args)
+        return None if found is None else found[0]
+
+    def debounce_holder(self, conn: Any, key: str) -> tuple[Any, ...] | None:
+        found = self._one(conn, self._debounce_holder, [key])
+        return None if found is None else tuple(found)
+
+    def throttle(self, conn: Any, row: NewJob, period: float) -> str | None:
+        found = self._one(conn, self._throttle, [*row, period])
+        return None if found is None else found[0]
+
+    def throttle_holder(self, conn: Any, key: str) -> tuple[str, bool] | None:
+        found = self._one(conn, self._throttle_holder, [key])
+        return None if found is None else (found[0], found[1])
 
     def atomically(self, conn: Any, work: Callable[[], Any]) -> Any:
         """Run ``work`` all-or-nothing, never ending a transaction this did not open.

@@ -23,9 +23,16 @@ HELD_IN_SCOPE = {
     "pending": "j.dedupe_scope = 'pending' AND NOT j.started_before"
     " AND (j.status = 'pending' OR (j.status = 'running' AND j.claimed_ahead))",
 }
+#: Rows of a debounced burst (migration 0019): held as in scope "pending". A
+#: scope of its own, written only by ``schedule(debounce=...)`` (store/timing.py).
+HELD_DEBOUNCED = HELD_IN_SCOPE["pending"].replace("'pending' AND NOT", "'debounce' AND NOT")
 #: The unique indexes, by name: a UniqueViolationError names its index.
 DEDUPE_INDEXES = frozenset(
-    {"scheduled_jobs_dedupe_active_idx", "scheduled_jobs_dedupe_pending_idx"}
+    {
+        "scheduled_jobs_dedupe_active_idx",
+        "scheduled_jobs_dedupe_pending_idx",
+        "scheduled_jobs_dedupe_debounce_idx",
+    }
 )
 
 _HOLDERS = """

@@ -1,4 +1,4 @@
--- The pg_scheduler schema as its migrations leave it (migrations/, 0001 to 0016),
+-- The pg_scheduler schema as its migrations leave it (migrations/, 0001 to 0019),
 -- in schema public: tables, indexes, triggers and functions as PostgreSQL 16
 -- prints them from the catalog of a freshly migrated database.
 --
@@ -137,6 +137,9 @@ CREATE INDEX scheduled_jobs_dashboard_idx ON public.scheduled_jobs USING btree (
 -- [index] scheduled_jobs_dedupe_active_idx on scheduled_jobs
 CREATE UNIQUE INDEX scheduled_jobs_dedupe_active_idx ON public.scheduled_jobs USING btree (dedupe_key) WHERE ((dedupe_scope = 'active'::text) AND (status = ANY (ARRAY['pending'::text, 'running'::text, 'waiting'::text])));
 
+-- [index] scheduled_jobs_dedupe_debounce_idx on scheduled_jobs
+CREATE UNIQUE INDEX scheduled_jobs_dedupe_debounce_idx ON public.scheduled_jobs USING btree (dedupe_key) WHERE ((dedupe_scope = 'debounce'::text) AND (NOT started_before) AND ((status = 'pending'::text) OR ((status = 'running'::text) AND claimed_ahead)));
+
 -- [index] scheduled_jobs_dedupe_pending_idx on scheduled_jobs
 CREATE UNIQUE INDEX scheduled_jobs_dedupe_pending_idx ON public.scheduled_jobs USING btree (dedupe_key) WHERE ((dedupe_scope = 'pending'::text) AND (NOT started_before) AND ((status = 'pending'::text) OR ((status = 'running'::text) AND claimed_ahead)));
 
@@ -224,6 +227,14 @@ CREATE TABLE public.scheduler_queues (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     CONSTRAINT scheduler_queues_pkey PRIMARY KEY (name)
+);
+
+-- [table] scheduler_throttles
+CREATE TABLE public.scheduler_throttles (
+    throttle_key text NOT NULL,
+    job_id text NOT NULL,
+    until timestamp with time zone NOT NULL,
+    CONSTRAINT scheduler_throttles_pkey PRIMARY KEY (throttle_key)
 );
 
 -- [table] scheduler_workers

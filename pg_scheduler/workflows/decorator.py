@@ -55,6 +55,10 @@ def workflow(
     dedupe_key: str | Callable[..., str] | None = None,
     dedupe_scope: str | None = None,
     timeout: timedelta | float | None = None,
+    debounce: timedelta | float | None = None,
+    debounce_max_wait: timedelta | float | None = None,
+    debounce_merge: Callable[[Any, Any], Any] | None = None,
+    throttle: timedelta | float | None = None,
 ) -> Callable[[F], F]: ...
 def workflow(
     func: Any = None,
@@ -67,6 +71,10 @@ def workflow(
     dedupe_key: str | Callable[..., str] | None = None,
     dedupe_scope: str | None = None,
     timeout: timedelta | float | None = None,
+    debounce: timedelta | float | None = None,
+    debounce_max_wait: timedelta | float | None = None,
+    debounce_merge: Callable[[Any, Any], Any] | None = None,
+    throttle: timedelta | float | None = None,
 ) -> Any:
     """Register ``async def f(ctx, ...)`` as a durable workflow (docs: Durable
     workflows). Schedule it like any task (``scheduler.schedule(f, args=...)``);

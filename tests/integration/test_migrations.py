@@ -239,3 +239,37 @@ async def test_workflows_parked_on_children_keep_their_count_across_0016(fresh_d
         )
     finally:
         await conn.close()
+
+
+async def test_0019_adds_the_debounce_index_and_the_throttle_table_and_rewrites_nothing(fresh_db):
+    """A database as 0016 left it, with keyed jobs: 0019 adds its index and
+    table, leaves every row as it was, and a debounced burst then meets its row."""
+    conn = await asyncpg.connect(fresh_db)
+    try:
+        await migrate(conn)
+        await conn.execute("DROP INDEX scheduled_jobs_dedupe_debounce_idx")
+        await conn.execute("DROP TABLE scheduler_throttles")
+        await conn.execute("DELETE FROM pg_scheduler_migrations WHERE version = 19")
+        await conn.execute(
+            "INSERT INTO scheduled_jobs (job_id, job_name, task_name, execution_time,"
+            " dedupe_key, dedupe_scope)"
+            " VALUES ('a', 'f', 'f', now(), 'k', 'pending'), ('b', 'f', 'f', now(), 'k', 'active')"
+        )
+        before = await conn.fetch("SELECT * FROM scheduled_jobs ORDER BY job_id")
+        assert await migrate(conn) == [19]
+        assert [
+            dict(r) for r in await conn.fetch("SELECT * FROM scheduled_jobs ORDER BY job_id")
+        ] == [dict(r) for r in before]
+        assert await conn.fetchval("SELECT count(*) FROM scheduler_throttles") == 0
+        pool = await asyncpg.create_pool(fresh_db, min_size=1, max_size=2)
+        try:
+            scheduler = Scheduler(pool)
+            ids = {
+                await scheduler.schedule(app_tasks.add, args=(n, n), dedupe_key="k", debounce=60)
+                for n in range(3)
+            }
+            assert len(ids) == 1 and ids.isdisjoint({"a", "b"})
+        finally:
+            await pool.close()
+    finally:
+        await conn.close()

@@ -86,6 +86,9 @@ def test_the_declaration_is_what_the_readme_documents() -> None:
         "depends_on",
         "on_dependency_failure",
         "delay",
+        "debounce",
+        "debounce_max_wait",
+        "throttle",
     )
     assert OPTION_DEFAULTS["priority"] is JobPriority.NORMAL
     assert OPTION_DEFAULTS["depends_on"] is None
@@ -141,7 +144,14 @@ def test_schedule_job_keeps_its_0_2_signature_and_otherwise_the_declaration() ->
     assert params[1].default is None and params[2].default is None  # execution_time, task_data
     found = keywords(Scheduler.schedule_job)
     options = {n: d for n, d in found.items() if n in OPTION_NAMES}
-    assert set(OPTION_NAMES) - set(options) == {"timeout", "retry_policy"}
+    # Debounce and throttle need the task's function (schedule()).
+    assert set(OPTION_NAMES) - set(options) == {
+        "timeout",
+        "retry_policy",
+        "debounce",
+        "debounce_max_wait",
+        "throttle",
+    }
     assert options.pop("misfire_grace_time") is None
     assert_options_declared(options, {n: OPTION_DEFAULTS[n] for n in options})
 
@@ -182,6 +192,9 @@ OTHER = {
     "depends_on": ["job-0"],
     "on_dependency_failure": "run",
     "delay": timedelta(seconds=30),
+    "debounce": timedelta(seconds=5),
+    "debounce_max_wait": 60,
+    "throttle": 1.5,
 }
 TASK_OTHER = {
     "name": "emails.deliver",
@@ -191,6 +204,10 @@ TASK_OTHER = {
     "max_running": 2,
     "rate_limit": "10/s",
     "queue": "emails",
+    "debounce": timedelta(seconds=5),
+    "debounce_max_wait": timedelta(seconds=60),
+    "debounce_merge": max,
+    "throttle": timedelta(seconds=60),  # handed over only: a task takes one of the two
 }
 
 
@@ -244,7 +261,8 @@ async def test_scheduler_schedule_hands_over_every_option() -> None:
 
 async def test_schedule_job_hands_over_every_option_it_takes() -> None:
     host = SimpleNamespace(enqueuer=AsyncRecorder())
-    given = {n: v for n, v in OTHER.items() if n not in ("timeout", "retry_policy")}
+    left_out = ("timeout", "retry_policy", "debounce", "debounce_max_wait", "throttle")
+    given = {n: v for n, v in OTHER.items() if n not in left_out}
     await Scheduler.schedule_job(host, "emails:deliver", None, {}, **given)  # type: ignore[arg-type]
     assert handed_options(host.enqueuer) == JobOptions(**given)
 
@@ -282,6 +300,9 @@ BAD = {
     "depends_on": ("job-0", TypeError),
     "on_dependency_failure": ("ignore", ValueError),
     "delay": (timedelta(seconds=-5), ValueError),
+    "debounce": (timedelta(0), ValueError),
+    "debounce_max_wait": ("5", TypeError),
+    "throttle": (-1, ValueError),
 }
 
 
@@ -329,6 +350,9 @@ MAY_LIST_JOB_OPTIONS = {
     "periodic/registry.py:periodic": "@periodic's public signature",
     "workflows/context.py:spawn": "ctx.spawn's public signature: a child's options (tested below)",
     "workflows/decorator.py:workflow": "@workflow's public signature: a task's options (below)",
+    "tasks.py:TaskOptions": "a task's options: its jobs' defaults (queue, keys, debounce, ...)",
+    "tasks.py:task": "@task's public signature: a task's options (tested above)",
+    "scheduler.py:task": "Scheduler.task's public signature: a task's options (tested above)",
     "store/workflows.py:Spawned": "a child's row as the spawn statement writes it",
 }
 #: The same for a task's options.
@@ -413,7 +437,8 @@ def test_spawn_takes_a_childs_options_with_their_declared_defaults() -> None:
     assert found.pop("detached") is False
     # The parent's priority unless given; the rest as declared. A child's id,
     # misfire grace and dedupe key are not the caller's to give; it starts now;
-    # a child waits for no declared dependency (its parent waits for it).
+    # a child waits for no declared dependency (its parent waits for it), and
+    # is neither debounced nor throttled (one spawn, one child).
     assert found.pop("priority") is None
     assert set(found) | {
         "priority",
@@ -424,5 +449,8 @@ def test_spawn_takes_a_childs_options_with_their_declared_defaults() -> None:
         "depends_on",
         "on_dependency_failure",
         "delay",
+        "debounce",
+        "debounce_max_wait",
+        "throttle",
     } == set(OPTION_NAMES)
     assert_options_declared(found, {n: OPTION_DEFAULTS[n] for n in found})
