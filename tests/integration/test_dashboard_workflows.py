@@ -227,7 +227,9 @@ async def test_retry_workflow_lets_the_graph_go_on_and_refuses_what_it_cannot(
         "/api/action/retry_workflow", json={"job_id": "no-such-job"}, headers=AUTH
     )
     assert unknown.status_code == 404
-    assert (await client.post("/api/action/retry_workflow", json={}, headers=AUTH)).status_code == 400
+    assert (
+        await client.post("/api/action/retry_workflow", json={}, headers=AUTH)
+    ).status_code == 400
     assert await snapshot(pool) == before
     t.failing.clear()
     ok = await client.post("/api/action/retry_workflow", json={"job_id": ids[1]}, headers=AUTH)
@@ -263,7 +265,9 @@ async def test_fork_workflow_from_a_number_or_a_name_and_bad_input(client, pool,
         )
         assert response.status_code == 400, (step, response.text)
         assert "from_step" in response.json()["error"], step
-    missing = await client.post("/api/action/fork_workflow", json={"job_id": original}, headers=AUTH)
+    missing = await client.post(
+        "/api/action/fork_workflow", json={"job_id": original}, headers=AUTH
+    )
     assert missing.status_code == 400
     named = await client.post(
         "/api/action/fork_workflow",

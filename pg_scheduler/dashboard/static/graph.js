@@ -9,6 +9,12 @@ const ENDED_BADLY = ["failed", "cancelled", "expired"];
 // A node's box, the gaps between layers (left to right) and rows, the margin.
 const BOX = { w: 196, h: 44, gapX: 64, gapY: 12, pad: 16 };
 const TASK_CHARS = 26;
+// Jobs (and their edges) added to the drawing per frame after the first paint,
+// which shows only the part in view: a large graph paints at once and the
+// page stays responsive while the rest comes in.
+const CHUNK = 150;
+// Rows of the table of jobs that ended without completing, at most.
+const FAILURES_SHOWN = 50;
 
 // -- the workflows list ----------------------------------------------------------------
 
@@ -123,13 +129,15 @@ function graphNode(n, x, y, focus) {
     "data-node": n.job_id, transform: `translate(${x},${y})` });
   node.append(svgNode("title", {}),
     svgNode("rect", { class: "box", width: BOX.w, height: BOX.h, rx: 5 }),
-    svgNode("rect", { class: "bar", width: 5, height: BOX.h, rx: 2 }),
+    svgNode("rect", { class: "stripe", width: 5, height: BOX.h, rx: 2 }),
     svgNode("text", { class: "task", x: 12, y: 18 }, clip(n.task_name, TASK_CHARS)),
     svgNode("text", { class: "state", x: 12, y: 35 }));
   setNodeState(node, n, focus);
   return node;
 }
 
+// The drawing: every job and edge made, those in view (around the job the
+// page is for) in the page at once, the rest queued for reveal().
 function drawGraph(d) {
   const { x, y, width, height } = layoutGraph(d.nodes, d.edges);
   const svg = svgNode("svg", { class: "graph", width, height, viewBox: `0 0 ${width} ${height}`,
@@ -139,25 +147,59 @@ function drawGraph(d) {
   marker.append(svgNode("path", { d: "M0,0 L8,4 L0,8 z", class: "arrow" }));
   const defs = svgNode("defs", {});
   defs.append(marker);
-  const index = new Map(d.nodes.map((n, i) => [n.job_id, i]));
   const edgeLayer = svgNode("g", { class: "edges" });
+  const nodeLayer = svgNode("g", { class: "nodes" });
+  svg.append(defs, edgeLayer, nodeLayer);
+  // The box shows about this much of the drawing (style.css: main's width, 75vh).
+  const seeW = Math.min(width, Math.min(innerWidth, 1400) - 40);
+  const seeH = Math.min(height, innerHeight * 0.75);
+  const index = new Map(d.nodes.map((n, i) => [n.job_id, i]));
+  const focus = index.get(d.job_id) ?? 0;
+  const clamp = (v, most) => Math.max(0, Math.min(v, most));
+  const left = clamp(x[focus] + BOX.w / 2 - seeW / 2, width - seeW);
+  const top = clamp(y[focus] + BOX.h / 2 - seeH / 2, height - seeH);
+  const seen = (i) => x[i] + BOX.w >= left && x[i] <= left + seeW && y[i] + BOX.h >= top
+    && y[i] <= top + seeH;
+  const byId = new Map();
+  const later = [];
+  d.nodes.forEach((n, i) => {
+    const node = graphNode(n, x[i], y[i], i === focus);
+    byId.set(n.job_id, node);
+    if (seen(i)) nodeLayer.append(node); else later.push([nodeLayer, node]);
+  });
   for (const e of d.edges) {
     const a = index.get(e.from), b = index.get(e.to);
     const x1 = x[a] + BOX.w, y1 = y[a] + BOX.h / 2, x2 = x[b] - 1, y2 = y[b] + BOX.h / 2;
     const bend = Math.max(BOX.gapX / 2, (x2 - x1) / 3);
-    edgeLayer.append(svgNode("path", { class: "edge", "data-from": e.from, "data-to": e.to,
+    const path = svgNode("path", { class: "edge", "data-from": e.from, "data-to": e.to,
       d: `M${x1},${y1} C${x1 + bend},${y1} ${x2 - bend},${y2} ${x2},${y2}`,
-      "marker-end": "url(#graph-arrow)" }));
+      "marker-end": "url(#graph-arrow)" });
+    if (seen(a) || seen(b)) edgeLayer.append(path); else later.push([edgeLayer, path]);
   }
-  const nodeLayer = svgNode("g", { class: "nodes" });
-  const byId = new Map();
-  d.nodes.forEach((n, i) => {
-    const node = graphNode(n, x[i], y[i], n.job_id === d.job_id);
-    byId.set(n.job_id, node);
-    nodeLayer.append(node);
+  return { svg, byId, later, left, top };
+}
+
+// Once the drawing is in the page: scroll it to the job the page is for,
+// then add the rest a chunk a frame. The first drawing of the page marks
+// its first paint ("graph-painted") and its end ("graph-complete").
+function reveal(view, first) {
+  requestAnimationFrame(() => {
+    const box = view.svg.parentNode;
+    if (box) { box.scrollLeft = view.left; box.scrollTop = view.top; }
+    requestAnimationFrame(() => {
+      if (first) performance.mark("graph-painted");
+      const step = () => {
+        if (GRAPH.view !== view) return;  // drawn anew meanwhile
+        for (const [layer, item] of view.later.splice(0, CHUNK)) layer.append(item);
+        if (view.later.length) requestAnimationFrame(step);
+        else {
+          view.svg.setAttribute("data-complete", "1");
+          if (first) requestAnimationFrame(() => performance.mark("graph-complete"));
+        }
+      };
+      step();
+    });
   });
-  svg.append(defs, edgeLayer, nodeLayer);
-  return { svg, byId };
 }
 
 // The counts by status (each in its colour: the legend), the totals, the
@@ -185,13 +227,16 @@ function graphFailures(d) {
     || (n.status === "cancelled" && n.depends_on.every((id) => (status.get(id) || "completed") === "completed"));
   const bad = d.nodes.filter((n) => ENDED_BADLY.includes(n.status));
   if (!bad.length) return [];
+  const more = bad.length - FAILURES_SHOWN;
   return [el("h3", { "data-section": "graph-failures" }, `Ended without completing (${bad.length})`),
-    table(["job", "task", "status", "finished", "error", ""], bad.map((n) =>
+    table(["job", "task", "status", "finished", "error", ""], bad.slice(0, FAILURES_SHOWN).map((n) =>
       el("tr", { "data-failed-node": n.job_id },
         el("td", { class: "id" }, link("job", { id: n.job_id }, n.job_id)), el("td", {}, n.task_name),
         statusCell(n.status), el("td", {}, when(n.finished_at)),
         el("td", { class: "result" }, n.error_message || ""),
         el("td", {}, retryable(n) ? actionButton("retry_workflow", { job_id: n.job_id }, "retry") : "")))),
+    more > 0 ? el("p", { class: "muted", "data-failures-more": more },
+      `and ${more} more (the oldest are listed; each box of the graph links to its job)`) : null,
   ];
 }
 
@@ -211,19 +256,16 @@ async function graph() {
   if (GRAPH.view && GRAPH.key === key && main.contains(GRAPH.view.svg)) {
     for (const n of d.nodes) setNodeState(GRAPH.view.byId.get(n.job_id), n, n.job_id === d.job_id);
     GRAPH.head.replaceChildren(...graphHead(d).filter((x) => x));
-    GRAPH.tail.replaceChildren(...graphFailures(d));
+    GRAPH.tail.replaceChildren(...graphFailures(d).filter((x) => x));
     return undefined;
   }
   GRAPH.key = key;
   GRAPH.view = drawGraph(d);
   GRAPH.head = el("div", { "data-section": "graph-head" }, graphHead(d));
   GRAPH.tail = el("div", {}, graphFailures(d));
-  if (!GRAPH.drawn) {
-    GRAPH.drawn = true;
-    // The first drawing in the page, and (two frames on) its first paint.
-    performance.mark("graph-drawn");
-    requestAnimationFrame(() => requestAnimationFrame(() => performance.mark("graph-painted")));
-  }
+  if (!GRAPH.drawn) performance.mark("graph-drawn");
+  reveal(GRAPH.view, !GRAPH.drawn);
+  GRAPH.drawn = true;
   return [el("h2", {}, "Graph of ", link("job", { id: d.job_id }, d.job_id)), GRAPH.head,
     el("div", { class: "graph-box" }, GRAPH.view.svg), GRAPH.tail];
 }
