@@ -9,6 +9,9 @@ from typing import Any
 
 import asyncpg
 
+#: Rows of a list (jobs, workflows) one request returns at most.
+MAX_PAGE = 500
+
 
 class NotFound(LookupError):
     """No such job, periodic job or queue."""

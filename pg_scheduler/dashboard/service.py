@@ -29,7 +29,7 @@ from ..store.orphans import Orphans, OrphanStore
 from ..store.workflow_views import is_workflow_row
 from ..support.codec import decode_json
 from ..support.validation import check_queue
-from .data import Conflict, NotFound, plain
+from .data import MAX_PAGE, Conflict, NotFound, plain
 from .workflows import WorkflowPages, workflow_operations
 
 if TYPE_CHECKING:
@@ -41,7 +41,6 @@ SERIES_SECONDS = 3600.0
 SERIES_BUCKET = 60.0
 #: Seconds an overview is reused: many open pages cost one table pass per second.
 OVERVIEW_TTL = 1.0
-MAX_PAGE = 500
 #: A workflow's steps and children shown per page of its job page; unread
 #: signals shown (their total is given).
 STEPS_PAGE = 200

@@ -18,18 +18,15 @@ from ..api.results import JobNotFound
 from ..api.workflow_ops import WorkflowOps
 from ..enums import JobStatus
 from ..store.graph_ops import GraphOpsStore
-from .data import Conflict, NotFound, plain
+from ..store.workflow_views import CLIP
+from .data import MAX_PAGE, Conflict, NotFound, plain
 
 if TYPE_CHECKING:
     from ..scheduler import Scheduler
 
-#: Rows of the workflow list at most.
-MAX_LIST = 500
 #: Jobs of one graph sent to the page at most (the oldest first); the page
 #: says how many more there are.
 GRAPH_SHOWN = 2000
-#: Characters of a job's error sent with its node.
-ERROR_CLIP = 300
 
 
 class WorkflowOperations(Protocol):
@@ -94,8 +91,8 @@ class WorkflowPages:
             limit = int(params.get("limit") or 50)
         except ValueError:
             raise ValueError(f"limit must be an integer, got {params.get('limit')!r}") from None
-        if not 1 <= limit <= MAX_LIST:
-            raise ValueError(f"limit must be 1..{MAX_LIST}, got {limit}")
+        if not 1 <= limit <= MAX_PAGE:
+            raise ValueError(f"limit must be 1..{MAX_PAGE}, got {limit}")
         rows = await self.ops.list_workflows(status, limit)
         return {"workflows": [plain(r) for r in rows], "status": status, "limit": limit}
 
@@ -133,8 +130,8 @@ class WorkflowPages:
     def _node(node: dict[str, Any]) -> dict[str, Any]:
         data = plain(node)
         error = node.get("error_message")
-        if error is not None and len(error) > ERROR_CLIP:
-            data["error_message"] = error[:ERROR_CLIP]
+        if error is not None and len(error) > CLIP:
+            data["error_message"] = error[:CLIP]
             data["error_length"] = len(error)
         return data
 

@@ -150,7 +150,7 @@ async def test_a_graph_sends_markup_as_data_and_clips_long_errors(client, pool):
     data = (await client.get("/api/graph?id=evil-2")).json()
     first = data["nodes"][0]
     assert first["task_name"] == EVIL
-    assert first["error_message"].startswith(EVIL) and len(first["error_message"]) == 300
+    assert first["error_message"].startswith(EVIL) and len(first["error_message"]) == 500
     assert first["error_length"] == len(EVIL) + 1000
 
 

@@ -471,6 +471,14 @@ async def test_the_workflows_page_lists_graphs_and_workflows(browser, site, pool
     assert rows == [[workflow_id, "workflow"], [ids[0], "graph"]]
     await shows(browser, f"tr[data-workflow='{workflow_id}'] [data-status]", "failed")
     await save_shot(browser, "workflows")
+    # It re-reads on events naming one of its rows' jobs, or a new job.
+    concerns = await browser.js(
+        "return [CHANGE.workflows({jobs: ['elsewhere'], kinds: {completed: 1}}),"
+        " CHANGE.workflows({jobs: [arguments[0]], kinds: {completed: 1}}),"
+        " CHANGE.workflows({jobs: ['new'], kinds: {scheduled: 1}})]",
+        ids[0],
+    )
+    assert concerns == [False, True, True]
     await load(browser, site + "/workflows?status=failed")
     rows = await browser.js("return [...document.querySelectorAll('tr[data-workflow]')].length")
     assert rows == 1

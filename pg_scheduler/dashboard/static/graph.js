@@ -18,11 +18,14 @@ const FAILURES_SHOWN = 50;
 
 // -- the workflows list ----------------------------------------------------------------
 
+let LISTED = new Set();  // the first jobs the list shows
+
 async function workflows() {
   const params = new URLSearchParams(location.search);
   const query = new URLSearchParams();
   for (const name of ["status", "limit"]) if (params.get(name)) query.set(name, params.get(name));
   const d = await api(`workflows?${query}`);
+  LISTED = new Set(d.workflows.map((w) => w.job_id));
   const status = el("select", { name: "status", "data-filter": "status" },
     el("option", { value: "" }, "any"),
     STATUSES.map((s) => el("option", { value: s, selected: s === d.status }, s)));
@@ -271,6 +274,9 @@ async function graph() {
 }
 
 RENDER.workflows = workflows;
+// The list follows its rows' first jobs, and new jobs (a new workflow or graph).
+CHANGE.workflows = (data) => Boolean(data.more) || Boolean((data.kinds || {}).scheduled)
+  || (data.jobs || []).some((id) => LISTED.has(id));
 RENDER.graph = graph;
 // An event naming one of the graph's jobs (or more jobs than it lists) refreshes it.
 CHANGE.graph = (data) => Boolean(data.more) || (data.jobs || []).some((id) => GRAPH.ids.has(id));
