@@ -13,8 +13,10 @@ are saved.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
-from datetime import UTC, datetime
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import asyncpg
@@ -216,6 +218,33 @@ async def test_a_graph_is_drawn_in_layers_coloured_by_state_and_follows_live_eve
     assert await browser.js("return document.querySelector('svg.graph') === arguments[0]", drawn)
     assert (await colours(browser))[ids[1]][1] == COLOURS["completed"]
     assert await browser.text("button[data-action=cancel_workflow]") is None  # nothing to cancel
+
+
+async def test_a_burst_of_events_refreshes_the_graph_a_few_times_a_second(
+    browser, site, pool, make_scheduler
+):
+    scheduler = await make_scheduler(start=False)
+    later = now() + timedelta(hours=1)
+    members = [JobSpec(t.node, later, (f"m{i}",)) for i in range(300)]
+    ids = await scheduler.schedule_bulk(chain(group(*members), JobSpec(t.node, later, ("join",))))
+    await load(browser, f"{site}/graph?id={ids[0]}")
+    await shows(browser, "#live", "live")
+    loaded = await browser.js("return performance.now()")
+    # One event after another, as fast as they go: a second or so of them.
+    began = time.monotonic()
+    for job_id in ids[:-1]:
+        assert await scheduler.cancel_job(job_id)
+    took = time.monotonic() - began
+    await shows(browser, "[data-graph-count=cancelled]", "cancelled 301")
+    starts = await browser.js(
+        "return performance.getEntriesByType('resource').filter((r) =>"
+        " r.name.includes('/api/graph') && r.startTime > arguments[0]).map((r) => r.startTime)",
+        loaded,
+    )
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    # Throttled: 400 ms between re-reads (less a timer's slack), however many events.
+    assert all(gap >= 350 for gap in gaps), gaps
+    print(f"{len(ids) - 1} cancels in {took:.2f} s: {len(starts)} re-reads, gaps", gaps)
 
 
 async def test_only_events_naming_a_job_of_the_graph_refresh_it(

@@ -506,9 +506,13 @@ const CHANGE = {};
 // -- refresh: live events, polling as the fallback ------------------------------------
 
 let refreshTimer = null, trailingTimer = null, rendering = false, again = false;
+// A page with its own test of events (CHANGE) re-reads at most every THROTTLE_MS on them.
+const THROTTLE_MS = 400;
+let lastRefresh = 0, soonTimer = null;
 
 async function refresh() {
   if (rendering) { again = true; return; }
+  lastRefresh = Date.now();
   rendering = true;
   try {
     const nodes = await RENDER[PAGE]();
@@ -552,7 +556,13 @@ function connect() {
   });
   source.addEventListener("change", (e) => {
     const concerns = CHANGE[PAGE];
-    if (concerns && !concerns(JSON.parse(e.data))) return;
+    if (concerns) {
+      if (concerns(JSON.parse(e.data)) && soonTimer === null) {
+        soonTimer = setTimeout(() => { soonTimer = null; refresh(); },
+          Math.max(150, lastRefresh + THROTTLE_MS - Date.now()));
+      }
+      return;
+    }
     scheduleRefresh(150);
     // The server reuses an overview for up to a second: look once more after it.
     clearTimeout(trailingTimer);
