@@ -42,7 +42,7 @@ async function workflows() {
   return [el("h2", {}, "Workflows and graphs"), form,
     el("p", { class: "muted" }, "A graph is the jobs joined by depends_on, listed by its first job; "
       + "a workflow is a @workflow job with its steps. Newest first."),
-    table(["first job", "kind", "task", "queue", "status", "waits for", "steps", "created", "finished"],
+    table(["job", "kind", "task", "queue", "status", "waits for", "steps", "created", "finished"],
       rows, "No workflow or graph" + (d.status ? ` is ${d.status}.` : " yet."))];
 }
 
