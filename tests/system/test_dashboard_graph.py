@@ -295,6 +295,11 @@ async def test_cancel_a_graph_and_retry_its_failed_job_with_the_token(
         chain(spec("start"), spec("bad"), group(spec("x"), spec("y")))
     )
     assert await settled(pool, ids) == ["completed", "failed", "cancelled", "cancelled"]
+    # The failed job's own page offers the same retry.
+    await load(browser, f"{site}/job?id={ids[1]}")
+    await shows(browser, "button[data-action=retry_workflow]", "retry with its graph")
+    await load(browser, f"{site}/job?id={ids[0]}")
+    assert await browser.text("button[data-action=retry_workflow]") is None
     await load(browser, f"{site}/graph?id={ids[0]}")
     await shows(browser, "[data-section=graph-failures]", "Ended without completing (3)")
     # Retry only where the server would: the failed job, not its cancelled dependents.

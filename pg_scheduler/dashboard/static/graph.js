@@ -283,10 +283,17 @@ CHANGE.graph = (data) => Boolean(data.more) || (data.jobs || []).some((id) => GR
 
 // -- a job page: retry or fork a code-first workflow -------------------------------------------
 
-// A workflow that ended: retry it from its failed step (not completed), or
-// fork a new run from a chosen step (the steps before it are replayed).
+// A job of a graph that ended without completing: retry it with its graph
+// (the dependents its end cancelled wait again). A code-first workflow that
+// ended: retry it from its failed step (not completed), or fork a new run from
+// a chosen step (the steps before it are replayed).
 function workflowControls(j, w) {
-  if (!w || !w.steps_total || !(ENDED_BADLY.includes(j.status) || j.status === "completed")) return null;
+  const steps = Boolean(w && w.steps_total);
+  if (!steps && j.in_graph && ENDED_BADLY.includes(j.status)) {
+    return el("div", { class: "actions workflow-actions", "data-section": "workflow-actions" },
+      actionButton("retry_workflow", { job_id: j.job_id }, "retry with its graph"));
+  }
+  if (!steps || !(ENDED_BADLY.includes(j.status) || j.status === "completed")) return null;
   const failed = w.steps.find((s) => s.status === "failed");
   const first = failed ? failed.seq : 1;
   const listed = !w.steps_after && w.steps.length >= w.steps_total;
