@@ -32,7 +32,8 @@ def dashboard_app(
     asyncpg pool, or the application's Scheduler (its pool, schema and event
     listener; triggering a periodic job then finds the job's function).
     ``token``: needed for actions (retry, cancel, pause/resume,
-    enable/disable, trigger); None makes the dashboard read-only. Reads are
+    enable/disable, trigger; cancel, retry or fork a whole workflow); None
+    makes the dashboard read-only. Reads are
     not protected: bind to localhost or mount behind the application's auth.
     ``poll_seconds``: how often pages refresh when live events are unavailable
     (and, between events, for heartbeats).

@@ -33,7 +33,8 @@ from ..store.dashboard import DashboardStore
 from ..store.names import check_schema
 from ..support.install import install_hint
 from ..support.log import get_logger
-from .service import Conflict, DashboardService, NotFound
+from .data import Conflict, NotFound
+from .service import DashboardService
 
 try:
     from starlette.applications import Starlette
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-PAGES = ("overview", "jobs", "job", "workers", "queues", "periodic")
+PAGES = ("overview", "jobs", "job", "workers", "queues", "periodic", "workflows", "graph")
 TOKEN_HEADER = "x-dashboard-token"
 #: Seconds between keep-alive comments on the event stream.
 PING_SECONDS = 15.0
@@ -258,6 +259,9 @@ ACTIONS: dict[str, Callable[[DashboardService, dict[str, Any]], Awaitable[dict[s
     "enable": lambda s, b: s.set_periodic_enabled(_field(b, "key"), True),
     "disable": lambda s, b: s.set_periodic_enabled(_field(b, "key"), False),
     "trigger": lambda s, b: s.trigger_periodic(_field(b, "key")),
+    "cancel_workflow": lambda s, b: s.workflows.cancel(_field(b, "job_id")),
+    "retry_workflow": lambda s, b: s.workflows.retry(_field(b, "job_id")),
+    "fork_workflow": lambda s, b: s.workflows.fork(_field(b, "job_id"), b.get("from_step")),
 }
 
 
@@ -312,6 +316,8 @@ def build_app(dashboard: Dashboard) -> Starlette:
         "workers": lambda s, r: s.workers(),
         "queues": lambda s, r: s.queues(),
         "periodic": lambda s, r: s.periodic(),
+        "workflows": lambda s, r: s.workflows.listing(dict(r.query_params)),
+        "graph": lambda s, r: s.workflows.graph(r.query_params.get("id", "")),
     }
     routes = [
         Route("/", page),
@@ -361,8 +367,11 @@ async def _events(
             kinds: dict[str, int] = {}
             for event in batch:
                 kinds[event.kind] = kinds.get(event.kind, 0) + 1
-            jobs = sorted({e.job_id for e in batch if e.job_id is not None})[:100]
-            yield f"event: change\ndata: {json.dumps({'kinds': kinds, 'jobs': jobs})}\n\n"
+            named = sorted({e.job_id for e in batch if e.job_id is not None})
+            # "more": the batch named more jobs than it lists (a page showing
+            # some jobs refreshes on it whatever they are).
+            data = {"kinds": kinds, "jobs": named[:100], "more": len(named) > 100}
+            yield f"event: change\ndata: {json.dumps(data)}\n\n"
     finally:
         sub.close()
         forget(sub)

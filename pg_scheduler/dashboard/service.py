@@ -14,7 +14,6 @@ import base64
 import re
 import time
 from datetime import UTC, datetime, timedelta
-from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
@@ -30,6 +29,8 @@ from ..store.orphans import Orphans, OrphanStore
 from ..store.workflow_views import is_workflow_row
 from ..support.codec import decode_json
 from ..support.validation import check_queue
+from .data import MAX_PAGE, Conflict, NotFound, plain
+from .workflows import WorkflowPages, workflow_operations
 
 if TYPE_CHECKING:
     from ..scheduler import Scheduler
@@ -40,7 +41,6 @@ SERIES_SECONDS = 3600.0
 SERIES_BUCKET = 60.0
 #: Seconds an overview is reused: many open pages cost one table pass per second.
 OVERVIEW_TTL = 1.0
-MAX_PAGE = 500
 #: A workflow's steps and children shown per page of its job page; unread
 #: signals shown (their total is given).
 STEPS_PAGE = 200
@@ -49,31 +49,6 @@ SIGNALS_SHOWN = 50
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-class NotFound(LookupError):
-    """No such job, periodic job or queue."""
-
-
-class Conflict(ValueError):
-    """The action does not apply to the thing in its current state."""
-
-
-def plain(value: Any) -> Any:
-    """``value`` made JSON-ready: ISO 8601 UTC times, enum values, nested."""
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            value = value.astimezone()
-        return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [plain(v) for v in value]
-    if isinstance(value, asyncpg.Record):
-        return {k: plain(v) for k, v in value.items()}
-    return value
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -156,6 +131,8 @@ class DashboardService:
         self._pgbouncer = pgbouncer
         self._overview: tuple[float, dict[str, Any]] | None = None
         self._overview_lock = asyncio.Lock()
+        #: The workflow list, graphs and whole-workflow actions.
+        self.workflows = WorkflowPages(workflow_operations(pool, schema, scheduler))
 
     @property
     def scheduler(self) -> Scheduler:
@@ -333,6 +310,7 @@ class DashboardService:
         data = plain(job.model_dump())
         data["queue"] = await self.store.job_queue(job_id)
         data["timeline"] = self._timeline(job)
+        data["in_graph"] = await self.store.in_graph(job_id)
         data["workflow"] = await self._workflow(
             job_id, _seq("steps_after", steps_after), _seq("children_after", children_after)
         )

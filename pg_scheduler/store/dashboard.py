@@ -14,7 +14,8 @@ Named queues (a ``queue`` column and a ``scheduler_queues`` table) may or may
 not exist in the schema: :meth:`DashboardStore.open` looks in the catalog once
 and builds the statements for what it finds; without them every job is in
 one queue, "default". Likewise the workflow columns (migration 0014): without
-them a job row has no wait to show.
+them a job row has no wait to show; and the dependency table (0015): without
+it no job is part of a graph.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ SELECT to_regclass($1) IS NOT NULL AS has_jobs,
        to_regclass($2) IS NOT NULL AS has_queue_table,
        EXISTS (SELECT 1 FROM pg_attribute a
                 WHERE a.attrelid = to_regclass($1) AND a.attname = 'wait_kind'
-                  AND NOT a.attisdropped) AS has_workflows
+                  AND NOT a.attisdropped) AS has_workflows,
+       to_regclass($3) IS NOT NULL AS has_dependencies
 """
 # One pass over the table: the overview's and the queues page's counts.
 _COUNTS = """
@@ -122,6 +124,11 @@ SELECT EXTRACT(EPOCH FROM now() - min(g.execution_time))::float8
   FROM groups g WHERE g.execution_time <= now() AND g.task_name <> ALL($1::text[])
 """
 _JOB_QUEUE = "SELECT queue FROM scheduled_jobs WHERE job_id = $1"
+# Whether a job is part of a graph: it has an edge either way (each side indexed).
+_IN_GRAPH = """
+SELECT EXISTS (SELECT 1 FROM job_dependencies e WHERE e.job_id = $1)
+    OR EXISTS (SELECT 1 FROM job_dependencies e WHERE e.depends_on = $1)
+"""
 _RUNNING = """
 SELECT worker_id, job_id, task_name, started_at, progress
   FROM scheduled_jobs WHERE status = 'running'
@@ -133,12 +140,14 @@ _QUEUE_SETTINGS = "SELECT name, paused, to_jsonb(q)::text AS settings FROM {tabl
 
 @dataclass(frozen=True, slots=True)
 class Catalog:
-    """What this schema has, read once: the job table, named queues, workflows."""
+    """What this schema has, read once: the job table, named queues, workflows,
+    dependencies."""
 
     has_jobs: bool
     has_queue_column: bool
     has_queue_table: bool
     has_workflows: bool = False
+    has_dependencies: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +189,7 @@ class DashboardStore:
         )
         self._job_queue = q(_JOB_QUEUE) if self.catalog.has_queue_column else None
         self._running = q(_RUNNING)
+        self._in_graph = q(_IN_GRAPH) if self.catalog.has_dependencies else None
         self._served_oldest_due = q(_SERVED_OLDEST_DUE)
         queues_table = q.table("scheduler_queues")
         self._queue_settings = _QUEUE_SETTINGS.format(table=queues_table)
@@ -191,7 +201,12 @@ class DashboardStore:
     async def open(cls, pool: asyncpg.Pool, schema: str = DEFAULT_SCHEMA) -> DashboardStore:
         """Read the catalog once and build the statements for what this schema has."""
         q = Qualifier(schema)
-        row = await pool.fetchrow(_DETECT, q.table("scheduled_jobs"), q.table("scheduler_queues"))
+        row = await pool.fetchrow(
+            _DETECT,
+            q.table("scheduled_jobs"),
+            q.table("scheduler_queues"),
+            q.table("job_dependencies"),
+        )
         return cls(pool, schema, Catalog(**dict(row)))
 
     async def counts(self) -> list[asyncpg.Record]:
@@ -242,6 +257,12 @@ class DashboardStore:
         if self._job_queue is None:
             return DEFAULT_QUEUE
         return await self.pool.fetchval(self._job_queue, job_id) or DEFAULT_QUEUE
+
+    async def in_graph(self, job_id: str) -> bool:
+        """Whether the job depends on another or another on it (False before 0015)."""
+        if self._in_graph is None:
+            return False
+        return bool(await self.pool.fetchval(self._in_graph, job_id))
 
     async def running_jobs(self, limit: int = 1000) -> list[asyncpg.Record]:
         return await self.pool.fetch(self._running, limit)

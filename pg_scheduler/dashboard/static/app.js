@@ -411,6 +411,7 @@ async function job() {
     fields.splice(4, 0, ["waits for", waitNode(w.wait.kind, w.wait.signal, w.wait.until, w.wait.children)]);
   }
   if (w && w.deadline) fields.push(["deadline", at(w.deadline)]);
+  if (j.in_graph) fields.push(["graph", link("graph", { id: j.job_id }, "view its graph")]);
   if (w && w.parent) {
     fields.push(["parent", el("span", {}, link("job", { id: w.parent.job_id }, w.parent.job_id),
       ` (${w.parent.task_name || "deleted"}${w.parent.status ? ", " + w.parent.status : ""}; step ${w.parent.seq})`)]);
@@ -429,6 +430,7 @@ async function job() {
   return [
     el("h2", {}, "Job ", el("span", { class: "mono" }, j.job_id), " ",
       el("span", { class: `status status-${j.status}` }, j.status)), jobActions(j),
+    workflowControls(j, w),
     failure,
     el("dl", { class: "fields", "data-job-status": j.status },
       fields.map(([k, v]) => [el("dt", {}, k), el("dd", { "data-field": k }, v)])),
@@ -495,17 +497,27 @@ async function periodic() {
   ];
 }
 
+// Pages other files define (graph.js: workflows, graph) add their renderer
+// here, and in CHANGE a test of a live event: whether it concerns the page
+// (without one, every event refreshes it).
 const RENDER = { overview, jobs, job, workers, queues, periodic };
+const CHANGE = {};
 
 // -- refresh: live events, polling as the fallback ------------------------------------
 
 let refreshTimer = null, trailingTimer = null, rendering = false, again = false;
+// A page with its own test of events (CHANGE) re-reads at most every THROTTLE_MS on them.
+const THROTTLE_MS = 400;
+let lastRefresh = 0, soonTimer = null;
 
 async function refresh() {
   if (rendering) { again = true; return; }
+  lastRefresh = Date.now();
   rendering = true;
   try {
     const nodes = await RENDER[PAGE]();
+    // A renderer that updated the page in place returns nothing.
+    if (nodes === undefined) { main.dataset.loaded = String(Date.now()); return; }
     // Keep what the user is typing in a filter form.
     if (document.activeElement && main.contains(document.activeElement)
         && document.activeElement.tagName !== "BUTTON") return;
@@ -542,7 +554,15 @@ function connect() {
     setMode(live ? "live" : "polling", live ? "live" : "poll");
     if (!live) source.close();
   });
-  source.addEventListener("change", () => {
+  source.addEventListener("change", (e) => {
+    const concerns = CHANGE[PAGE];
+    if (concerns) {
+      if (concerns(JSON.parse(e.data)) && soonTimer === null) {
+        soonTimer = setTimeout(() => { soonTimer = null; refresh(); },
+          Math.max(150, lastRefresh + THROTTLE_MS - Date.now()));
+      }
+      return;
+    }
     scheduleRefresh(150);
     // The server reuses an overview for up to a second: look once more after it.
     clearTimeout(trailingTimer);
@@ -553,7 +573,8 @@ function connect() {
 
 function setup() {
   for (const a of document.querySelectorAll("nav a")) {
-    if (a.dataset.nav === PAGE || (PAGE === "job" && a.dataset.nav === "jobs")) a.classList.add("current");
+    if (a.dataset.nav === PAGE || (PAGE === "job" && a.dataset.nav === "jobs")
+        || (PAGE === "graph" && a.dataset.nav === "workflows")) a.classList.add("current");
   }
   document.getElementById("mode").textContent = READ_ONLY ? "read-only" : "actions need the token";
   const token = document.getElementById("token");
@@ -572,4 +593,5 @@ function setup() {
   setInterval(() => { if (!document.hidden) refresh(); }, POLL_MS);
 }
 
-setup();
+// After every script of the shell has run (graph.js adds its pages).
+document.addEventListener("DOMContentLoaded", setup);
