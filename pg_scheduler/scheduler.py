@@ -202,6 +202,8 @@ class Scheduler:
         max_running: int | None = None,
         rate_limit: str | RateLimit | None = None,
         queue: str | None = None,
+        batch_size: int | None = None,
+        batch_timeout: timedelta | float | None = None,
     ) -> Any:
         """Decorator: register a function this scheduler can run (see :func:`pg_scheduler.task`)."""
         return self.registry.decorator(func, TaskOptions.of(locals()))

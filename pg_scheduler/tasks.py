@@ -11,8 +11,10 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields
+from datetime import timedelta
 from typing import Any, TypeVar, overload
 
+from .batching import BATCH_ATTR, check_batch_options, check_batch_task
 from .enqueue.dedupe import mark_task
 from .enums import DEFAULT_QUEUE
 from .limits import Limits, RateLimit
@@ -44,6 +46,8 @@ class TaskOptions:
     max_running: int | None = None
     rate_limit: str | RateLimit | None = None
     queue: str | None = None
+    batch_size: int | None = None
+    batch_timeout: timedelta | float | None = None
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> TaskOptions:
@@ -158,12 +162,27 @@ class TaskRegistry:
         registered here, or a decorator that registers its function (limits
         checked at once, before any function is given)."""
         limits = Limits.of(options.max_running, options.rate_limit)
+        batch = check_batch_options(options.batch_size, options.batch_timeout)
 
         def decorate(f: F) -> F:
+            if batch is not None:  # docs/batches.md
+                kind = getattr(f, EXECUTOR_ATTR, None)
+                check_batch_task(f, kind, options.executor, not limits.empty)
+                # Before it is registered: a worker told of it claims it in batches.
+                setattr(f, BATCH_ATTR, batch)
             mark_task(f, options.dedupe_key, options.dedupe_scope)
-            return self.register(
-                f, name=options.name, executor=options.executor, limits=limits, queue=options.queue
-            )
+            try:
+                return self.register(
+                    f,
+                    name=options.name,
+                    executor=options.executor,
+                    limits=limits,
+                    queue=options.queue,
+                )
+            except BaseException:
+                if batch is not None:
+                    delattr(f, BATCH_ATTR)
+                raise
 
         return decorate(func) if func is not None else decorate
 
@@ -237,6 +256,8 @@ def task(
     max_running: int | None = None,
     rate_limit: str | RateLimit | None = None,
     queue: str | None = None,
+    batch_size: int | None = None,
+    batch_timeout: timedelta | float | None = None,
 ) -> Callable[[F], F]: ...
 def task(
     func: Any = None,
@@ -249,6 +270,8 @@ def task(
     max_running: int | None = None,
     rate_limit: str | RateLimit | None = None,
     queue: str | None = None,
+    batch_size: int | None = None,
+    batch_timeout: timedelta | float | None = None,
 ) -> Any:
     """Register an async function as a task, usable before any Scheduler exists.
 
