@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from .enums import DEFAULT_QUEUE
+
 #: Set on a batch task's function at registration: its :class:`BatchOptions`.
 BATCH_ATTR = "__pg_scheduler_batch__"
 #: The most jobs one batch may hold (one claim statement, one list in memory).
@@ -49,7 +51,7 @@ class BatchItem:
     args: list[Any]
     kwargs: dict[str, Any] = field(default_factory=dict)
     attempt: int = 1
-    queue: str = "default"
+    queue: str = DEFAULT_QUEUE
     cancelled: bool = False
 
     @property

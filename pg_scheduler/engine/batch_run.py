@@ -137,9 +137,7 @@ class BatchRun:
                 await self._fail(job, message, None, 0.0, final=True)
                 continue
             self.jobs[job.job_id] = job
-            self.items[job.job_id] = BatchItem(
-                job.job_id, args, kwargs, job.attempt, row.get("queue") or "default"
-            )
+            self.items[job.job_id] = BatchItem(job.job_id, args, kwargs, job.attempt, row["queue"])
             member = RunningJob(job, cast(Any, _Member(self, job.job_id)), now, on_loop=on_loop)
             self.running[job.job_id] = member
             if instrument.observers:
