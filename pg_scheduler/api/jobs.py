@@ -18,6 +18,7 @@ from ..enqueue.fields import JobOptions
 from ..enqueue.producer import Enqueuer
 from ..enums import ConflictResolution
 from ..job_spec import JobSpec
+from ..batching import batch_options_of
 from ..models import Job, TaskInventory
 from ..periodic.registry import registered_periodic_jobs
 from ..services import RescuerService
@@ -65,7 +66,12 @@ class Jobs:
             for key, config in registered_periodic_jobs().items()
             if config.task_name in names
         }
-        return TaskInventory(registered=names, unknown=unknown, periodic=periodic)
+        batches = {
+            name: options.size
+            for name in self.registry  # full names, not the bare legacy ones
+            if (options := batch_options_of(self.registry.resolve(name))) is not None
+        }
+        return TaskInventory(registered=names, unknown=unknown, periodic=periodic, batches=batches)
 
     async def schedule(
         self,
