@@ -11,6 +11,7 @@ from typing import Any
 
 import asyncpg
 
+from ..batching import batch_options_of
 from ..engine import CANCELLED_REMOTELY
 from ..engine import local as local_start
 from ..engine.local import LocalHost
@@ -18,7 +19,6 @@ from ..enqueue.fields import JobOptions
 from ..enqueue.producer import Enqueuer
 from ..enums import ConflictResolution
 from ..job_spec import JobSpec
-from ..batching import batch_options_of
 from ..models import Job, TaskInventory
 from ..periodic.registry import registered_periodic_jobs
 from ..services import RescuerService
