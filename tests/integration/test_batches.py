@@ -376,3 +376,22 @@ async def test_a_batch_tasks_jobs_take_any_arguments(make_scheduler, pool):
 
     await scheduler.schedule(notify, args=("a", "b", "c"), kwargs={"x": 1})
     assert await pool.fetchval("SELECT count(*) FROM scheduled_jobs") == 1
+
+
+async def test_shutdown_hands_a_running_batch_back(make_scheduler, pool):
+    scheduler: Scheduler = await make_scheduler(start=False)
+    entered = asyncio.Event()
+
+    @scheduler.task(batch_size=3, batch_timeout=0.1)
+    async def stuck(batch: list[BatchItem]) -> list[None]:
+        entered.set()
+        await asyncio.Event().wait()
+        return [None] * len(batch)
+
+    now = datetime.now(UTC)
+    await scheduler.schedule_bulk([JobSpec(stuck, now, (n,)) for n in range(3)])
+    await scheduler.start()
+    await asyncio.wait_for(entered.wait(), 10)
+    await scheduler.shutdown(grace_period=0.2)
+    rows = await pool.fetch("SELECT status, worker_id FROM scheduled_jobs")
+    assert [(r["status"], r["worker_id"]) for r in rows] == [("pending", None)] * 3
