@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import statistics
 import time
 import uuid
@@ -79,9 +80,25 @@ async def _drop(dsn: str, pool: asyncpg.Pool, name: str) -> None:
     await admin(dsn, f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
-async def _drain(dsn: str, func: Any, n: int, size: int | None = None) -> float:
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _backend_cpu(pids: set[int]) -> float:
+    """CPU seconds the database's backends ``pids`` used so far (this machine's /proc)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except OSError:
+            pass
+    return total / TICK
+
+
+async def _drain(dsn: str, func: Any, n: int, size: int | None = None) -> dict[str, float]:
     """Seconds for one Scheduler to run ``n`` bulk-enqueued jobs of ``func``
-    (``size``: registered on it as a batch task of that size)."""
+    (``size``: registered on it as a batch task of that size), and the CPU
+    this process and the database's backends spent per job (microseconds)."""
     global _done, _calls, _target, _finished
     pool, name = await _fresh(dsn)
     try:
@@ -95,17 +112,26 @@ async def _drain(dsn: str, func: Any, n: int, size: int | None = None) -> float:
         _done, _calls, _target, _finished = 0, 0, n, asyncio.Event()
         await pool.execute("VACUUM ANALYZE")
         await pool.execute("CHECKPOINT")
-        started = time.perf_counter()
+        backends = "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        pids = {r[0] for r in await pool.fetch(backends)}
+        before = {pid: _backend_cpu({pid}) for pid in pids}
+        started, cpu = time.perf_counter(), time.process_time()
         await scheduler.start()
         await asyncio.wait_for(_finished.wait(), 900)
-
         elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu
+        pids |= {r[0] for r in await pool.fetch(backends)}
+        pg = sum(_backend_cpu({pid}) - before.get(pid, 0.0) for pid in pids)
         await scheduler.shutdown()
         left = await pool.fetchval(
             "SELECT count(*) FROM scheduled_jobs WHERE status <> 'completed'"
         )
         assert left == 0, f"{left} jobs not completed"
-        return elapsed
+        return {
+            "jobs_per_s": round(n / elapsed),
+            "py_us": round(cpu / n * 1e6, 1),
+            "pg_us": round(pg / n * 1e6, 1),
+        }
     finally:
         await _drop(dsn, pool, name)
 
@@ -121,8 +147,12 @@ async def main() -> None:
     n = args.n
     rounds: list[dict[str, Any]] = []
     for r in range(args.rounds):
-        figures: dict[str, Any] = {"plain_jobs_per_s": round(n / await _drain(dsn, noop, n))}
-        figures["batch_jobs_per_s"] = round(n / await _drain(dsn, batched, n, args.size))
+        figures: dict[str, Any] = {}
+        for kind, ran in (
+            ("plain", await _drain(dsn, noop, n)),
+            ("batch", await _drain(dsn, batched, n, args.size)),
+        ):
+            figures |= {f"{kind}_{key}": value for key, value in ran.items()}
         figures["handler_calls"] = _calls
         figures["batch_vs_plain"] = round(
             figures["batch_jobs_per_s"] / figures["plain_jobs_per_s"], 2

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from ..batching import BatchOptions, batch_options_of
@@ -32,9 +33,13 @@ from .batch_run import BatchRun, Release
 from .claim_events import ClaimEvents
 from .completer import Completer
 from .executor import Executor, log
+from .held import HeldConnection
 from .outcome import Outcomes
 from .slots import Slots
 from .state import WorkerState
+
+#: The most rows one claim of batches takes (several batches of one queue).
+MAX_CLAIM_ROWS = 1000
 
 
 class Batches:
@@ -55,6 +60,7 @@ class Batches:
         release: Release,
         lease_seconds: Callable[[], float],
         polling: PollingConfig,
+        asynchronous_commit: bool = True,
     ) -> None:
         self.store = store
         self.batch_store = BatchStore(store.pool, store.qualify)
@@ -72,6 +78,8 @@ class Batches:
         self.outcomes = Outcomes(
             store, worker_id, executor.retry_policy, self._wake_after, self._settled
         )
+        # The loop's own connection (probes and claims), as the claim loop's.
+        self.connection = HeldConnection(store.pool, asynchronous_commit=asynchronous_commit)
         self._wake = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
         self._loop_task: asyncio.Task[None] | None = None
@@ -141,6 +149,7 @@ class Batches:
             self._wake.set()
             task.cancel()
             await asyncio.wait([task])
+        await self.connection.release()
 
     async def _run(self) -> None:
         errors = Backoff(initial=0.1, maximum=5.0)
@@ -172,17 +181,29 @@ class Batches:
         wait = self.polling.max_interval
         queues, _ = self.slots.claim_queues()
         for func, (names, options) in list(self._tasks.items()):
-            for found in await self.batch_store.queues(names, options.size, queues):
+            # Several full batches of one queue are claimed by one statement.
+            most = options.size * self._batches_at_once(options)
+            found_all = await self.connection.run(
+                partial(self.batch_store.queues, names, most, queues)
+            )
+            for found in found_all:
                 if not self.state.claiming:
                     return wait
                 ready_in = self._ready_in(found, options)
                 if ready_in > 0:
                     wait = min(wait, ready_in)
-                elif await self._start(func, names, options, found.queue):
+                    continue
+                full = found.due // options.size
+                if await self._start(func, names, options, found.queue, max(1, full)):
                     wait = 0.0  # more may be ready: look again at once
                 else:
                     wait = min(wait, self.polling.min_interval)
         return wait
+
+    def _batches_at_once(self, options: BatchOptions) -> int:
+        """How many batches of ``options.size`` one claim may take: the free
+        slots, at most MAX_CLAIM_ROWS rows, at least one."""
+        return max(1, min(self.slots.start_now(), MAX_CLAIM_ROWS // options.size))
 
     @staticmethod
     def _ready_in(found: BatchQueue, options: BatchOptions) -> float:
@@ -193,46 +214,77 @@ class Batches:
         # Nothing due yet: look when the earliest is (a full batch may be due then).
         return max(0.001, found.head_in)
 
-    async def _start(self, func: Any, names: list[str], options: BatchOptions, queue: str) -> bool:
-        """Take a slot, claim a batch of ``queue`` and start it; False: none claimed."""
+    async def _permits(self, wanted: int, queue: str) -> int:
+        """Take up to ``wanted`` slots (waiting, in turn with the plain jobs, for
+        the first only); how many were taken (0: the queue has no room)."""
         slots = self.slots
-        if not slots.queue_has_room(queue):
+        if slots.queue_limits is not None:
+            wanted = min(wanted, slots.queue_free().get(queue, 0))
+        if wanted <= 0:
+            return 0
+        await slots.semaphore.acquire()
+        taken = 1
+        while taken < wanted and slots.semaphore.take():
+            taken += 1
+        return taken
+
+    async def _start(
+        self, func: Any, names: list[str], options: BatchOptions, queue: str, batches: int
+    ) -> bool:
+        """Claim up to ``batches`` batches of ``queue`` in one statement and start
+        each with a slot of its own; False: none claimed."""
+        permits = await self._permits(batches, queue)
+        if not permits:
             return False
-        await slots.semaphore.acquire()  # in turn with the plain jobs waiting for one
-        key = f"batch:{uuid.uuid4().hex}"
-        slots.active += 1
-        slots.taken[key] = True
-        slots.held += 1
-        slots.hold_queue(key, queue)
-        self._open[key] = set()
         state = self.state
         state.claims_in_flight += 1
         state.claims_sent += 1
+        rows: list[Any] = []
+        run: list[Any] = []
         try:
-            rows = await self.store.claim(
-                self.worker_id,
-                names,
-                options.size,
-                self.lease_seconds(),
-                start_now=options.size,
-                queues=[queue],
+            rows = await self.connection.run(
+                partial(
+                    self.store.claim,
+                    self.worker_id,
+                    names,
+                    options.size * permits,
+                    self.lease_seconds(),
+                    start_now=options.size * permits,
+                    queues=[queue],
+                )
             )
+            run = [r for r in rows if r["status"] == "running"]
+            state.owned.update(r["job_id"] for r in run)
             if rows:
                 try:
-                    await self.claim_events.send(self.store.pool, rows)
+                    await self.connection.run(partial(self.claim_events.send, rows=rows))
                 except Exception as exc:
                     log.warning("could not send the claim's events", error=repr(exc))
-            run = [r for r in rows if r["status"] == "running"]
-            for row in run:
-                job_id = row["job_id"]
-                state.owned.add(job_id)
-                self._open[key].add(job_id)
-                self._batch_of[job_id] = key
         except BaseException:
-            self._close(key)
+            # Cancelled (shutdown) with rows claimed: not owned, so the
+            # heartbeat (or the shutdown's last step) hands them back.
+            state.owned.difference_update(r["job_id"] for r in run)
+            for _ in range(permits):
+                self.slots.semaphore.release()
             raise
         finally:
             state.claims_in_flight -= 1
+        self._log_expired(rows)
+        # In the claim's order (priority, then due time), a slot per batch.
+        run.sort(key=lambda r: (r["priority"], r["execution_time"]))
+        chunks = [run[i : i + options.size] for i in range(0, len(run), options.size)]
+        for _ in range(permits - len(chunks)):
+            self.slots.semaphore.release()
+        if not chunks:
+            self.slots.changed.set()
+            return bool(rows)
+        self.executor.check_log_levels()
+        self.outcomes.log_info = self.executor.log_info
+        for chunk in chunks:
+            self._launch(func, queue, chunk)
+        return True
+
+    def _log_expired(self, rows: list[Any]) -> None:
         for row in rows:
             if row["status"] == "expired":
                 log.warning(
@@ -243,29 +295,35 @@ class Batches:
                     attempt=row["attempts"],
                     event_type="expired",
                 )
-        if not run:
-            self._close(key)
-            return bool(rows)
-        self.executor.check_log_levels()
-        self.outcomes.log_info = self.executor.log_info
+
+    def _launch(self, func: Any, queue: str, rows: list[Any]) -> None:
+        """Start one batch on a slot already taken (its permit)."""
+        slots, state = self.slots, self.state
+        key = f"batch:{uuid.uuid4().hex}"
+        slots.active += 1
+        slots.taken[key] = True
+        slots.held += 1
+        slots.hold_queue(key, queue)
+        self._open[key] = pending = {r["job_id"] for r in rows}
+        for job_id in pending:
+            self._batch_of[job_id] = key
         batch = BatchRun(
             func=func,
             kind=getattr(func, EXECUTOR_ATTR, None),
-            rows=run,
+            rows=rows,
             running=self.executor.running,
             outcomes=self.outcomes,
             queue_completion=self.completer.queue,
             run_thread=self.executor.sync.run_thread,
             release=self._release,
             job_timeout=self.executor.job_timeout,
-            free_slot=lambda: self._free_slot(key),
+            free_slot=partial(self._free_slot, key),
             settled=self._settled,
         )
         context = None if state.job_context is None else state.job_context.copy()
         task = asyncio.create_task(batch.run(), context=context)
         state.tasks.add(task)
-        task.add_done_callback(lambda t: self._batch_done(key, t))
-        return True
+        task.add_done_callback(partial(self._batch_done, key))
 
     def _batch_done(self, key: str, task: asyncio.Task[Any]) -> None:
         # Exactly once per batch, even for a task cancelled before its first step.
@@ -274,8 +332,8 @@ class Batches:
         if not task.cancelled() and (exc := task.exception()) is not None:
             log.error("batch task crashed", error=repr(exc))
         if task.cancelled() or task.exception() is not None:
-            # Nothing more will be written for its jobs: their leases expire
-            # and the rescuer returns them.
+            # Nothing more will be written for its jobs: no longer owned, the
+            # heartbeat hands them back (or their leases expire: the rescuer).
             for job_id in list(self._open.get(key, ())):
                 self._settled(job_id)
             self._close(key)

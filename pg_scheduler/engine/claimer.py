@@ -140,6 +140,7 @@ class Worker:
             release=self._release,
             lease_seconds=lease_seconds,
             polling=polling,
+            asynchronous_commit=asynchronous_commit,
         )
 
     # -- claim loop --------------------------------------------------------
