@@ -75,8 +75,9 @@ class Batches:
         self._release = release
         self.lease_seconds = lease_seconds
         self.polling = polling
+        # Its ``settled`` is unused: each batch settles its jobs itself.
         self.outcomes = Outcomes(
-            store, worker_id, executor.retry_policy, self._wake_after, self._settled
+            store, worker_id, executor.retry_policy, self._wake_after, lambda _: None
         )
         # The loop's own connection (probes and claims), as the claim loop's.
         self.connection = HeldConnection(store.pool, asynchronous_commit=asynchronous_commit)
@@ -318,7 +319,7 @@ class Batches:
             release=self._release,
             job_timeout=self.executor.job_timeout,
             free_slot=partial(self._free_slot, key),
-            settled=self._settled,
+            settled=partial(self._settled, key),
         )
         context = None if state.job_context is None else state.job_context.copy()
         task = asyncio.create_task(batch.run(), context=context)
@@ -334,22 +335,24 @@ class Batches:
         if task.cancelled() or task.exception() is not None:
             # Nothing more will be written for its jobs: no longer owned, the
             # heartbeat hands them back (or their leases expire: the rescuer).
-            for job_id in list(self._open.get(key, ())):
-                self._settled(job_id)
             self._close(key)
 
-    def _settled(self, job_id: str) -> None:
-        """A job's outcome is written (or given up on): let go of its row, and
-        of the batch's slot row once it was the last."""
-        key = self._batch_of.pop(job_id, None)
-        self.state.owned.discard(job_id)
-        if key is None:
-            return
+    def _settled(self, key: str, job_id: str) -> None:
+        """A job of batch ``key`` has its outcome written (or given up on): let
+        go of its row, and of the batch's slot row once it was the last."""
+        self._let_go_job(key, job_id)
         pending = self._open.get(key)
         if pending is not None:
             pending.discard(job_id)
             if not pending:
                 self._close(key)
+
+    def _let_go_job(self, key: str, job_id: str) -> None:
+        # Unless a later batch here holds the job again (its lease was lost
+        # and it was claimed anew meanwhile).
+        if self._batch_of.get(job_id) == key:
+            del self._batch_of[job_id]
+            self.state.owned.discard(job_id)
 
     def _close(self, key: str) -> None:
         """The batch's slot and held row are given back (idempotent)."""
@@ -357,6 +360,5 @@ class Batches:
         pending = self._open.pop(key, None)
         if pending is not None:
             for job_id in pending:
-                self._batch_of.pop(job_id, None)
-                self.state.owned.discard(job_id)
+                self._let_go_job(key, job_id)
             self.slots.let_go(job_ids=(key,))

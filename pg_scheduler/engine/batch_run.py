@@ -88,6 +88,7 @@ class BatchRun:
         self._free_slot = free_slot
         self._settled = settled
         self.items: dict[str, BatchItem] = {}
+        self.members: dict[str, RunningJob] = {}
         self.jobs: dict[str, ClaimedJob] = {}
         self.observed: dict[str, Any] = {}
         self.cancel_reason: str | None = None
@@ -99,7 +100,7 @@ class BatchRun:
 
     def member_cancelled(self, job_id: str) -> None:
         item = self.items.get(job_id)
-        member = self.running.get(job_id)
+        member = self.members.get(job_id)
         if item is None or member is None or item.cancelled:
             return
         item.cancelled = True
@@ -120,8 +121,9 @@ class BatchRun:
             if self.items:
                 await self._call(current)
         finally:
-            for job_id in self.items:
-                self.running.pop(job_id, None)
+            for job_id, member in self.members.items():
+                if self.running.get(job_id) is member:  # not a later claim's
+                    del self.running[job_id]
             self._free_slot()
 
     async def _prepare(self) -> None:
@@ -139,7 +141,7 @@ class BatchRun:
             self.jobs[job.job_id] = job
             self.items[job.job_id] = BatchItem(job.job_id, args, kwargs, job.attempt, row["queue"])
             member = RunningJob(job, cast(Any, _Member(self, job.job_id)), now, on_loop=on_loop)
-            self.running[job.job_id] = member
+            self.running[job.job_id] = self.members[job.job_id] = member
             if instrument.observers:
                 self.observed[job.job_id] = instrument.started(row, job.task_name)
 

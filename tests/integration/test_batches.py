@@ -395,3 +395,46 @@ async def test_shutdown_hands_a_running_batch_back(make_scheduler, pool):
     await scheduler.shutdown(grace_period=0.2)
     rows = await pool.fetch("SELECT status, worker_id FROM scheduled_jobs")
     assert [(r["status"], r["worker_id"]) for r in rows] == [("pending", None)] * 3
+
+
+async def test_a_job_whose_lease_is_lost_mid_batch_is_not_written_by_it(make_scheduler, pool):
+    """The database gives one job of a running batch back (as the rescuer
+    does): the heartbeat marks its item, the batch's result for it is not
+    written, and it runs again in a later batch."""
+    scheduler: Scheduler = await make_scheduler(start=False)
+    release = asyncio.Event()
+    calls: list[dict[str, tuple[int, bool]]] = []
+    entered = asyncio.Event()
+
+    @scheduler.task(batch_size=2, batch_timeout=0.1)
+    async def hold(batch: list[BatchItem]) -> list[str]:
+        entered.set()
+        await release.wait()
+        calls.append({item.arg: (item.attempt, item.cancelled) for item in batch})
+        return [f"{item.arg}@{item.attempt}" for item in batch]
+
+    now = datetime.now(UTC)
+    kept, lost = await scheduler.schedule_bulk([JobSpec(hold, now, (n,)) for n in "kl"])
+    await scheduler.start()
+    await asyncio.wait_for(entered.wait(), 10)
+    await pool.execute(
+        # Due again only later: the heartbeat sees it gone before a claim takes it back.
+        "UPDATE scheduled_jobs SET status = 'pending', worker_id = NULL, lease_until = NULL,"
+        " execution_time = now() + interval '1 second' WHERE job_id = $1",
+        lost,
+    )
+
+    async def marked() -> bool:
+        member = scheduler.worker.running.get(lost)
+        return member is not None and member.cancel_reason is not None
+
+    await wait_until(marked, message="the heartbeat saw the lease lost")
+    release.set()
+    await wait_for_status(pool, kept, "completed")
+    await wait_for_status(pool, lost, "completed")
+    assert calls[0] == {"k": (1, False), "l": (1, True)}
+    assert (await scheduler.get_job(kept)).result == "k@1"  # type: ignore[union-attr]
+    # Written by the later batch that claimed it again, not by the first.
+    assert (await scheduler.get_job(lost)).result == "l@2"  # type: ignore[union-attr]
+    await wait_until(lambda: scheduler.worker.slots.held == 0, message="every slot given back")
+    assert scheduler.worker.state.owned == set()
