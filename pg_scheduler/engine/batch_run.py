@@ -177,13 +177,14 @@ class BatchRun:
             reason = self.cancel_reason
             if reason is None and current.cancelling():
                 raise  # the worker itself is being torn down: its rows are rescued
+            if reason is not None:
+                current.uncancel()  # our own cancel, handled here
             self.duration = time.perf_counter() - started
             await self._wait_thread(holder)
             if reason is None:
                 message = "CancelledError: raised inside the batch handler (not a cancel_job())"
                 await self._fail_all(message, tb.format_exc())
                 return
-            current.uncancel()
             await self._stopped(reason)
             return
         except BaseException as exc:
