@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pg_scheduler import BatchItem, JobSpec, RetryPolicy, Scheduler
+from pg_scheduler import BatchItem, JobPriority, JobSpec, RetryPolicy, Scheduler
 from pg_scheduler.tasks import TaskOptions, TaskRegistry
 from pg_scheduler.workflows.decorator import WorkflowOptions, mark_workflow
 from tests.support.common import wait_for_status, wait_until
@@ -438,3 +438,28 @@ async def test_a_job_whose_lease_is_lost_mid_batch_is_not_written_by_it(make_sch
     assert (await scheduler.get_job(lost)).result == "l@2"  # type: ignore[union-attr]
     await wait_until(lambda: scheduler.worker.slots.held == 0, message="every slot given back")
     assert scheduler.worker.state.owned == set()
+
+
+async def test_a_batch_holds_one_queue_most_urgent_first(make_scheduler, pool):
+    scheduler: Scheduler = await make_scheduler(start=False)
+    calls: list[list[tuple[str, str]]] = []
+
+    @scheduler.task(batch_size=4, batch_timeout=0.1)
+    async def route(batch: list[BatchItem]) -> list[None]:
+        calls.append([(item.queue, item.arg) for item in batch])
+        return [None] * len(batch)
+
+    now = datetime.now(UTC)
+    await scheduler.schedule_bulk(
+        [JobSpec(route, now, (f"e{n}",), queue="emails") for n in range(3)]
+        + [JobSpec(route, now, (f"s{n}",), queue="sms") for n in range(3)]
+        + [JobSpec(route, now, ("urgent",), queue="emails", priority=JobPriority.CRITICAL)]
+    )
+    await scheduler.start()
+    await all_settled(pool, 7)
+    assert all(len({queue for queue, _ in call}) == 1 for call in calls)
+    by_queue = {call[0][0]: [arg for _, arg in call] for call in calls}
+    assert sorted(by_queue) == ["emails", "sms"]
+    assert by_queue["emails"][0] == "urgent"
+    assert sorted(by_queue["emails"]) == ["e0", "e1", "e2", "urgent"]
+    assert sorted(by_queue["sms"]) == ["s0", "s1", "s2"]
