@@ -34,8 +34,7 @@ from .executor import SHUTDOWN, log
 from .job import ClaimedJob, RunningJob
 from .outcome import Outcomes
 
-#: What a batch tells its worker: ``free_slot()`` once the handler has
-#: returned; ``settled(job_id)`` once a job's outcome is written (or given up).
+#: How a batch hands rows back (at shutdown): the worker's release.
 Release = Callable[[list[str]], Awaitable[list[str]]]
 
 
@@ -59,7 +58,9 @@ class _Member:
 
 
 class BatchRun:
-    """One batch: its rows, claimed here and running; :meth:`run` is its task."""
+    """One batch: its rows, claimed here and running; :meth:`run` is its task.
+    It tells its worker ``free_slot()`` once the handler has returned, and
+    ``settled(job_id)`` once a job's outcome is written (or given up on)."""
 
     def __init__(
         self,
