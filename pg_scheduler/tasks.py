@@ -168,10 +168,11 @@ class TaskRegistry:
             if batch is not None:  # docs/batches.md
                 kind = getattr(f, EXECUTOR_ATTR, None)
                 check_batch_task(f, kind, options.executor, not limits.empty)
-                # Before it is registered: a worker told of it claims it in batches.
-                setattr(f, BATCH_ATTR, batch)
             mark_task(f, options.dedupe_key, options.dedupe_scope)
             try:
+                if batch is not None:
+                    # Before it is registered: a worker told of it claims it in batches.
+                    setattr(f, BATCH_ATTR, batch)
                 return self.register(
                     f,
                     name=options.name,
@@ -180,7 +181,7 @@ class TaskRegistry:
                     queue=options.queue,
                 )
             except BaseException:
-                if batch is not None:
+                if batch is not None and hasattr(f, BATCH_ATTR):
                     delattr(f, BATCH_ATTR)
                 raise
 

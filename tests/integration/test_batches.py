@@ -463,3 +463,15 @@ async def test_a_batch_holds_one_queue_most_urgent_first(make_scheduler, pool):
     assert by_queue["emails"][0] == "urgent"
     assert sorted(by_queue["emails"]) == ["e0", "e1", "e2", "urgent"]
     assert sorted(by_queue["sms"]) == ["s0", "s1", "s2"]
+
+
+def test_a_bad_dedupe_key_leaves_no_batch_mark():
+    registry = TaskRegistry()
+
+    async def mailer(batch: list[BatchItem]) -> list[None]:
+        return [None] * len(batch)
+
+    with pytest.raises((TypeError, ValueError)):
+        registry.decorator(mailer, _options({"batch_size": 5, "dedupe_scope": "forever"}))
+    assert len(registry) == 0
+    assert not hasattr(mailer, "__pg_scheduler_batch__")
