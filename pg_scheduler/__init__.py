@@ -1,6 +1,7 @@
 """pg_scheduler: a PostgreSQL-native job queue and scheduler for asyncio, on asyncpg."""
 
 from .api.results import JobCancelled, JobExpired, JobFailed, JobNotFound
+from .batching import BatchItem
 from .config import PollingConfig, RetryPolicy, VacuumConfig, VacuumPolicy
 from .context import JobContext, current_job
 from .enqueue.timing import CallArguments
@@ -30,6 +31,7 @@ __version__ = "0.3.0"
 
 __all__ = [
     "Attempt",
+    "BatchItem",
     "CallArguments",
     "CoalescePolicy",
     "ConflictResolution",

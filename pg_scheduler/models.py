@@ -163,3 +163,5 @@ class TaskInventory(BaseModel):
     unknown: dict[str, int]
     #: Each periodic job's runner task here (``periodic:<dedup key>``) -> its job name.
     periodic: dict[str, str] = {}
+    #: Each batch task here (``@task(batch_size=...)``) -> its batch size.
+    batches: dict[str, int] = {}

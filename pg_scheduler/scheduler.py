@@ -207,6 +207,8 @@ class Scheduler:
         debounce_max_wait: timedelta | float | None = None,
         debounce_merge: Callable[[Any, Any], Any] | None = None,
         throttle: timedelta | float | None = None,
+        batch_size: int | None = None,
+        batch_timeout: timedelta | float | None = None,
     ) -> Any:
         """Decorator: register a function this scheduler can run (see :func:`pg_scheduler.task`)."""
         return self.registry.decorator(func, TaskOptions.of(locals()))

@@ -68,7 +68,8 @@ TRANSITIONS: tuple[Transition, ...] = (
         (PENDING,),
         (RUNNING, EXPIRED),
         "job_sql._CLAIM",
-        "engine claim loop (expired: past misfire_grace_time)",
+        "engine claim loop, engine/batch.py (a batch task's jobs; expired: past"
+        " misfire_grace_time)",
     ),
     Transition(
         (PENDING,),
@@ -96,19 +97,21 @@ TRANSITIONS: tuple[Transition, ...] = (
         (RUNNING,),
         (FAILED,),
         "job_sql._FAIL",
-        "engine executor (retries exhausted); services/stall.py (blocked the loop)",
+        "engine executor and engine/batch_run.py (retries exhausted); services/stall.py"
+        " (blocked the loop)",
     ),
     Transition(
         (RUNNING,),
         (PENDING,),
         "job_sql._RETRY",
-        "engine executor (a retry after a delay); services/stall.py",
+        "engine executor and engine/batch_run.py (a retry after a delay); services/stall.py",
     ),
     Transition(
         (RUNNING,),
         (PENDING,),
         "job_sql._RELEASE",
-        "engine/handback.py (stale buffer, paused queue, shutdown), engine/claimer.py",
+        "engine/handback.py (stale buffer, paused queue, shutdown), engine/claimer.py,"
+        " engine/batch_run.py (a batch at shutdown)",
     ),
     Transition(
         (RUNNING,),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from datetime import timedelta
 from typing import Any, TypeVar, overload
 
+from .batching import BATCH_ATTR, check_batch_options, check_batch_task
 from .enqueue.dedupe import mark_task
 from .enqueue.timing import mark_task as mark_timing
 from .enums import DEFAULT_QUEUE
@@ -53,6 +54,8 @@ class TaskOptions:
     debounce_max_wait: timedelta | float | None = None
     debounce_merge: Callable[[Any, Any], Any] | None = None
     throttle: timedelta | float | None = None
+    batch_size: int | None = None
+    batch_timeout: timedelta | float | None = None
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> TaskOptions:
@@ -167,8 +170,12 @@ class TaskRegistry:
         registered here, or a decorator that registers its function (limits
         checked at once, before any function is given)."""
         limits = Limits.of(options.max_running, options.rate_limit)
+        batch = check_batch_options(options.batch_size, options.batch_timeout)
 
         def decorate(f: F) -> F:
+            if batch is not None:  # docs/batches.md
+                kind = getattr(f, EXECUTOR_ATTR, None)
+                check_batch_task(f, kind, options.executor, not limits.empty)
             mark_task(f, options.dedupe_key, options.dedupe_scope)
             mark_timing(
                 f,
@@ -177,9 +184,21 @@ class TaskRegistry:
                 options.debounce_merge,
                 options.throttle,
             )
-            return self.register(
-                f, name=options.name, executor=options.executor, limits=limits, queue=options.queue
-            )
+            try:
+                if batch is not None:
+                    # Before it is registered: a worker told of it claims it in batches.
+                    setattr(f, BATCH_ATTR, batch)
+                return self.register(
+                    f,
+                    name=options.name,
+                    executor=options.executor,
+                    limits=limits,
+                    queue=options.queue,
+                )
+            except BaseException:
+                if batch is not None and hasattr(f, BATCH_ATTR):
+                    delattr(f, BATCH_ATTR)
+                raise
 
         return decorate(func) if func is not None else decorate
 
@@ -257,6 +276,8 @@ def task(
     debounce_max_wait: timedelta | float | None = None,
     debounce_merge: Callable[[Any, Any], Any] | None = None,
     throttle: timedelta | float | None = None,
+    batch_size: int | None = None,
+    batch_timeout: timedelta | float | None = None,
 ) -> Callable[[F], F]: ...
 def task(
     func: Any = None,
@@ -273,6 +294,8 @@ def task(
     debounce_max_wait: timedelta | float | None = None,
     debounce_merge: Callable[[Any, Any], Any] | None = None,
     throttle: timedelta | float | None = None,
+    batch_size: int | None = None,
+    batch_timeout: timedelta | float | None = None,
 ) -> Any:
     """Register an async function as a task, usable before any Scheduler exists.
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import asyncpg
 
+from ..batching import batch_options_of
 from ..engine import CANCELLED_REMOTELY
 from ..engine import local as local_start
 from ..engine.local import LocalHost
@@ -65,7 +66,12 @@ class Jobs:
             for key, config in registered_periodic_jobs().items()
             if config.task_name in names
         }
-        return TaskInventory(registered=names, unknown=unknown, periodic=periodic)
+        batches = {
+            name: options.size
+            for name in self.registry  # full names, not the bare legacy ones
+            if (options := batch_options_of(self.registry.resolve(name))) is not None
+        }
+        return TaskInventory(registered=names, unknown=unknown, periodic=periodic, batches=batches)
 
     async def schedule(
         self,

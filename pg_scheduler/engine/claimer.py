@@ -22,6 +22,7 @@ from ..config import PollingConfig, RetryPolicy
 from ..store import Store
 from ..support.reconnect import Backoff, is_connection_error, retry_on_disconnect
 from ..tasks import TaskRegistry
+from .batch import Batches
 from .claim_events import ClaimEvents
 from .completer import Completer
 from .executor import Executor, log
@@ -125,16 +126,34 @@ class Worker:
         # claim just came back short).
         self._plain_next = False
         self.claim_events = ClaimEvents(store, worker_id)
+        # Batch tasks: claimed and run apart from the plain claim (engine/batch.py).
+        self.batches = Batches(
+            store=store,
+            registry=registry,
+            worker_id=worker_id,
+            state=state,
+            slots=slots,
+            executor=self.executor,
+            completer=self.completer,
+            claim_events=self.claim_events,
+            free_slot=self._free_slot,
+            release=self._release,
+            lease_seconds=lease_seconds,
+            polling=polling,
+            asynchronous_commit=asynchronous_commit,
+        )
 
     # -- claim loop --------------------------------------------------------
 
     def wake(self) -> None:
         """Look for due jobs now (a NOTIFY arrived, a task was registered, ...)."""
         self._wake.set()
+        self.batches.wake()
 
     def stop_claiming(self) -> None:
         self.state.claiming = False
         self._wake.set()
+        self.batches.wake()
         self.slots.changed.set()
 
     @property
@@ -162,9 +181,11 @@ class Worker:
             log.debug("claim warm-up failed", error=repr(exc))
 
     async def run(self) -> None:
+        self.batches.start()
         try:
             await self._claim_loop()
         finally:
+            await self.batches.stop()
             await self.connection.release()
 
     async def _claim_loop(self) -> None:
@@ -182,7 +203,7 @@ class Worker:
                 continue
             self._wake.clear()
             try:
-                names = self.registry.names()
+                names = self.batches.plain(self.registry.names())
                 await self.connection.run(self.limits.refresh)
                 # Room read after the await (an in-process start may have taken some).
                 queues, caps = slots.claim_queues()

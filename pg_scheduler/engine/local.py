@@ -78,6 +78,8 @@ def local_worker(me: LocalHost, row: NewJob) -> Worker | None:
             and host.db_pool is me.db_pool
             and host.schema == me.schema
             and host.registry.resolve(row.task_name) is not None
+            # A batch task's jobs wait for their batch (engine/batch.py).
+            and not host.worker.batches.is_batch(row.task_name)
             and host.worker.slots.queue_has_room(row.queue)
             # A limited task or queue starts only through the limited claim.
             and not host.worker.limits.is_limited(row.task_name, row.queue)

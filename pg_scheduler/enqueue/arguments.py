@@ -14,6 +14,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from ..batching import batch_options_of
 from ..tasks import task_name_of
 from ..workflows.decorator import is_workflow
 
@@ -29,6 +30,10 @@ def check_arguments(func: Callable[..., Any], args: Any, kwargs: Any) -> None:
     signature Python can read pass."""
     shape = (func, len(args), tuple(kwargs) if kwargs else ())
     if shape in _FITS:
+        return
+    if batch_options_of(func) is not None:
+        # A batch task's function takes the batch: a job's arguments are
+        # its item's, whatever their shape (docs/batches.md).
         return
     try:
         signature = inspect.signature(func)

@@ -142,6 +142,8 @@ ROOT_MODULES = {
     "tasks",
     "context",
     "limits",
+    # batching: BatchItem and a batch task's options (tasks, enqueue and the engine read them)
+    "batching",
     # 0.2.x import paths
     "job_spec",
     "job_priority",

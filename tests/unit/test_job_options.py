@@ -208,7 +208,11 @@ TASK_OTHER = {
     "debounce_max_wait": timedelta(seconds=60),
     "debounce_merge": max,
     "throttle": timedelta(seconds=60),  # handed over only: a task takes one of the two
+    "batch_size": 50,
+    "batch_timeout": timedelta(seconds=2),
 }
+#: Task options a workflow does not take: it runs on the loop, one job at a time.
+NOT_WORKFLOW = ("executor", "batch_size", "batch_timeout")
 
 
 def test_every_option_has_another_value_here() -> None:
@@ -413,7 +417,9 @@ def test_the_workflow_decorator_takes_the_task_options_but_executor(signature: A
     if not found:
         return  # ``@workflow`` bare
     assert found.pop("timeout") is None
-    assert_options_declared(found, {n: d for n, d in TASK_DEFAULTS.items() if n != "executor"})
+    assert_options_declared(
+        found, {n: d for n, d in TASK_DEFAULTS.items() if n not in NOT_WORKFLOW}
+    )
 
 
 def test_the_workflow_decorator_hands_over_every_option(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -422,7 +428,7 @@ def test_the_workflow_decorator_hands_over_every_option(monkeypatch: pytest.Monk
 
     async def flow(ctx: Any) -> None: ...
 
-    given = {n: v for n, v in TASK_OTHER.items() if n != "executor"}
+    given = {n: v for n, v in TASK_OTHER.items() if n not in NOT_WORKFLOW}
     workflows_decorator.workflow(**given)(flow)
     [(_, args)] = registry.calls
     assert args[1] == TaskOptions(**given)
