@@ -27,6 +27,7 @@ from ..support.codec import decode_task_data, encode_task_data
 from ..support.pool_release import autocommitted
 from ..support.reconnect import retry_on_disconnect
 from ..support.validation import clip_repr
+from ..workflows.decorator import is_workflow
 from .arguments import check_arguments
 from .timing import THROTTLE_SCOPE, CallArguments, Timing
 
@@ -174,7 +175,8 @@ def merged_row(
     new = merge_arguments(func, timing.merge, task_data, args, kwargs)
     data = encode_task_data(new.args, new.kwargs, row.task_name)
     if instrument.trace_injector is not None:
-        data = instrument.trace_injector(data)
+        root = f"schedule {row.task_name}" if is_workflow(func) else None
+        data = instrument.trace_injector(data, root)
     return row._replace(task_data=data)
 
 
