@@ -202,6 +202,10 @@ class Scheduler:
         max_running: int | None = None,
         rate_limit: str | RateLimit | None = None,
         queue: str | None = None,
+        concurrency_key: str | Callable[..., str] | None = None,
+        max_running_per_key: int | None = None,
+        rate_limit_per_key: str | None = None,
+        ordered: bool = False,
     ) -> Any:
         """Decorator: register a function this scheduler can run (see :func:`pg_scheduler.task`)."""
         return self.registry.decorator(func, TaskOptions.of(locals()))
@@ -235,6 +239,10 @@ class Scheduler:
         depends_on: list[str] | tuple[str, ...] | None = None,
         on_dependency_failure: str = "cancel",
         delay: timedelta | float | None = None,
+        concurrency_key: str | None = None,
+        max_running_per_key: int | None = None,
+        rate_limit_per_key: str | None = None,
+        ordered: bool = False,
     ) -> str:
         """Schedule ``func(*args, **kwargs)`` to run at ``execution_time``; returns the job id.
 
@@ -570,6 +578,10 @@ class Scheduler:
         depends_on: list[str] | tuple[str, ...] | None = None,
         on_dependency_failure: str = "cancel",
         delay: timedelta | float | None = None,
+        concurrency_key: str | None = None,
+        max_running_per_key: int | None = None,
+        rate_limit_per_key: str | None = None,
+        ordered: bool = False,
     ) -> str:
         """Low-level insert by name (0.2.x): ``task_data`` is ``{"args": [...], "kwargs": {...}}``
         (None: no arguments).

@@ -134,6 +134,10 @@ class SyncClient:
         depends_on: list[str] | tuple[str, ...] | None = None,
         on_dependency_failure: str = "cancel",
         delay: timedelta | float | None = None,
+        concurrency_key: str | None = None,
+        max_running_per_key: int | None = None,
+        rate_limit_per_key: str | None = None,
+        ordered: bool = False,
     ) -> str:
         """As :meth:`Scheduler.schedule`: the same keywords, defaults and checks
         (``misfire_grace_time`` not given: the client's default). Returns the job id.

@@ -14,6 +14,8 @@ from dataclasses import dataclass, fields
 from typing import Any, TypeVar, overload
 
 from .enqueue.dedupe import mark_task
+from .enqueue.keys import check_task_keys
+from .enqueue.keys import mark_task as mark_keys
 from .enums import DEFAULT_QUEUE
 from .limits import Limits, RateLimit
 from .support.validation import check_name, check_queue
@@ -44,6 +46,10 @@ class TaskOptions:
     max_running: int | None = None
     rate_limit: str | RateLimit | None = None
     queue: str | None = None
+    concurrency_key: str | Callable[..., str] | None = None
+    max_running_per_key: int | None = None
+    rate_limit_per_key: str | None = None
+    ordered: bool = False
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> TaskOptions:
@@ -158,9 +164,11 @@ class TaskRegistry:
         registered here, or a decorator that registers its function (limits
         checked at once, before any function is given)."""
         limits = Limits.of(options.max_running, options.rate_limit)
+        check_task_keys(options)
 
         def decorate(f: F) -> F:
             mark_task(f, options.dedupe_key, options.dedupe_scope)
+            mark_keys(f, options)
             return self.register(
                 f, name=options.name, executor=options.executor, limits=limits, queue=options.queue
             )
@@ -237,6 +245,10 @@ def task(
     max_running: int | None = None,
     rate_limit: str | RateLimit | None = None,
     queue: str | None = None,
+    concurrency_key: str | Callable[..., str] | None = None,
+    max_running_per_key: int | None = None,
+    rate_limit_per_key: str | None = None,
+    ordered: bool = False,
 ) -> Callable[[F], F]: ...
 def task(
     func: Any = None,
@@ -249,6 +261,10 @@ def task(
     max_running: int | None = None,
     rate_limit: str | RateLimit | None = None,
     queue: str | None = None,
+    concurrency_key: str | Callable[..., str] | None = None,
+    max_running_per_key: int | None = None,
+    rate_limit_per_key: str | None = None,
+    ordered: bool = False,
 ) -> Any:
     """Register an async function as a task, usable before any Scheduler exists.
 
@@ -263,5 +279,8 @@ def task(
     Queues, limits and dedupe keys).
     ``@task(queue="emails")`` puts its jobs in queue ``emails`` (unless the
     call that schedules one names a queue; the default queue is ``"default"``).
+    ``concurrency_key`` (a string, or a function of the job's arguments),
+    ``max_running_per_key``, ``rate_limit_per_key`` and ``ordered``: per-key
+    limits of its jobs (docs/keys.md); a call's own values override them.
     """
     return default_registry.decorator(func, TaskOptions.of(locals()))

@@ -28,6 +28,7 @@ from .executor import Executor, log
 from .handback import HandBack
 from .held import HeldConnection
 from .holdings import HeartbeatView
+from .keyed import KeyedClaims
 from .limited import LimitedClaims
 from .slots import Slots
 from .starts import Starts
@@ -121,6 +122,8 @@ class Worker:
         self.connection = HeldConnection(store.pool, asynchronous_commit=asynchronous_commit)
         # Global limits: limited tasks and queues are claimed apart (engine/limited.py).
         self.limits = LimitedClaims(store.limits)
+        # Jobs with a concurrency key: claimed apart (engine/keyed.py).
+        self.keyed = KeyedClaims(store.keys)
         # The next claim is the plain one even while limits exist (a limited
         # claim just came back short).
         self._plain_next = False
@@ -196,6 +199,12 @@ class Worker:
                 # limited claim found less than that work seemed to offer
                 # (its limits' room is read without their locks), so that a
                 # wrong estimate can only slow unlimited work, never hold it back.
+                if self.keyed.active and slots.start_now() > 0:
+                    # Keyed work at least as urgent as the due plain work first.
+                    await self._claim_apart(names, partial(self.keyed.claim, cut=True))
+                    limit = min(limit, slots.claim_limit(self.completer.pending))
+                    if limit <= 0:
+                        continue
                 limited = self.limits.applies(names, queues)
                 beside = limited and not self._plain_next
                 self._plain_next = False
@@ -226,12 +235,17 @@ class Worker:
                     idle_wait = self.polling.idle_start_interval
                     continue
                 no_slot = False
+                if slots.start_now() > 0 and await self._claim_apart(
+                    names, partial(self.keyed.claim, cut=False)
+                ):
+                    idle_wait = self.polling.idle_start_interval
+                    continue
                 if limited:
                     # Cleared before the free slots are read: a slot freed
                     # from here on ends the wait below.
                     slots.changed.clear()
                     if slots.start_now() > 0:
-                        taken = await self._claim_limited(names)
+                        taken = await self._claim_apart(names, self.limits.claim)
                         if taken or (beside and self.limits.seen):
                             # Due work is left: the limited claim took what
                             # it could and the plain claim may have left less
@@ -270,10 +284,10 @@ class Worker:
                     idle_wait * self.polling.backoff_multiplier, self.polling.max_interval
                 )
 
-    async def _claim_limited(self, names: list[str]) -> list[Any]:
-        """Jobs of limited tasks and queues, only as many as start at once
-        (never claimed ahead: a buffered row would count against the limit,
-        and start later than the rate window counted it)."""
+    async def _claim_apart(self, names: list[str], claim: Callable[..., Any]) -> list[Any]:
+        """Jobs of limited tasks and queues, or keyed jobs (``claim``), only
+        as many as start at once (never claimed ahead: a buffered row would
+        count against the limit, and start later than the rate window counted it)."""
         slots = self.slots
         room = min(slots.start_now(), slots.batch_claim_limit)
         if room <= 0:
@@ -282,11 +296,11 @@ class Worker:
         state = self.state
         state.claims_in_flight += 1
         state.claims_sent += 1
-        claim = state.claims_sent
+        number = state.claims_sent
         try:
             rows = await self.connection.run(
                 partial(
-                    self.limits.claim,
+                    claim,
                     names=names,
                     served=queues,
                     caps=caps,
@@ -299,10 +313,10 @@ class Worker:
                 await self._send_claim_events(rows)
         finally:
             state.claims_in_flight -= 1
-        if self.limits.tried and len(rows) < room:
+        if claim == self.limits.claim and self.limits.tried and len(rows) < room:
             # Due limited work seemed to have room, and less was there.
             self._plain_next = True
-        self.dispatch(rows, claim)
+        self.dispatch(rows, number)
         return rows
 
     async def _send_claim_events(self, rows: list[Any]) -> None:

@@ -35,6 +35,7 @@ from .checks import (
     check_when,
 )
 from .dedupe import check_dedupe_key, check_dedupe_scope
+from .keys import NO_KEY, KeyFields, check_key_options
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,13 @@ class JobOptions:
     on_dependency_failure: str = "cancel"  # "cancel", "run" or "wait"
     # Due this long after now (a timedelta or seconds); instead of execution_time.
     delay: timedelta | float | None = None
+    # Per-key limits (enqueue/keys.py; None: the task's): the job's key, how many
+    # of the key's jobs run at once, how many start per window ("10/s"), and
+    # whether the key's jobs run one at a time in enqueue order.
+    concurrency_key: str | None = None
+    max_running_per_key: int | None = None
+    rate_limit_per_key: str | None = None
+    ordered: bool = False
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> JobOptions:
@@ -96,6 +104,7 @@ def check_job(execution_time: Any, options: Any) -> None:
     _check_queue_or_none(options.queue)
     check_depends_on(options.depends_on)
     check_on_dependency_failure(options.on_dependency_failure)
+    check_key_options(options)
 
 
 class JobFields(NamedTuple):
@@ -110,6 +119,7 @@ class JobFields(NamedTuple):
     dedupe_key: str | None  # the call's, else the task's
     dedupe_scope: str | None  # with a key: the call's, else the task's, else "active"
     queue: str  # the call's, else the task's, else enums.DEFAULT_QUEUE
+    keys: KeyFields = NO_KEY  # the call's key and per-key limits over the task's
 
 
 def row_of(fields: JobFields, job_id: str, default_grace: Callable[[], int | None]) -> NewJob:
@@ -133,4 +143,5 @@ def row_of(fields: JobFields, job_id: str, default_grace: Callable[[], int | Non
         fields.dedupe_key,
         fields.dedupe_scope,
         fields.queue,
+        *fields.keys,
     )

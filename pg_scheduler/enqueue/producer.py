@@ -47,6 +47,7 @@ from .dependencies import Graph, GraphWriter, plan
 from .fields import JobFields, JobOptions, check_job, row_of
 from .ids import new_job_id
 from .keyed import KeyedWriter, KeyRace, check_batch_keys, is_dedupe_violation
+from .keys import resolve as resolve_keys
 from .rows import COPY_THRESHOLD, spec_rows, spec_tuples, streamable
 
 # A write that finds a dedupe key changing hands under it starts over this often.
@@ -132,11 +133,14 @@ class Producer:
         task_data = encode_task_data(args, {} if kwargs is None else kwargs, task_name)
         check_arguments(func, args, kwargs)
         key, scope = resolve_dedupe(func, options.dedupe_key, options.dedupe_scope, args, kwargs)
+        keys = resolve_keys(func, options, args, kwargs)
         if instrument.trace_injector is not None:  # the caller's trace context
             task_data = instrument.trace_injector(task_data)
         check_job(execution_time, options)
         aware = when_of(execution_time, options.delay)
-        return JobFields(func.__name__, task_name, aware, task_data, options, key, scope, queue)
+        return JobFields(
+            func.__name__, task_name, aware, task_data, options, key, scope, queue, keys
+        )
 
     def name_fields(
         self, job_name: Any, execution_time: Any, task_data: Any, options: JobOptions
@@ -147,6 +151,7 @@ class Producer:
         and so does its signature: arguments it cannot take raise TypeError."""
         check_by_name(job_name, task_data)
         key, scope = resolve_dedupe(None, options.dedupe_key, options.dedupe_scope)
+        keys = resolve_keys(None, options)
         func = self.registry.resolve(job_name)
         queue = queue_of(func, options.queue)
         args, kwargs = task_data.get("args") or (), task_data.get("kwargs") or {}
@@ -155,7 +160,7 @@ class Producer:
             check_arguments(func, args, kwargs)
         check_job(execution_time, options)
         aware = when_of(execution_time, options.delay)
-        return JobFields(job_name, job_name, aware, encoded, options, key, scope, queue)
+        return JobFields(job_name, job_name, aware, encoded, options, key, scope, queue, keys)
 
     def new_row(self, fields: JobFields, job_id: str | None = None) -> NewJob:
         """The row of checked ``fields``; ``job_id``: one generated beforehand."""

@@ -39,6 +39,7 @@ TABLES = (
     "workflow_signals",
     "workflow_waits",
     "job_dependencies",
+    "scheduler_key_starts",
 )
 # Functions the statements call by name (migration 0015), qualified like tables.
 FUNCTIONS = ("pg_scheduler_dependencies_completed", "pg_scheduler_dependency_ended")

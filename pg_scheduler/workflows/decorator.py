@@ -54,6 +54,10 @@ def workflow(
     rate_limit: str | RateLimit | None = None,
     dedupe_key: str | Callable[..., str] | None = None,
     dedupe_scope: str | None = None,
+    concurrency_key: str | Callable[..., str] | None = None,
+    max_running_per_key: int | None = None,
+    rate_limit_per_key: str | None = None,
+    ordered: bool = False,
     timeout: timedelta | float | None = None,
 ) -> Callable[[F], F]: ...
 def workflow(
@@ -66,6 +70,10 @@ def workflow(
     rate_limit: str | RateLimit | None = None,
     dedupe_key: str | Callable[..., str] | None = None,
     dedupe_scope: str | None = None,
+    concurrency_key: str | Callable[..., str] | None = None,
+    max_running_per_key: int | None = None,
+    rate_limit_per_key: str | None = None,
+    ordered: bool = False,
     timeout: timedelta | float | None = None,
 ) -> Any:
     """Register ``async def f(ctx, ...)`` as a durable workflow (docs: Durable

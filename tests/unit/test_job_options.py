@@ -86,6 +86,10 @@ def test_the_declaration_is_what_the_readme_documents() -> None:
         "depends_on",
         "on_dependency_failure",
         "delay",
+        "concurrency_key",
+        "max_running_per_key",
+        "rate_limit_per_key",
+        "ordered",
     )
     assert OPTION_DEFAULTS["priority"] is JobPriority.NORMAL
     assert OPTION_DEFAULTS["depends_on"] is None
@@ -137,6 +141,10 @@ def test_schedule_job_keeps_its_0_2_signature_and_otherwise_the_declaration() ->
         "depends_on",
         "on_dependency_failure",
         "delay",
+        "concurrency_key",
+        "max_running_per_key",
+        "rate_limit_per_key",
+        "ordered",
     ]
     assert params[1].default is None and params[2].default is None  # execution_time, task_data
     found = keywords(Scheduler.schedule_job)
@@ -182,6 +190,10 @@ OTHER = {
     "depends_on": ["job-0"],
     "on_dependency_failure": "run",
     "delay": timedelta(seconds=30),
+    "concurrency_key": "acct",
+    "max_running_per_key": 1,
+    "rate_limit_per_key": "10/s",
+    "ordered": True,
 }
 TASK_OTHER = {
     "name": "emails.deliver",
@@ -191,6 +203,10 @@ TASK_OTHER = {
     "max_running": 2,
     "rate_limit": "10/s",
     "queue": "emails",
+    "concurrency_key": "acct",
+    "max_running_per_key": 1,
+    "rate_limit_per_key": "10/s",
+    "ordered": True,
 }
 
 
@@ -282,6 +298,10 @@ BAD = {
     "depends_on": ("job-0", TypeError),
     "on_dependency_failure": ("ignore", ValueError),
     "delay": (timedelta(seconds=-5), ValueError),
+    "concurrency_key": (5, TypeError),
+    "max_running_per_key": (0, ValueError),
+    "rate_limit_per_key": ("10/x", ValueError),
+    "ordered": ("yes", TypeError),
 }
 
 
@@ -330,6 +350,10 @@ MAY_LIST_JOB_OPTIONS = {
     "workflows/context.py:spawn": "ctx.spawn's public signature: a child's options (tested below)",
     "workflows/decorator.py:workflow": "@workflow's public signature: a task's options (below)",
     "store/workflows.py:Spawned": "a child's row as the spawn statement writes it",
+    # A task's per-key options are a job's too (a call's override the task's).
+    "tasks.py:TaskOptions": "a task's declaration: its per-key options and queue",
+    "tasks.py:task": "@task's public signature (tested above)",
+    "scheduler.py:task": "Scheduler.task's public signature (tested above)",
 }
 #: The same for a task's options.
 MAY_LIST_TASK_OPTIONS = {
@@ -424,5 +448,10 @@ def test_spawn_takes_a_childs_options_with_their_declared_defaults() -> None:
         "depends_on",
         "on_dependency_failure",
         "delay",
+        # A child carries no concurrency key (docs/keys.md).
+        "concurrency_key",
+        "max_running_per_key",
+        "rate_limit_per_key",
+        "ordered",
     } == set(OPTION_NAMES)
     assert_options_declared(found, {n: OPTION_DEFAULTS[n] for n in found})

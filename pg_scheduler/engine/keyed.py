@@ -1,0 +1,75 @@
+"""The claim for keyed jobs (``concurrency_key``; see :mod:`pg_scheduler.store.keys`).
+
+The plain claim never takes keyed rows. While keyed work was seen lately,
+each turn of the claim loop first claims keyed work at least as urgent as
+the most urgent due plain job (so priority orders the two), then the plain
+claim runs; when the plain claim comes back short, keyed work of any
+priority gets the free slots. Keyed jobs are claimed only as many as start
+at once (never claimed ahead: a buffered row would hold its key's slot
+without running).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import cast
+
+import asyncpg
+
+from ..store.bounded import BoundedPool
+from ..store.keys import KeyStore
+from ..store.names import Executor
+
+
+class KeyedClaims:
+    """Claims keyed jobs; knows whether keyed work was due at the last look."""
+
+    def __init__(self, store: KeyStore) -> None:
+        self.store = store
+        #: Keys with due work and room (as read before their locks) at the last claim.
+        self.seen = 0
+        #: Whether a key another claim held had due work at the last claim.
+        self.held = False
+
+    @property
+    def active(self) -> bool:
+        return self.seen > 0
+
+    async def claim(
+        self,
+        db: Executor,
+        *,
+        names: Sequence[str],
+        served: Sequence[str] | None,
+        caps: Sequence[int] | None = None,
+        room: int,
+        worker_id: str,
+        lease_seconds: float,
+        cut: bool,
+    ) -> list[asyncpg.Record]:
+        """Up to ``room`` keyed jobs of ``names`` in ``served`` (None: every
+        queue; ``caps``, the room of each, is not applied to keyed jobs);
+        ``cut``: only those at least as urgent as the due plain work."""
+        if isinstance(db, asyncpg.Pool | BoundedPool):  # the transaction needs one connection
+            async with db.acquire() as conn:
+                return await self.claim(
+                    conn,
+                    names=names,
+                    served=served,
+                    room=room,
+                    worker_id=worker_id,
+                    lease_seconds=lease_seconds,
+                    cut=cut,
+                )
+        rows, seen, held = await self.store.claim(
+            cast(asyncpg.Connection, db),
+            limit=room,
+            tasks=names,
+            queues=served,
+            worker_id=worker_id,
+            lease_seconds=lease_seconds,
+            cut=cut,
+        )
+        self.seen = seen
+        self.held = held is not None
+        return rows
