@@ -58,7 +58,11 @@ SETTINGS = {
     "max_concurrent_jobs": 10,
     "batch_claim_limit": 10,
     "vacuum_enabled": False,
-    "heartbeat_interval": 0.5,
+    "run_periodic_jobs": False,
+    "heartbeat_interval": 0.3,
+    "heartbeat_threshold": 2.0,
+    "lease_duration": 3.0,
+    "rescue_interval": 0.5,
 }
 
 
