@@ -33,6 +33,7 @@ from .limited import LimitedClaims
 from .slots import Slots
 from .starts import Starts
 from .state import WorkerState
+from .waits import wait_either, wait_on
 
 
 class Worker:
@@ -181,7 +182,7 @@ class Worker:
             limit = slots.claim_limit(self.completer.pending)
             if limit <= 0:
                 slots.changed.clear()
-                await self._wait(slots.changed, self.polling.semaphore_full_interval)
+                await wait_on(slots.changed, self.polling.semaphore_full_interval)
                 continue
             self._wake.clear()
             try:
@@ -190,6 +191,20 @@ class Worker:
                 # Room read after the await (an in-process start may have taken some).
                 queues, caps = slots.claim_queues()
                 limit = min(limit, slots.claim_limit(self.completer.pending))
+                if self.keyed.active and slots.start_now() > 0:
+                    # Keyed work at least as urgent as the due plain work first.
+                    if await self._claim_apart(names, partial(self.keyed.claim, cut=True)):
+                        continue
+                if self.keyed.seen:
+                    # Keyed work as urgent waits for a slot: the plain claim
+                    # takes only what starts now, none into the buffer ahead of it.
+                    limit = min(limit, slots.start_now())
+                    if limit <= 0:
+                        slots.changed.clear()
+                        await wait_either(
+                            slots.changed, self._wake, self.polling.semaphore_full_interval
+                        )
+                        continue
                 state.claims_in_flight += 1
                 state.claims_sent += 1
                 claim = state.claims_sent
@@ -199,12 +214,6 @@ class Worker:
                 # limited claim found less than that work seemed to offer
                 # (its limits' room is read without their locks), so that a
                 # wrong estimate can only slow unlimited work, never hold it back.
-                if self.keyed.active and slots.start_now() > 0:
-                    # Keyed work at least as urgent as the due plain work first.
-                    await self._claim_apart(names, partial(self.keyed.claim, cut=True))
-                    limit = min(limit, slots.claim_limit(self.completer.pending))
-                    if limit <= 0:
-                        continue
                 limited = self.limits.applies(names, queues)
                 beside = limited and not self._plain_next
                 self._plain_next = False
@@ -265,7 +274,7 @@ class Worker:
             except Exception as exc:
                 level = log.warning if is_connection_error(exc) else log.exception
                 level("claim failed", worker_id=self.worker_id, error=repr(exc))
-                await self._wait(self._wake, errors.next_delay())
+                await wait_on(self._wake, errors.next_delay())
                 continue
             errors.reset()
             if rows:
@@ -274,11 +283,9 @@ class Worker:
                 # Due work waits for a slot here (limited work the plain claim
                 # leaves the slots to): look again as soon as one frees, or a
                 # job is enqueued (it may be more urgent: claimed ahead).
-                await self._wait_either(
-                    slots.changed, self._wake, self.polling.semaphore_full_interval
-                )
+                await wait_either(slots.changed, self._wake, self.polling.semaphore_full_interval)
                 continue
-            await self._wait(self._wake, self._idle_timeout(due_in, bool(rows), idle_wait))
+            await wait_on(self._wake, self._idle_timeout(due_in, bool(rows), idle_wait))
             if not self.notifications_live():
                 idle_wait = min(
                     idle_wait * self.polling.backoff_multiplier, self.polling.max_interval
@@ -337,26 +344,6 @@ class Worker:
             # Due rows exist but were locked by other workers' claims: brief pause.
             return 0.0 if claimed_some else self.polling.min_interval
         return min(due_in, ceiling)
-
-    @staticmethod
-    async def _wait(event: asyncio.Event, timeout: float) -> None:
-        if timeout <= 0:
-            return
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
-        except TimeoutError:
-            pass
-
-    @staticmethod
-    async def _wait_either(first: asyncio.Event, second: asyncio.Event, timeout: float) -> None:
-        if first.is_set() or second.is_set() or timeout <= 0:
-            return
-        waiters = [asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())]
-        try:
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
 
     def dispatch(self, rows: list[Any], claim: int | None = None) -> None:
         """Start a task per claimed row; rows the claim expired are only logged.

@@ -1,16 +1,19 @@
 """The claim for keyed jobs (``concurrency_key``; see :mod:`pg_scheduler.store.keys`).
 
-The plain claim never takes keyed rows. While keyed work was seen lately,
-each turn of the claim loop first claims keyed work at least as urgent as
-the most urgent due plain job (so priority orders the two), then the plain
-claim runs; when the plain claim comes back short, keyed work of any
-priority gets the free slots. Keyed jobs are claimed only as many as start
+The plain claim never takes keyed rows. While keyed work was seen lately
+(and at least every ``REFRESH`` seconds otherwise), each turn of the claim
+loop first claims keyed work at least as urgent as the most urgent due plain
+job (so priority orders the two), then the plain claim runs (only what
+starts now while such keyed work waits: nothing claimed ahead of it); when
+the plain claim comes back short, keyed work of any priority gets the free
+slots. Keyed jobs are claimed only as many as start
 at once (never claimed ahead: a buffered row would hold its key's slot
 without running).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import cast
 
@@ -19,6 +22,10 @@ import asyncpg
 from ..store.bounded import BoundedPool
 from ..store.keys import KeyStore
 from ..store.names import Executor
+
+#: How long a worker that saw no due keyed work goes without a first look
+#: (the plain claim may be busy with a backlog meanwhile).
+REFRESH = 1.0
 
 
 class KeyedClaims:
@@ -30,10 +37,13 @@ class KeyedClaims:
         self.seen = 0
         #: Whether a key another claim held had due work at the last claim.
         self.held = False
+        self._looked_at = float("-inf")
 
     @property
     def active(self) -> bool:
-        return self.seen > 0
+        """Whether the claim loop looks for keyed work before the plain claim:
+        keyed work was due at the last look, or that look is over ``REFRESH`` old."""
+        return self.seen > 0 or time.monotonic() - self._looked_at >= REFRESH
 
     async def claim(
         self,
@@ -72,4 +82,5 @@ class KeyedClaims:
         )
         self.seen = seen
         self.held = held is not None
+        self._looked_at = time.monotonic()
         return rows

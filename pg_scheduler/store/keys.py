@@ -32,7 +32,7 @@ from datetime import datetime
 import asyncpg
 
 from .job_sql import _CLAIMED_COLUMNS, claim_set
-from .names import Qualifier
+from .names import Executor, Qualifier
 from .queues import served_groups
 
 # The rows a worker running $tasks in $queues (NULL: every queue) may claim.
@@ -198,8 +198,9 @@ WITH busy AS (
 SELECT * FROM claimed
 """
 
-# Starts older than the longest window a rate may have (7 days) count for nothing.
-_PRUNE_STARTS = """
+# Starts older than the longest window a rate may have (7 days) count for
+# nothing: the vacuum drops them (keys no claim has taken since).
+PRUNE_KEY_STARTS = """
 DELETE FROM scheduler_key_starts
  WHERE started_at < clock_timestamp() - interval '8 days'
 """
@@ -242,7 +243,6 @@ class KeyStore:
         self._lock = q(_LOCK_KEYS)
         self._claim = q(_CLAIM_KEYS)
         self._busiest = q(_BUSIEST)
-        self._prune = q(_PRUNE_STARTS)
         self._class = lock_class(q.schema)
 
     async def claim(
@@ -289,12 +289,7 @@ class KeyStore:
             )
         return rows, len(heads), min(held, default=None)
 
-    async def busiest(self, db: asyncpg.Pool | asyncpg.Connection, limit: int = 20) -> list[dict]:
+    async def busiest(self, db: Executor, limit: int = 20) -> list[asyncpg.Record]:
         """The busiest keys (running, then waiting): key, running, waiting, the
         limits, and starts in the rate window."""
-        return [dict(r) for r in await db.fetch(self._busiest, limit)]
-
-    async def prune(self, db: asyncpg.Pool | asyncpg.Connection) -> int:
-        """Drop starts older than any window; how many went."""
-        status = await db.execute(self._prune)
-        return int(status.split()[-1])
+        return await db.fetch(self._busiest, limit)

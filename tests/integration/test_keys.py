@@ -120,6 +120,29 @@ async def test_an_expired_lease_frees_its_keys_slot(pool, make_scheduler, runs):
     assert sorted(r["n"] for r in await pool.fetch("SELECT n FROM key_runs")) == [0, 1]
 
 
+# -- priority ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("keyed_first", [True, False])
+async def test_priority_orders_keyed_and_plain_work(pool, make_scheduler, runs, keyed_first):
+    scheduler = await make_scheduler(start=False, max_concurrent_jobs=1, batch_claim_limit=1)
+    await scheduler.initialize_db()
+    urgent, later = (JobPriority.HIGH, JobPriority.LOW)
+    keyed = urgent if keyed_first else later
+    plain = later if keyed_first else urgent
+    specs = [JobSpec(key_tasks.step, args=("plain", n), priority=plain) for n in range(4)]
+    specs += [
+        JobSpec(key_tasks.step, args=("keyed", n), priority=keyed, concurrency_key=f"k{n}")
+        for n in range(4)
+    ]
+    await scheduler.schedule_bulk(specs)
+    await scheduler.start()
+    await finished(pool, 8)
+    order = [r["key"] for r in await pool.fetch("SELECT key FROM key_runs ORDER BY started")]
+    first = "keyed" if keyed_first else "plain"
+    assert order[:4] == [first] * 4
+
+
 # -- ordered -------------------------------------------------------------------------
 
 
