@@ -26,6 +26,7 @@ from datetime import datetime
 import asyncpg
 
 from ..enums import DEFAULT_QUEUE, FINAL_STATUSES, JobStatus
+from .keys import KeyStore
 from .limits import LimitStore
 from .names import DEFAULT_SCHEMA, Qualifier
 from .queues import GROUPS, QueueStore
@@ -42,7 +43,10 @@ SELECT to_regclass($1) IS NOT NULL AS has_jobs,
        to_regclass($2) IS NOT NULL AS has_queue_table,
        EXISTS (SELECT 1 FROM pg_attribute a
                 WHERE a.attrelid = to_regclass($1) AND a.attname = 'wait_kind'
-                  AND NOT a.attisdropped) AS has_workflows
+                  AND NOT a.attisdropped) AS has_workflows,
+       EXISTS (SELECT 1 FROM pg_attribute a
+                WHERE a.attrelid = to_regclass($1) AND a.attname = 'concurrency_key'
+                  AND NOT a.attisdropped) AS has_keys
 """
 # One pass over the table: the overview's and the queues page's counts.
 _COUNTS = """
@@ -118,9 +122,15 @@ SELECT y.* FROM (
 # priority) group of pending rows, as the statistics' oldest due wait.
 _SERVED_OLDEST_DUE = f"""
 WITH RECURSIVE {GROUPS}
-SELECT EXTRACT(EPOCH FROM now() - min(g.execution_time))::float8
+SELECT EXTRACT(EPOCH FROM now() - LEAST(min(g.execution_time), {{keyed}}))::float8
   FROM groups g WHERE g.execution_time <= now() AND g.task_name <> ALL($1::text[])
 """
+# Keyed rows (migration 0017) are outside the groups: their earliest due one.
+_KEYED_OLDEST_DUE = """(SELECT min(k.execution_time) FROM scheduled_jobs k
+            WHERE k.status = 'pending' AND k.concurrency_key IS NOT NULL
+              AND k.execution_time <= now() AND k.task_name <> ALL($1::text[]))"""
+# A schema before 0017 has no keys: its groups are every pending row's.
+_NO_KEYS = " AND j.concurrency_key IS NULL"
 _JOB_QUEUE = "SELECT queue FROM scheduled_jobs WHERE job_id = $1"
 _RUNNING = """
 SELECT worker_id, job_id, task_name, started_at, progress
@@ -139,6 +149,7 @@ class Catalog:
     has_queue_column: bool
     has_queue_table: bool
     has_workflows: bool = False
+    has_keys: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +191,10 @@ class DashboardStore:
         )
         self._job_queue = q(_JOB_QUEUE) if self.catalog.has_queue_column else None
         self._running = q(_RUNNING)
-        self._served_oldest_due = q(_SERVED_OLDEST_DUE)
+        keys = self.catalog.has_keys
+        oldest = _SERVED_OLDEST_DUE.format(keyed=_KEYED_OLDEST_DUE if keys else "NULL")
+        self._served_oldest_due = q(oldest if keys else oldest.replace(_NO_KEYS, ""))
+        self.keys = KeyStore(q) if keys else None
         queues_table = q.table("scheduler_queues")
         self._queue_settings = _QUEUE_SETTINGS.format(table=queues_table)
         self._queues = QueueStore(pool, schema)

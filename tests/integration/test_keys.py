@@ -295,3 +295,50 @@ async def test_a_bad_key_function_raises_at_the_call_and_writes_nothing(
     with pytest.raises(error, match="concurrency_key function"):
         await scheduler.schedule_bulk([JobSpec(key_tasks.step, args=("k", 0)), JobSpec(func)])
     assert await pool.fetchval("SELECT count(*) FROM scheduled_jobs") == 0
+
+
+# -- the operator's views ------------------------------------------------------------
+
+
+async def test_stats_cli_and_dashboard_show_the_busiest_keys(pool, dsn, make_scheduler):
+    import httpx
+
+    from pg_scheduler.dashboard import dashboard_app
+    from tests.integration.test_cli_ops import cli
+
+    scheduler = await make_scheduler(start=False)
+    await scheduler.initialize_db()
+    await scheduler.schedule_bulk(
+        [
+            JobSpec(
+                key_tasks.step, args=("a", n), concurrency_key="acct-1", rate_limit_per_key="5/s"
+            )
+            for n in range(3)
+        ]
+        + [JobSpec(key_tasks.step, args=("b", 0), concurrency_key="acct-2", ordered=True)]
+    )
+    await pool.execute(
+        "UPDATE scheduled_jobs SET status = 'running', worker_id = 'w', lease_until = now()"
+        " + interval '1 minute' WHERE job_id = (SELECT job_id FROM scheduled_jobs"
+        " WHERE concurrency_key = 'acct-1' LIMIT 1)"
+    )
+    stats = await scheduler.stats()
+    first = stats.keys[0]
+    assert (first.key, first.running, first.waiting) == ("acct-1", 1, 2)
+    assert first.rate_limit_per_key == "5/s" and first.started_in_window == 0
+    assert (stats.keys[1].key, stats.keys[1].ordered, stats.keys[1].max_running_per_key) == (
+        "acct-2",
+        True,
+        1,
+    )
+    listed = await cli(dsn, "limits", "keys", "--json")
+    assert listed.code == 0, listed.err
+    assert [k["key"] for k in listed.json()] == ["acct-1", "acct-2"]
+    assert "acct-2" in (await cli(dsn, "limits", "list")).out
+    app = dashboard_app(pool)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://dash"
+    ) as client:
+        page = (await client.get("/api/queues")).json()
+    await app.state.dashboard.close()
+    assert [k["key"] for k in page["keys"]] == ["acct-1", "acct-2"]
