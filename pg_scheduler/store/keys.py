@@ -51,20 +51,23 @@ _STARTED = """(SELECT count(*) FROM scheduler_key_starts s
 _RUNNING = """(SELECT count(*) FROM scheduled_jobs r
                  WHERE r.status = 'running' AND r.concurrency_key = {k})"""
 
-# Every key with a pending unordered row or an unfinished ordered one: one
-# index descent per key on each of the two indexes.
+# Every key with a pending unordered row, with its first entry in the index
+# (its most urgent pending row), and every key with an unfinished ordered row:
+# one index descent per key on each of the two indexes.
 _KEYS = """
 unordered_keys AS (
-    (SELECT j.concurrency_key AS k FROM scheduled_jobs j
+    (SELECT j.concurrency_key AS k, j.priority AS p, j.execution_time AS t
+       FROM scheduled_jobs j
       WHERE j.status = 'pending' AND j.concurrency_key IS NOT NULL AND NOT j.key_ordered
-      ORDER BY j.concurrency_key LIMIT 1)
+      ORDER BY j.concurrency_key, j.priority, j.execution_time LIMIT 1)
     UNION ALL
-    SELECT n.k FROM unordered_keys u
+    SELECT n.k, n.p, n.t FROM unordered_keys u
      CROSS JOIN LATERAL (
-        SELECT j.concurrency_key AS k FROM scheduled_jobs j
+        SELECT j.concurrency_key AS k, j.priority AS p, j.execution_time AS t
+          FROM scheduled_jobs j
          WHERE j.status = 'pending' AND j.concurrency_key IS NOT NULL AND NOT j.key_ordered
            AND j.concurrency_key > u.k
-         ORDER BY j.concurrency_key LIMIT 1) n
+         ORDER BY j.concurrency_key, j.priority, j.execution_time LIMIT 1) n
 ), ordered_keys AS (
     (SELECT j.concurrency_key AS k FROM scheduled_jobs j
       WHERE j.key_ordered AND j.status IN ('pending', 'running', 'waiting')
@@ -87,17 +90,29 @@ _ORDERED_HEAD = """(SELECT x.job_id FROM scheduled_jobs x
 # $1 tasks, $2 queues (NULL: all), $3 how many keys at most, $4 whether to cut
 # at the most urgent due plain job (only keyed work at least as urgent), $5
 # the rate window's margin, $6 the advisory lock class of this schema.
+# The keys are visited in the order of their first index entry (due ones;
+# a key whose first entry is not due yet is placed at "now": it may have a
+# due row of a less urgent priority), and only as many as it takes to find
+# $3 whose due head this worker runs and whose room is not gone: each
+# visit reads the key's head and counts its running jobs.
 _LOCK_KEYS = f"""
 {served_groups("$1", "$2", "NULL", "0", limits="none")},
-{_KEYS}, keys AS (
-    SELECT k FROM unordered_keys UNION SELECT k FROM ordered_keys
-), plain AS (
+{_KEYS}, plain AS (
     SELECT s.priority, s.head FROM served s
      WHERE $4 AND s.head <= now()
      ORDER BY s.priority, s.head LIMIT 1
+), visits AS MATERIALIZED (
+    SELECT v.k FROM (
+        SELECT u.k, u.p, LEAST(u.t, now()) AS t FROM unordered_keys u
+        UNION ALL
+        SELECT o.k, -2147483648, '-infinity'::timestamptz FROM ordered_keys o
+    ) v
+     WHERE NOT EXISTS (SELECT 1 FROM plain c WHERE (v.p, v.t) > (c.priority, c.head))
+     GROUP BY v.k
+     ORDER BY min(v.p), min(v.t)
 ), heads AS MATERIALIZED (
     SELECT c.k, h.priority, h.head
-      FROM keys c
+      FROM visits c
      CROSS JOIN LATERAL (
         SELECT u.priority, u.head, u.most, u.rc, u.rp FROM (
             (SELECT j.priority, j.execution_time AS head, j.max_running_per_key AS most,
@@ -119,7 +134,6 @@ _LOCK_KEYS = f"""
      WHERE (h.most IS NULL OR {_RUNNING.format(k="c.k")} < h.most)
        AND (h.rc IS NULL OR {_STARTED.format(k="c.k", rp="h.rp", margin="$5")} < h.rc)
        AND NOT EXISTS (SELECT 1 FROM plain p WHERE (h.priority, h.head) > (p.priority, p.head))
-     ORDER BY h.priority, h.head
      LIMIT $3
 )
 SELECT h.k, h.priority, h.head, pg_try_advisory_xact_lock($6::int, hashtext(h.k)) AS locked
