@@ -173,6 +173,10 @@ async def rates(dsn: str, keys: int, per_key: int) -> dict[str, Any]:
             assert time.monotonic() < deadline, "the rated jobs did not all start"
             await asyncio.sleep(0.2)
         rows = await pool.fetch("SELECT key, at FROM key_starts_seen")
+        claims = await pool.fetch(
+            "SELECT concurrency_key AS key, EXTRACT(EPOCH FROM started_at)::float8 AS at"
+            " FROM scheduled_jobs"
+        )
     finally:
         for w in workers:
             if w.returncode is None:
@@ -188,8 +192,14 @@ async def rates(dsn: str, keys: int, per_key: int) -> dict[str, Any]:
     # its last start comes (per_key / 5 - 1) s after its first. The aggregate
     # counts the run as the first start to the last, plus that last second.
     aggregate = len(starts) / (max(starts) - min(starts) + 1.0)
+    claimed: dict[str, list[float]] = {}
+    for r in claims:
+        claimed.setdefault(r["key"], []).append(r["at"])
     return {
         "rate_most_starts_per_key_in_1s": max(_most_in_window(v, 1.0) for v in by_key.values()),
+        # The same from the claims' own time (started_at: the database's now()).
+        "rate_most_claims_per_key_in_1s": max(_most_in_window(v, 1.0) for v in claimed.values()),
+        "rate_bodies_run": len(starts),
         "rate_aggregate_starts_per_s": round(aggregate, 1),
         "rate_share_of_limit": round(aggregate / (keys * RATE), 3),
     }
@@ -202,9 +212,13 @@ async def main() -> None:
     parser.add_argument("--rate-keys", type=int, default=100)
     parser.add_argument("--rate-jobs", type=int, default=30)
     parser.add_argument("--dsn")
+    parser.add_argument("--rates-only", action="store_true")
     args = parser.parse_args()
     dsn = server_dsn(args.dsn, "pgs-keys-")
     figures: dict[str, Any] = {}
+    if args.rates_only:
+        print("RESULT " + json.dumps(await rates(dsn, args.rate_keys, args.rate_jobs)))
+        return
     figures["plain_jobs_per_s"] = round(await drain(dsn, args.jobs, None))
     figures["keyed_jobs_per_s"] = round(await drain(dsn, args.jobs, args.keys))
     figures["keyed_vs_plain"] = round(figures["keyed_jobs_per_s"] / figures["plain_jobs_per_s"], 3)

@@ -193,7 +193,7 @@ class Worker:
                 limit = min(limit, slots.claim_limit(self.completer.pending))
                 if self.keyed.active and slots.start_now() > 0:
                     # Keyed work at least as urgent as the due plain work first.
-                    if await self._claim_apart(names, partial(self.keyed.claim, cut=True)):
+                    if await self._claim_apart(names, partial(self.keyed.claim, cut=True), True):
                         continue
                 if self.keyed.seen:
                     # Keyed work as urgent waits for a slot: the plain claim
@@ -245,7 +245,7 @@ class Worker:
                     continue
                 no_slot = False
                 if slots.start_now() > 0 and await self._claim_apart(
-                    names, partial(self.keyed.claim, cut=False)
+                    names, partial(self.keyed.claim, cut=False), True
                 ):
                     idle_wait = self.polling.idle_start_interval
                     continue
@@ -291,12 +291,18 @@ class Worker:
                     idle_wait * self.polling.backoff_multiplier, self.polling.max_interval
                 )
 
-    async def _claim_apart(self, names: list[str], claim: Callable[..., Any]) -> list[Any]:
-        """Jobs of limited tasks and queues, or keyed jobs (``claim``), only
-        as many as start at once (never claimed ahead: a buffered row would
-        count against the limit, and start later than the rate window counted it)."""
+    async def _claim_apart(
+        self, names: list[str], claim: Callable[..., Any], ahead: bool = False
+    ) -> list[Any]:
+        """Jobs of limited tasks and queues, only as many as start at once
+        (never claimed ahead: a buffered row would count against the limit,
+        and start later than the rate window counted it); or keyed jobs
+        (``ahead``: the claim decides which rows may wait in the buffer)."""
         slots = self.slots
         room = min(slots.start_now(), slots.batch_claim_limit)
+        if ahead:
+            room = slots.claim_limit(self.completer.pending)
+            claim = partial(claim, start_now=slots.start_now())
         if room <= 0:
             return []
         queues, caps = slots.claim_queues()

@@ -6,9 +6,10 @@ loop first claims keyed work at least as urgent as the most urgent due plain
 job (so priority orders the two), then the plain claim runs (only what
 starts now while such keyed work waits: nothing claimed ahead of it); when
 the plain claim comes back short, keyed work of any priority gets the free
-slots. Keyed jobs are claimed only as many as start
-at once (never claimed ahead: a buffered row would hold its key's slot
-without running).
+slots. A keyed claim fills the worker's buffer too (a buffered row holds
+its key's slot until it starts or is handed back), except with rows of
+rate-limited keys: those are taken only as many as start at once, so that
+a start is stamped when it happens.
 """
 
 from __future__ import annotations
@@ -56,10 +57,12 @@ class KeyedClaims:
         worker_id: str,
         lease_seconds: float,
         cut: bool,
+        start_now: int | None = None,
     ) -> list[asyncpg.Record]:
         """Up to ``room`` keyed jobs of ``names`` in ``served`` (None: every
         queue; ``caps``, the room of each, is not applied to keyed jobs);
-        ``cut``: only those at least as urgent as the due plain work."""
+        ``cut``: only those at least as urgent as the due plain work;
+        ``start_now``: past these, rows are claimed ahead (not rate-limited ones)."""
         if isinstance(db, asyncpg.Pool | BoundedPool):  # the transaction needs one connection
             async with db.acquire() as conn:
                 return await self.claim(
@@ -70,6 +73,7 @@ class KeyedClaims:
                     worker_id=worker_id,
                     lease_seconds=lease_seconds,
                     cut=cut,
+                    start_now=start_now,
                 )
         rows, seen, held = await self.store.claim(
             cast(asyncpg.Connection, db),
@@ -79,6 +83,7 @@ class KeyedClaims:
             worker_id=worker_id,
             lease_seconds=lease_seconds,
             cut=cut,
+            start_now=start_now,
         )
         self.seen = seen
         self.held = held is not None

@@ -162,7 +162,8 @@ SELECT b.k, b.running, c.* FROM busy b
 
 # $1 the locked keys, $2 tasks, $3 queues (NULL: all), $4 at most this many,
 # $5 worker, $6 lease seconds, $7/$8 only rows at least as urgent as this
-# (priority, execution_time; NULL: no cut), $9 the rate window's margin.
+# (priority, execution_time; NULL: no cut), $9 the rate window's margin, $10
+# how many start at once (the rest are claimed ahead).
 _CLAIM_KEYS = f"""
 WITH busy AS (
     SELECT l.k, {_RUNNING.format(k="l.k")} AS running
@@ -192,10 +193,18 @@ WITH busy AS (
        AND (r.rc IS NULL OR {_STARTED.format(k="r.k", rp="r.rp", margin="$9")} + r.nth <= r.rc)
      ORDER BY r.priority, r.execution_time
      LIMIT $4
+), placed AS (
+    -- The first $10 start at once; the rest wait in the worker's buffer,
+    -- claimed ahead (holding their key's slot), unless a rate binds them: a
+    -- start stamped now must start now.
+    SELECT k.*, row_number() OVER (ORDER BY k.priority, k.execution_time) AS place
+      FROM kept k
+), picked AS (
+    SELECT * FROM placed WHERE place <= $10 OR rc IS NULL
 ), claimed AS (
     UPDATE scheduled_jobs j
-       SET {claim_set("$5", "$6", "false")}
-      FROM kept AS picked
+       SET {claim_set("$5", "$6", "NOT picked.expired AND picked.place > $10")}
+      FROM picked
      WHERE j.ctid = picked.tid
     RETURNING {_CLAIMED_COLUMNS}, j.concurrency_key AS claimed_key,
               j.rate_count_per_key AS claimed_rate
@@ -205,7 +214,7 @@ WITH busy AS (
      WHERE c.status = 'running' AND c.claimed_rate IS NOT NULL
 ), pruned AS (
     DELETE FROM scheduler_key_starts s
-     USING (SELECT k, max(rp) AS rp FROM kept WHERE rc IS NOT NULL GROUP BY k) w
+     USING (SELECT k, max(rp) AS rp FROM picked WHERE rc IS NOT NULL GROUP BY k) w
      WHERE s.concurrency_key = w.k
        AND s.started_at < clock_timestamp() - make_interval(secs => 2 * w.rp + 1)
 )
@@ -269,12 +278,15 @@ class KeyStore:
         worker_id: str,
         lease_seconds: float,
         cut: bool,
+        start_now: int | None = None,
     ) -> tuple[list[asyncpg.Record], int, tuple[int, datetime] | None]:
         """Start up to ``limit`` due keyed jobs of ``tasks`` in ``queues``
         (None: every queue), within their keys' limits; ``cut``: only work at
         least as urgent as the most urgent due plain job. Returns the rows,
         how many keys with due work and room were seen, and the most urgent
-        of those this claim could not lock (another claim holds it)."""
+        of those this claim could not lock (another claim holds it). Past the
+        first ``start_now`` (default: all) rows are claimed ahead, but for
+        rate-limited keys, whose rows are taken only as many as start now."""
         async with conn.transaction():
             heads = await conn.fetch(
                 self._lock,
@@ -300,6 +312,7 @@ class KeyStore:
                 None,
                 None,
                 self.RATE_MARGIN,
+                limit if start_now is None else start_now,
             )
         return rows, len(heads), min(held, default=None)
 
