@@ -156,7 +156,7 @@ SELECT b.k, b.running, c.* FROM busy b
        AND j.execution_time <= now() AND {served}
        AND ($7::int IS NULL OR (j.priority, j.execution_time) <= ($7::int, $8::timestamptz))
      ORDER BY j.priority, j.execution_time
-     LIMIT $4
+     LIMIT LEAST($4::int, GREATEST(0, coalesce(b.head_most, $4::int) - b.running))
        FOR UPDATE SKIP LOCKED
  ) c"""
 
@@ -166,7 +166,12 @@ SELECT b.k, b.running, c.* FROM busy b
 # how many start at once (the rest are claimed ahead).
 _CLAIM_KEYS = f"""
 WITH busy AS (
-    SELECT l.k, {_RUNNING.format(k="l.k")} AS running
+    -- Each locked key's running jobs, and the limit of its head (how many
+    -- rows the key's read takes at most: no more than may start).
+    SELECT l.k, {_RUNNING.format(k="l.k")} AS running,
+           (SELECT j.max_running_per_key FROM scheduled_jobs j
+             WHERE j.status = 'pending' AND j.concurrency_key = l.k AND NOT j.key_ordered
+             ORDER BY j.priority, j.execution_time LIMIT 1) AS head_most
       FROM (SELECT DISTINCT unnest($1::text[]) AS k) l
 ), unordered AS (
     {
