@@ -342,3 +342,36 @@ async def test_stats_cli_and_dashboard_show_the_busiest_keys(pool, dsn, make_sch
         page = (await client.get("/api/queues")).json()
     await app.state.dashboard.close()
     assert [k["key"] for k in page["keys"]] == ["acct-1", "acct-2"]
+
+
+async def test_keys_through_a_callers_dbapi_connection(pool, dsn):
+    """SyncClient(connection=...) writes the key columns as the pool does,
+    one row and a bulk (the statements with a dependency too)."""
+    psycopg = pytest.importorskip("psycopg")
+    with psycopg.connect(dsn, autocommit=True) as conn, SyncClient(dsn) as client:
+        first = client.schedule(
+            key_tasks.step, args=("d", 0), connection=conn, concurrency_key="d", ordered=True
+        )
+        client.schedule_bulk(
+            [
+                JobSpec(key_tasks.step, args=("d", 1), concurrency_key="d", ordered=True),
+                JobSpec(
+                    key_tasks.step,
+                    args=("d", 2),
+                    concurrency_key="d",
+                    max_running_per_key=1,
+                    rate_limit_per_key="3/m",
+                    depends_on=[first],
+                ),
+            ],
+            connection=conn,
+        )
+    rows = await pool.fetch(
+        "SELECT concurrency_key, max_running_per_key, rate_count_per_key, rate_period_per_key,"
+        " key_ordered, key_seq IS NOT NULL AS numbered FROM scheduled_jobs ORDER BY key_seq"
+    )
+    assert [tuple(r) for r in rows] == [
+        ("d", 1, None, None, True, True),
+        ("d", 1, None, None, True, True),
+        ("d", 1, 3, 60.0, False, True),
+    ]
