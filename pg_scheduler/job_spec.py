@@ -65,6 +65,10 @@ class JobSpec:
         depends_on: list[str | JobSpec] | tuple[str | JobSpec, ...] | None = None,
         on_dependency_failure: str = "cancel",
         delay: timedelta | float | None = None,
+        concurrency_key: str | None = None,
+        max_running_per_key: int | None = None,
+        rate_limit_per_key: str | None = None,
+        ordered: bool = False,
         debounce: timedelta | float | None = None,
         debounce_max_wait: timedelta | float | None = None,
         throttle: timedelta | float | None = None,
@@ -92,6 +96,11 @@ class JobSpec:
         self.depends_on = depends_on
         self.on_dependency_failure = on_dependency_failure
         self.delay = delay
+        # Per-key limits (see docs/keys.md); None: the task's.
+        self.concurrency_key = concurrency_key
+        self.max_running_per_key = max_running_per_key
+        self.rate_limit_per_key = rate_limit_per_key
+        self.ordered = ordered
         # Kept and checked; schedule_bulk refuses them (schedule() writes such jobs).
         self.debounce = debounce
         self.debounce_max_wait = debounce_max_wait
@@ -110,6 +119,10 @@ class JobSpec:
             and depends_on is None
             and on_dependency_failure == "cancel"
             and delay is None
+            and concurrency_key is None
+            and max_running_per_key is None
+            and rate_limit_per_key is None
+            and ordered is False
             and debounce is None
             and debounce_max_wait is None
             and throttle is None

@@ -123,3 +123,21 @@ def limit_record(row: Mapping[str, Any]) -> dict[str, Any]:
         "running": row["running"],
         "started_in_window": row["started_in_window"] if rate is not None else None,
     }
+
+
+def key_record(row: Mapping[str, Any]) -> dict[str, Any]:
+    """One concurrency key (store/keys.py's listing) as the API and the CLI show it."""
+    rate = (
+        None
+        if row["rate_count"] is None
+        else str(RateLimit(row["rate_count"], float(row["rate_period"])))
+    )
+    return {
+        "key": row["key"],
+        "running": row["running"],
+        "waiting": row["waiting"],
+        "max_running_per_key": row["max_running_per_key"],
+        "rate_limit_per_key": rate,
+        "started_in_window": row["started_in_window"] if rate is not None else None,
+        "ordered": row["ordered"],
+    }

@@ -203,6 +203,10 @@ class Scheduler:
         max_running: int | None = None,
         rate_limit: str | RateLimit | None = None,
         queue: str | None = None,
+        concurrency_key: str | Callable[..., str] | None = None,
+        max_running_per_key: int | None = None,
+        rate_limit_per_key: str | None = None,
+        ordered: bool = False,
         debounce: timedelta | float | None = None,
         debounce_max_wait: timedelta | float | None = None,
         debounce_merge: Callable[[Any, Any], Any] | None = None,
@@ -242,6 +246,10 @@ class Scheduler:
         depends_on: list[str] | tuple[str, ...] | None = None,
         on_dependency_failure: str = "cancel",
         delay: timedelta | float | None = None,
+        concurrency_key: str | None = None,
+        max_running_per_key: int | None = None,
+        rate_limit_per_key: str | None = None,
+        ordered: bool = False,
         debounce: timedelta | float | None = None,
         debounce_max_wait: timedelta | float | None = None,
         throttle: timedelta | float | None = None,
@@ -616,6 +624,10 @@ class Scheduler:
         depends_on: list[str] | tuple[str, ...] | None = None,
         on_dependency_failure: str = "cancel",
         delay: timedelta | float | None = None,
+        concurrency_key: str | None = None,
+        max_running_per_key: int | None = None,
+        rate_limit_per_key: str | None = None,
+        ordered: bool = False,
     ) -> str:
         """Low-level insert by name (0.2.x): ``task_data`` is ``{"args": [...], "kwargs": {...}}``
         (None: no arguments).

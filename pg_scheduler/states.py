@@ -84,6 +84,12 @@ TRANSITIONS: tuple[Transition, ...] = (
         "engine/limited.py: the claim of a limited task or queue",
     ),
     Transition(
+        (PENDING,),
+        (RUNNING, EXPIRED),
+        "keys._CLAIM_KEYS",
+        "engine/keyed.py: the claim of jobs with a concurrency key",
+    ),
+    Transition(
         (PENDING,), (RUNNING,), "events._CLAIM_ONE", "pg_scheduler.testing eager run of one job"
     ),
     Transition((RUNNING,), (COMPLETED,), "job_sql._COMPLETE", "engine completer (group commit)"),

@@ -16,6 +16,8 @@ from typing import Any, TypeVar, overload
 
 from .batching import BATCH_ATTR, check_batch_options, check_batch_task
 from .enqueue.dedupe import mark_task
+from .enqueue.keys import check_task_keys
+from .enqueue.keys import mark_task as mark_keys
 from .enqueue.timing import mark_task as mark_timing
 from .enums import DEFAULT_QUEUE
 from .limits import Limits, RateLimit
@@ -47,6 +49,10 @@ class TaskOptions:
     max_running: int | None = None
     rate_limit: str | RateLimit | None = None
     queue: str | None = None
+    concurrency_key: str | Callable[..., str] | None = None
+    max_running_per_key: int | None = None
+    rate_limit_per_key: str | None = None
+    ordered: bool = False
     # Defaults of the task's jobs (docs/debounce-throttle.md): a call's
     # debounce or throttle replaces them; debounce_merge(previous, new)
     # combines a burst's arguments (enqueue/timing.py CallArguments).
@@ -170,6 +176,7 @@ class TaskRegistry:
         registered here, or a decorator that registers its function (limits
         checked at once, before any function is given)."""
         limits = Limits.of(options.max_running, options.rate_limit)
+        check_task_keys(options)
         batch = check_batch_options(options.batch_size, options.batch_timeout)
 
         def decorate(f: F) -> F:
@@ -177,6 +184,7 @@ class TaskRegistry:
                 kind = getattr(f, EXECUTOR_ATTR, None)
                 check_batch_task(f, kind, options.executor, not limits.empty)
             mark_task(f, options.dedupe_key, options.dedupe_scope)
+            mark_keys(f, options)
             mark_timing(
                 f,
                 options.debounce,
@@ -272,6 +280,10 @@ def task(
     max_running: int | None = None,
     rate_limit: str | RateLimit | None = None,
     queue: str | None = None,
+    concurrency_key: str | Callable[..., str] | None = None,
+    max_running_per_key: int | None = None,
+    rate_limit_per_key: str | None = None,
+    ordered: bool = False,
     debounce: timedelta | float | None = None,
     debounce_max_wait: timedelta | float | None = None,
     debounce_merge: Callable[[Any, Any], Any] | None = None,
@@ -290,6 +302,10 @@ def task(
     max_running: int | None = None,
     rate_limit: str | RateLimit | None = None,
     queue: str | None = None,
+    concurrency_key: str | Callable[..., str] | None = None,
+    max_running_per_key: int | None = None,
+    rate_limit_per_key: str | None = None,
+    ordered: bool = False,
     debounce: timedelta | float | None = None,
     debounce_max_wait: timedelta | float | None = None,
     debounce_merge: Callable[[Any, Any], Any] | None = None,
@@ -310,6 +326,9 @@ def task(
     Queues, limits and dedupe keys).
     ``@task(queue="emails")`` puts its jobs in queue ``emails`` (unless the
     call that schedules one names a queue; the default queue is ``"default"``).
+    ``concurrency_key`` (a string, or a function of the job's arguments),
+    ``max_running_per_key``, ``rate_limit_per_key`` and ``ordered``: per-key
+    limits of its jobs (docs/keys.md); a call's own values override them.
     ``debounce``, ``debounce_max_wait``, ``throttle``: every job of the task is
     debounced or throttled on its dedupe key unless the call says otherwise;
     ``debounce_merge(previous, new)`` merges a burst's arguments

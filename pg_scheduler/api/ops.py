@@ -97,6 +97,8 @@ class Operations:
         needed["scheduler_limits"] = "SELECT,UPDATE" + (",INSERT,DELETE" if declared else "")
         # Migration 0007: claims skip paused queues (granted to PUBLIC there).
         needed["scheduler_queues"] = "SELECT"
+        # Migration 0017: the keyed claim stamps and prunes the starts of rate-limited keys.
+        needed["scheduler_key_starts"] = "SELECT,INSERT,DELETE"
         if settings.run_periodic_jobs:
             needed["periodic_jobs"] = "SELECT,INSERT,UPDATE"
         if vacuum and settings.vacuum_config.track_metrics:

@@ -1,5 +1,5 @@
 """``limits list``, ``set`` and ``clear`` (also ``delete``, ``unset``): global
-limits per task or queue."""
+limits per task or queue; ``limits keys``: the busiest concurrency keys."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import argparse
 
 import asyncpg
 
-from ..limits import Limits, check_scope, limit_record
+from ..limits import Limits, check_scope, key_record, limit_record
+from ..store.keys import KeyStore
 from ..store.limits import LimitStore
 from ..store.names import Qualifier
 from ..store.orphans import OrphanStore
@@ -23,8 +24,11 @@ async def cmd_limits_list(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
     if args.json:
         emit_json(rows)
         return 0
+    keys = [key_record(r) for r in await KeyStore(Qualifier(args.schema)).busiest(pool, 10)]
     if not rows:
         console().print("No limits set.")
+        if keys:
+            _print_keys(keys)
         return 0
     console().print(
         table(
@@ -43,7 +47,50 @@ async def cmd_limits_list(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
             ],
         )
     )
+    if keys:
+        _print_keys(keys)
     return 0
+
+
+async def cmd_limits_keys(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
+    """The busiest concurrency keys (docs/keys.md)."""
+    keys = [key_record(r) for r in await KeyStore(Qualifier(args.schema)).busiest(pool, args.top)]
+    if args.json:
+        emit_json(keys)
+    elif not keys:
+        console().print("No job with a concurrency key is pending or running.")
+    else:
+        _print_keys(keys)
+    return 0
+
+
+def _print_keys(keys: list[dict]) -> None:
+    console().print(
+        table(
+            "Busiest concurrency keys",
+            (
+                "key",
+                "running",
+                "max running",
+                "waiting",
+                "rate limit",
+                "started in window",
+                "ordered",
+            ),
+            [
+                (
+                    k["key"],
+                    k["running"],
+                    k["max_running_per_key"],
+                    k["waiting"],
+                    k["rate_limit_per_key"],
+                    k["started_in_window"],
+                    "yes" if k["ordered"] else "",
+                )
+                for k in keys
+            ],
+        )
+    )
 
 
 async def cmd_limits_set(pool: asyncpg.Pool, args: argparse.Namespace) -> int:

@@ -28,7 +28,7 @@ from ..enums import FINAL_STATUS_VALUES, JobStatus
 from ..support.install import install_hint
 from .common import configure_logging, open_pool, run_cli
 from .job_actions import cmd_cancel, cmd_retry, cmd_vacuum
-from .limits import cmd_limits_clear, cmd_limits_list, cmd_limits_set
+from .limits import cmd_limits_clear, cmd_limits_keys, cmd_limits_list, cmd_limits_set
 from .orphans import cmd_orphans
 from .orphans import register as register_orphans
 from .output import EXIT_INTERRUPTED, CommandError
@@ -236,6 +236,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     limit_actions = limits.add_subparsers(dest="action", required=True, metavar="ACTION")
     limit_list = limit_actions.add_parser("list", parents=[json_flag], help="every limit")
     limit_list.set_defaults(handler=_handler(cmd_limits_list))
+    limit_keys = limit_actions.add_parser(
+        "keys",
+        parents=[json_flag],
+        help="the busiest concurrency keys: running, waiting, starts in the rate window",
+    )
+    limit_keys.add_argument("--top", type=positive_int, default=20, metavar="N")
+    limit_keys.set_defaults(handler=_handler(cmd_limits_keys))
     limit_set = limit_actions.add_parser("set", parents=[json_flag], help="set limits")
     limit_clear = limit_actions.add_parser(
         "clear", aliases=["delete", "unset"], parents=[json_flag], help="remove limits"

@@ -20,7 +20,7 @@ import asyncpg
 
 from ..config import RetryPolicy
 from ..enums import DEFAULT_QUEUE, JobPriority, JobStatus
-from ..limits import limit_record
+from ..limits import key_record, limit_record
 from ..models import Job
 from ..store import Store
 from ..store.dashboard import Cursor, DashboardStore
@@ -255,9 +255,13 @@ class DashboardService:
 
     async def queues(self) -> dict[str, Any]:
         rows = await self.store.counts()
+        keys = self.store.keys
+        busiest = [] if keys is None else await keys.busiest(self.store.pool, 20)
         return {
             "queues": await self._queue_rows(rows),
             "named_queues": self.store.catalog.has_queue_table,
+            # The busiest concurrency keys (docs/keys.md).
+            "keys": [key_record(r) for r in busiest],
         }
 
     async def jobs(self, params: dict[str, str]) -> dict[str, Any]:

@@ -29,10 +29,12 @@ from .executor import Executor, log
 from .handback import HandBack
 from .held import HeldConnection
 from .holdings import HeartbeatView
+from .keyed import KeyedClaims
 from .limited import LimitedClaims
 from .slots import Slots
 from .starts import Starts
 from .state import WorkerState
+from .waits import wait_either, wait_on
 
 
 class Worker:
@@ -122,6 +124,8 @@ class Worker:
         self.connection = HeldConnection(store.pool, asynchronous_commit=asynchronous_commit)
         # Global limits: limited tasks and queues are claimed apart (engine/limited.py).
         self.limits = LimitedClaims(store.limits)
+        # Jobs with a concurrency key: claimed apart (engine/keyed.py).
+        self.keyed = KeyedClaims(store.keys)
         # The next claim is the plain one even while limits exist (a limited
         # claim just came back short).
         self._plain_next = False
@@ -199,7 +203,7 @@ class Worker:
             limit = slots.claim_limit(self.completer.pending)
             if limit <= 0:
                 slots.changed.clear()
-                await self._wait(slots.changed, self.polling.semaphore_full_interval)
+                await wait_on(slots.changed, self.polling.semaphore_full_interval)
                 continue
             self._wake.clear()
             try:
@@ -208,6 +212,20 @@ class Worker:
                 # Room read after the await (an in-process start may have taken some).
                 queues, caps = slots.claim_queues()
                 limit = min(limit, slots.claim_limit(self.completer.pending))
+                if self.keyed.active and slots.start_now() > 0:
+                    # Keyed work at least as urgent as the due plain work first.
+                    if await self._claim_apart(names, partial(self.keyed.claim, cut=True), True):
+                        continue
+                if self.keyed.seen:
+                    # Keyed work as urgent waits for a slot: the plain claim
+                    # takes only what starts now, none into the buffer ahead of it.
+                    limit = min(limit, slots.start_now())
+                    if limit <= 0:
+                        slots.changed.clear()
+                        await wait_either(
+                            slots.changed, self._wake, self.polling.semaphore_full_interval
+                        )
+                        continue
                 state.claims_in_flight += 1
                 state.claims_sent += 1
                 claim = state.claims_sent
@@ -247,12 +265,17 @@ class Worker:
                     idle_wait = self.polling.idle_start_interval
                     continue
                 no_slot = False
+                if slots.start_now() > 0 and await self._claim_apart(
+                    names, partial(self.keyed.claim, cut=False), True
+                ):
+                    idle_wait = self.polling.idle_start_interval
+                    continue
                 if limited:
                     # Cleared before the free slots are read: a slot freed
                     # from here on ends the wait below.
                     slots.changed.clear()
                     if slots.start_now() > 0:
-                        taken = await self._claim_limited(names)
+                        taken = await self._claim_apart(names, self.limits.claim)
                         if taken or (beside and self.limits.seen):
                             # Due work is left: the limited claim took what
                             # it could and the plain claim may have left less
@@ -272,7 +295,7 @@ class Worker:
             except Exception as exc:
                 level = log.warning if is_connection_error(exc) else log.exception
                 level("claim failed", worker_id=self.worker_id, error=repr(exc))
-                await self._wait(self._wake, errors.next_delay())
+                await wait_on(self._wake, errors.next_delay())
                 continue
             errors.reset()
             if rows:
@@ -281,33 +304,37 @@ class Worker:
                 # Due work waits for a slot here (limited work the plain claim
                 # leaves the slots to): look again as soon as one frees, or a
                 # job is enqueued (it may be more urgent: claimed ahead).
-                await self._wait_either(
-                    slots.changed, self._wake, self.polling.semaphore_full_interval
-                )
+                await wait_either(slots.changed, self._wake, self.polling.semaphore_full_interval)
                 continue
-            await self._wait(self._wake, self._idle_timeout(due_in, bool(rows), idle_wait))
+            await wait_on(self._wake, self._idle_timeout(due_in, bool(rows), idle_wait))
             if not self.notifications_live():
                 idle_wait = min(
                     idle_wait * self.polling.backoff_multiplier, self.polling.max_interval
                 )
 
-    async def _claim_limited(self, names: list[str]) -> list[Any]:
+    async def _claim_apart(
+        self, names: list[str], claim: Callable[..., Any], ahead: bool = False
+    ) -> list[Any]:
         """Jobs of limited tasks and queues, only as many as start at once
         (never claimed ahead: a buffered row would count against the limit,
-        and start later than the rate window counted it)."""
+        and start later than the rate window counted it); or keyed jobs
+        (``ahead``: the claim decides which rows may wait in the buffer)."""
         slots = self.slots
         room = min(slots.start_now(), slots.batch_claim_limit)
+        if ahead:
+            room = slots.claim_limit(self.completer.pending)
+            claim = partial(claim, start_now=slots.start_now())
         if room <= 0:
             return []
         queues, caps = slots.claim_queues()
         state = self.state
         state.claims_in_flight += 1
         state.claims_sent += 1
-        claim = state.claims_sent
+        number = state.claims_sent
         try:
             rows = await self.connection.run(
                 partial(
-                    self.limits.claim,
+                    claim,
                     names=names,
                     served=queues,
                     caps=caps,
@@ -320,10 +347,10 @@ class Worker:
                 await self._send_claim_events(rows)
         finally:
             state.claims_in_flight -= 1
-        if self.limits.tried and len(rows) < room:
+        if claim == self.limits.claim and self.limits.tried and len(rows) < room:
             # Due limited work seemed to have room, and less was there.
             self._plain_next = True
-        self.dispatch(rows, claim)
+        self.dispatch(rows, number)
         return rows
 
     async def _send_claim_events(self, rows: list[Any]) -> None:
@@ -344,26 +371,6 @@ class Worker:
             # Due rows exist but were locked by other workers' claims: brief pause.
             return 0.0 if claimed_some else self.polling.min_interval
         return min(due_in, ceiling)
-
-    @staticmethod
-    async def _wait(event: asyncio.Event, timeout: float) -> None:
-        if timeout <= 0:
-            return
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
-        except TimeoutError:
-            pass
-
-    @staticmethod
-    async def _wait_either(first: asyncio.Event, second: asyncio.Event, timeout: float) -> None:
-        if first.is_set() or second.is_set() or timeout <= 0:
-            return
-        waiters = [asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())]
-        try:
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
 
     def dispatch(self, rows: list[Any], claim: int | None = None) -> None:
         """Start a task per claimed row; rows the claim expired are only logged.

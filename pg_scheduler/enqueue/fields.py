@@ -35,6 +35,7 @@ from .checks import (
     check_when,
 )
 from .dedupe import check_dedupe_key, check_dedupe_scope
+from .keys import NO_KEY, KeyFields, check_key_options
 from .timing import Timing, check_duration
 
 
@@ -57,6 +58,13 @@ class JobOptions:
     on_dependency_failure: str = "cancel"  # "cancel", "run" or "wait"
     # Due this long after now (a timedelta or seconds); instead of execution_time.
     delay: timedelta | float | None = None
+    # Per-key limits (enqueue/keys.py; None: the task's): the job's key, how many
+    # of the key's jobs run at once, how many start per window ("10/s"), and
+    # whether the key's jobs run one at a time in enqueue order.
+    concurrency_key: str | None = None
+    max_running_per_key: int | None = None
+    rate_limit_per_key: str | None = None
+    ordered: bool = False
     # One job per burst of calls with the job's dedupe key, due this long (a
     # timedelta or seconds) after the burst's last call; at most
     # debounce_max_wait after its first. See docs/debounce-throttle.md.
@@ -104,6 +112,7 @@ def check_job(execution_time: Any, options: Any) -> None:
     _check_queue_or_none(options.queue)
     check_depends_on(options.depends_on)
     check_on_dependency_failure(options.on_dependency_failure)
+    check_key_options(options)
     check_duration("debounce", options.debounce)
     check_duration("debounce_max_wait", options.debounce_max_wait)
     check_duration("throttle", options.throttle)
@@ -121,6 +130,7 @@ class JobFields(NamedTuple):
     dedupe_key: str | None  # the call's, else the task's
     dedupe_scope: str | None  # with a key: the call's, else the task's, else "active"
     queue: str  # the call's, else the task's, else enums.DEFAULT_QUEUE
+    keys: KeyFields = NO_KEY  # the call's key and per-key limits over the task's
     timing: Timing | None = None  # debounced or throttled (the task's defaults applied)
 
 
@@ -145,4 +155,5 @@ def row_of(fields: JobFields, job_id: str, default_grace: Callable[[], int | Non
         fields.dedupe_key,
         fields.dedupe_scope,
         fields.queue,
+        *fields.keys,
     )

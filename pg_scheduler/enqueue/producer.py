@@ -48,6 +48,7 @@ from .dependencies import Graph, GraphWriter, plan
 from .fields import JobFields, JobOptions, check_job, row_of
 from .ids import new_job_id
 from .keyed import KeyedWriter, KeyRace, check_batch_keys, is_dedupe_violation
+from .keys import resolve as resolve_keys
 from .rows import COPY_THRESHOLD, spec_rows, spec_tuples, streamable
 from .timed import TimedWriter
 from .timing import check_timed_call, timing_of
@@ -135,6 +136,7 @@ class Producer:
         task_data = encode_task_data(args, {} if kwargs is None else kwargs, task_name)
         check_arguments(func, args, kwargs)
         key, scope = resolve_dedupe(func, options.dedupe_key, options.dedupe_scope, args, kwargs)
+        keys = resolve_keys(func, options, args, kwargs)
         if instrument.trace_injector is not None:  # the caller's trace context
             # A workflow without a current span: a trace of its own.
             root = f"schedule {task_name}" if is_workflow(func) else None
@@ -146,7 +148,7 @@ class Producer:
             scope = timing.kind
         aware = when_of(execution_time, options.delay)
         return JobFields(
-            func.__name__, task_name, aware, task_data, options, key, scope, queue, timing
+            func.__name__, task_name, aware, task_data, options, key, scope, queue, keys, timing
         )
 
     def name_fields(
@@ -158,6 +160,7 @@ class Producer:
         and so does its signature: arguments it cannot take raise TypeError."""
         check_by_name(job_name, task_data)
         key, scope = resolve_dedupe(None, options.dedupe_key, options.dedupe_scope)
+        keys = resolve_keys(None, options)
         func = self.registry.resolve(job_name)
         queue = queue_of(func, options.queue)
         args, kwargs = task_data.get("args") or (), task_data.get("kwargs") or {}
@@ -166,7 +169,7 @@ class Producer:
             check_arguments(func, args, kwargs)
         check_job(execution_time, options)
         aware = when_of(execution_time, options.delay)
-        return JobFields(job_name, job_name, aware, encoded, options, key, scope, queue)
+        return JobFields(job_name, job_name, aware, encoded, options, key, scope, queue, keys)
 
     def new_row(self, fields: JobFields, job_id: str | None = None) -> NewJob:
         """The row of checked ``fields``; ``job_id``: one generated beforehand."""

@@ -37,6 +37,8 @@ from .checks import (
 from .dedupe import has_task_key
 from .dedupe import resolve as resolve_dedupe
 from .ids import new_job_ids
+from .keys import NO_KEY, wants_keys
+from .keys import resolve as resolve_keys
 from .timing import has_task_timing
 
 # schedule_bulk batches at least this large are written with COPY (generated ids only).
@@ -193,6 +195,9 @@ def _rows(
             key, scope = resolve_dedupe(
                 func, spec.dedupe_key, spec.dedupe_scope, spec.args, spec.kwargs
             )
+        keys = NO_KEY
+        if wants_keys(spec, func):
+            keys = resolve_keys(func, spec, spec.args, spec.kwargs)
         if inject is not None:  # a workflow without a current span: a trace of its own
             task_data = inject(task_data, f"schedule {task_name}" if is_workflow(func) else None)
         row = (
@@ -209,6 +214,7 @@ def _rows(
             key,
             scope,
             queue,
+            *keys,
         )
         if named:
             row = _new_row(NewJob, row)

@@ -17,9 +17,10 @@ import asyncpg
 from pydantic import BaseModel, ConfigDict
 
 from ..enums import JobStatus
-from ..limits import limit_record
+from ..limits import key_record, limit_record
 from ..store import QueueStore
 from ..store.housekeeping import StatsStore
+from ..store.keys import KeyStore
 from ..store.limits import LimitStore
 from ..store.names import Qualifier
 from ..store.orphans import OrphanStore
@@ -109,6 +110,21 @@ class LimitStats(BaseModel):
     started_in_window: int | None
 
 
+class KeyStats(BaseModel):
+    """One concurrency key (docs/keys.md) among the busiest: what runs and waits."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    running: int
+    waiting: int
+    max_running_per_key: int | None
+    rate_limit_per_key: str | None  # "10/s"
+    #: Starts in the current rate window (None without a rate limit).
+    started_in_window: int | None
+    ordered: bool
+
+
 class OrphanedJobCounts(BaseModel):
     """Due jobs of one task in one queue that no live worker has registered:
     they wait until a worker with that task runs (``pg-scheduler orphans``)."""
@@ -166,6 +182,8 @@ class QueueStats(BaseModel):
     completed_deleted: bool
     #: Global limits per task and queue.
     limits: list[LimitStats] = []
+    #: The busiest concurrency keys (running, then waiting), at most BUSIEST_KEYS.
+    keys: list[KeyStats] = []
     #: Due jobs whose task no live worker has registered.
     orphaned_jobs: list[OrphanedJobCounts] = []
     #: Stored periodic jobs no live process declares.
@@ -188,6 +206,10 @@ def task_label(task_name: str, periodic_names: dict[str, str]) -> str:
     any other task name as it is."""
     name = periodic_names.get(task_name)
     return task_name if name is None else f"{name} ({task_name})"
+
+
+#: How many concurrency keys the statistics list.
+BUSIEST_KEYS = 10
 
 
 async def collect_stats(
@@ -213,6 +235,7 @@ async def collect_stats(
         window_rows = await store.finished_in_windows(conn, windows)
         worker_rows = await store.workers(conn)
         limit_rows = await LimitStore(pool, Qualifier(schema)).listing(conn)
+        key_rows = await KeyStore(Qualifier(schema)).busiest(conn, BUSIEST_KEYS)
         orphan_store = OrphanStore(pool, schema)
         orphans = await orphan_store.read(heartbeat_threshold, db=conn)
         periodic_names = await orphan_store.periodic_names(conn)
@@ -296,6 +319,7 @@ async def collect_stats(
         live_workers=sum(1 for w in workers if w.alive),
         completed_deleted=completed_deleted,
         limits=[LimitStats(**limit_record(r)) for r in limit_rows],
+        keys=[KeyStats(**key_record(r)) for r in key_rows],
         orphaned_jobs=[OrphanedJobCounts(**o._asdict()) for o in orphans.jobs],
         orphaned_periodic=[OrphanedPeriodicJob(**o._asdict()) for o in orphans.periodic],
         periodic_names=periodic_names,

@@ -70,6 +70,7 @@ class VacuumService(Service):
                 for status, policy in self.config.policies().items():
                     counts[status] = 0
                     counts[status] = await self._apply(conn, status, policy, counts)
+                await self._step(conn, lambda: self.store.prune_key_starts(conn))
                 if self.config.track_metrics:
                     await self._step(conn, lambda: self.store.record(conn, counts, self.worker_id))
             except _LockTaken:

@@ -27,6 +27,7 @@ from datetime import datetime
 import asyncpg
 
 from ..enums import DEFAULT_QUEUE, FINAL_STATUSES, JobStatus
+from .keys import KeyStore
 from .limits import LimitStore
 from .names import DEFAULT_SCHEMA, Qualifier
 from .queues import GROUPS, QueueStore
@@ -44,7 +45,10 @@ SELECT to_regclass($1) IS NOT NULL AS has_jobs,
        EXISTS (SELECT 1 FROM pg_attribute a
                 WHERE a.attrelid = to_regclass($1) AND a.attname = 'wait_kind'
                   AND NOT a.attisdropped) AS has_workflows,
-       to_regclass($3) IS NOT NULL AS has_dependencies
+       to_regclass($3) IS NOT NULL AS has_dependencies,
+       EXISTS (SELECT 1 FROM pg_attribute a
+                WHERE a.attrelid = to_regclass($1) AND a.attname = 'concurrency_key'
+                  AND NOT a.attisdropped) AS has_keys
 """
 # One pass over the table: the overview's and the queues page's counts.
 _COUNTS = """
@@ -120,9 +124,15 @@ SELECT y.* FROM (
 # priority) group of pending rows, as the statistics' oldest due wait.
 _SERVED_OLDEST_DUE = f"""
 WITH RECURSIVE {GROUPS}
-SELECT EXTRACT(EPOCH FROM now() - min(g.execution_time))::float8
+SELECT EXTRACT(EPOCH FROM now() - LEAST(min(g.execution_time), {{keyed}}))::float8
   FROM groups g WHERE g.execution_time <= now() AND g.task_name <> ALL($1::text[])
 """
+# Keyed rows (migration 0017) are outside the groups: their earliest due one.
+_KEYED_OLDEST_DUE = """(SELECT min(k.execution_time) FROM scheduled_jobs k
+            WHERE k.status = 'pending' AND k.concurrency_key IS NOT NULL
+              AND k.execution_time <= now() AND k.task_name <> ALL($1::text[]))"""
+# A schema before 0017 has no keys: its groups are every pending row's.
+_NO_KEYS = " AND j.concurrency_key IS NULL"
 _JOB_QUEUE = "SELECT queue FROM scheduled_jobs WHERE job_id = $1"
 # Whether a job is part of a graph: it has an edge either way (each side indexed).
 _IN_GRAPH = """
@@ -148,6 +158,7 @@ class Catalog:
     has_queue_table: bool
     has_workflows: bool = False
     has_dependencies: bool = False
+    has_keys: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +201,10 @@ class DashboardStore:
         self._job_queue = q(_JOB_QUEUE) if self.catalog.has_queue_column else None
         self._running = q(_RUNNING)
         self._in_graph = q(_IN_GRAPH) if self.catalog.has_dependencies else None
-        self._served_oldest_due = q(_SERVED_OLDEST_DUE)
+        keys = self.catalog.has_keys
+        oldest = _SERVED_OLDEST_DUE.format(keyed=_KEYED_OLDEST_DUE if keys else "NULL")
+        self._served_oldest_due = q(oldest if keys else oldest.replace(_NO_KEYS, ""))
+        self.keys = KeyStore(q) if keys else None
         queues_table = q.table("scheduler_queues")
         self._queue_settings = _QUEUE_SETTINGS.format(table=queues_table)
         self._queues = QueueStore(pool, schema)

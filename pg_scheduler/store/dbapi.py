@@ -24,7 +24,14 @@ from .dependencies import _APPLY_ENDED, _INSERT_DEPENDENTS, _INSERT_EDGES, _LOCK
 from .job_sql import _EXISTING_IDS, _INSERT_FROM_ARRAYS, _INSERT_ONE, _REPLACE_SET
 from .jobs import NewJob
 from .names import DEFAULT_SCHEMA, Qualifier
-from .timing import _DEBOUNCE, _DEBOUNCE_HOLDER, _THROTTLE, _THROTTLE_HOLDER, _debounce_args
+from .timing import (
+    _DEBOUNCE,
+    _DEBOUNCE_HOLDER,
+    _THROTTLE,
+    _THROTTLE_HOLDER,
+    debounce_params,
+    throttle_params,
+)
 
 _PLACEHOLDER = re.compile(r"\$(\d+)")
 _SAVEPOINT = "pg_scheduler_enqueue"
@@ -181,7 +188,7 @@ class DbapiStatements:
         only_holder: str | None = None,
         merged: bool = False,
     ) -> str | None:
-        args = (*_debounce_args(row), seconds, max_wait, merged, only_holder)
+        args = debounce_params(row, seconds, max_wait, merged, only_holder)
         found = self._one(conn, self._debounce, args)
         return None if found is None else found[0]
 
@@ -190,7 +197,7 @@ class DbapiStatements:
         return None if found is None else tuple(found)
 
     def throttle(self, conn: Any, row: NewJob, period: float) -> str | None:
-        found = self._one(conn, self._throttle, [*row, period])
+        found = self._one(conn, self._throttle, throttle_params(row, period))
         return None if found is None else found[0]
 
     def throttle_holder(self, conn: Any, key: str) -> tuple[str, bool] | None:

@@ -49,15 +49,20 @@ UPDATE scheduled_jobs j
        task_data = d.task_data::jsonb, priority = d.priority, max_retries = d.max_retries,
        misfire_grace_time = d.misfire_grace_time, timeout = d.timeout,
        retry_policy = d.retry_policy::jsonb, queue = d.queue, status = 'pending',
+       concurrency_key = d.concurrency_key, max_running_per_key = d.max_running_per_key,
+       rate_count_per_key = d.rate_count_per_key, rate_period_per_key = d.rate_period_per_key,
+       key_ordered = d.key_ordered, key_seq = DEFAULT,
        retry_count = 0,
        attempts = 0, rescue_count = 0, unstarted_rescues = 0, error_message = NULL,
        error_traceback = NULL, result = NULL, worker_id = NULL, last_heartbeat = NULL,
        lease_until = NULL, started_at = NULL, finished_at = NULL, created_at = now(),
        claimed_ahead = false, started_before = false
   FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[], $5::int[], $6::int[],
-              $7::int[], $8::float8[], $9::text[], $10::text[], $11::text[])
+              $7::int[], $8::float8[], $9::text[], $10::text[], $11::text[], $12::text[],
+              $13::int[], $14::int[], $15::float8[], $16::bool[])
     AS d(job_name, task_name, execution_time, task_data, priority, max_retries,
-         misfire_grace_time, timeout, retry_policy, dedupe_key, queue)
+         misfire_grace_time, timeout, retry_policy, dedupe_key, queue, concurrency_key,
+         max_running_per_key, rate_count_per_key, rate_period_per_key, key_ordered)
  WHERE j.dedupe_key = d.dedupe_key AND j.status = 'pending' AND {held}
 RETURNING j.dedupe_key, j.job_id
 """
@@ -82,7 +87,7 @@ class DedupeStore:
     ) -> dict[str, str]:
         """Give each pending holder of a key in ``scope`` the fields of the job in
         ``jobs`` with that key (one job per key); key -> the holder's job id."""
-        columns: list[list[Any]] = [[] for _ in range(11)]
+        columns: list[list[Any]] = [[] for _ in range(16)]
         for j in jobs:
             values = (
                 j.job_name,
@@ -96,6 +101,11 @@ class DedupeStore:
                 j.retry_policy,
                 j.dedupe_key,
                 j.queue,
+                j.concurrency_key,
+                j.max_running_per_key,
+                j.rate_count_per_key,
+                j.rate_period_per_key,
+                j.key_ordered,
             )
             for column, value in zip(columns, values, strict=True):
                 column.append(value)

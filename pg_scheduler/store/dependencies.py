@@ -62,13 +62,16 @@ SELECT d.job_id, d.job_name, d.task_name, d.execution_time,
        CASE WHEN d.unmet > 0 THEN 'waiting' ELSE 'pending' END,
        CASE WHEN d.unmet > 0 THEN '{WAIT_KIND}' END, d.unmet, d.has_dependents,
        d.task_data::jsonb, d.priority, d.max_retries, d.misfire_grace_time, d.timeout,
-       d.retry_policy::jsonb, d.dedupe_key, d.dedupe_scope, d.queue
+       d.retry_policy::jsonb, d.dedupe_key, d.dedupe_scope, d.queue, d.concurrency_key,
+       d.max_running_per_key, d.rate_count_per_key, d.rate_period_per_key, d.key_ordered
   FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::text[],
               $6::int[], $7::int[], $8::int[], $9::float8[], $10::text[],
-              $11::text[], $12::text[], $13::text[], $14::int[], $15::bool[])
+              $11::text[], $12::text[], $13::text[], $14::text[], $15::int[],
+              $16::int[], $17::float8[], $18::bool[], $19::int[], $20::bool[])
     AS d(job_id, job_name, task_name, execution_time, task_data, priority,
          max_retries, misfire_grace_time, timeout, retry_policy, dedupe_key, dedupe_scope,
-         queue, unmet, has_dependents)
+         queue, concurrency_key, max_running_per_key, rate_count_per_key,
+         rate_period_per_key, key_ordered, unmet, has_dependents)
 RETURNING job_id
 """
 #: COPY's columns for the same rows (NewJob's, then the four above).

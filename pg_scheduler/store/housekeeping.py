@@ -17,6 +17,7 @@ import asyncpg
 
 from ..enums import FINAL_STATUSES
 from .event_sql import events_cte
+from .keys import PRUNE_KEY_STARTS
 from .names import DEFAULT_SCHEMA, JOBS_CHANNEL, Qualifier, lock_key_for
 from .queues import GROUPS
 
@@ -105,6 +106,7 @@ class VacuumStore:
         self._record = q(_RECORD_VACUUM)
         self._stats = q(_VACUUM_STATS)
         self._totals = q(_VACUUM_TOTALS)
+        self._prune_key_starts = q(PRUNE_KEY_STARTS)
 
     async def try_lock(self, conn: asyncpg.Connection) -> bool:
         """The session lock: held across the round's transactions (direct connections)."""
@@ -116,6 +118,10 @@ class VacuumStore:
     async def try_xact_lock(self, conn: asyncpg.Connection) -> bool:
         """The same lock for one transaction: safe behind a transaction pooler."""
         return await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", self.lock_key)
+
+    async def prune_key_starts(self, conn: asyncpg.Connection) -> int:
+        """Drop starts of rate-limited keys older than any rate window (migration 0017)."""
+        return _count(await conn.execute(self._prune_key_starts))
 
     async def delete_older_than(
         self, conn: asyncpg.Connection, status: str, batch_size: int, seconds: float
@@ -183,9 +189,13 @@ SELECT worker_id, count(*)::bigint AS n
 # One claim-index probe per priority level, like the claim itself.
 # From the heads of the (queue, task, priority) groups (see queues.py): one
 # index descent per group, whatever the backlog.
+# Keyed rows (migration 0017) are outside the groups: their earliest pending row.
 _OLDEST_DUE = f"""
 WITH RECURSIVE {GROUPS}
-SELECT EXTRACT(EPOCH FROM now() - min(g.execution_time))::float8
+SELECT EXTRACT(EPOCH FROM now() - LEAST(min(g.execution_time), (
+           SELECT min(k.execution_time) FROM scheduled_jobs k
+            WHERE k.status = 'pending' AND k.concurrency_key IS NOT NULL
+              AND k.execution_time <= now())))::float8
   FROM groups g WHERE g.execution_time <= now()
 """
 _FINISHED_IN_WINDOWS = """

@@ -36,6 +36,7 @@ from .job_sql import (
     _RETRY,
     _SET_STATUS,
 )
+from .keys import KeyStore
 from .limits import LimitStore
 from .names import CANCEL_CHANNEL, DEFAULT_SCHEMA, JOBS_CHANNEL, Executor, Qualifier
 from .workers import (
@@ -71,6 +72,12 @@ class NewJob(NamedTuple):
     dedupe_key: str | None = None
     dedupe_scope: str | None = None  # "active" or "pending" when dedupe_key is set
     queue: str = DEFAULT_QUEUE
+    # Migration 0017 (see store/keys.py): the job's concurrency key and its per-key limits.
+    concurrency_key: str | None = None
+    max_running_per_key: int | None = None
+    rate_count_per_key: int | None = None
+    rate_period_per_key: float | None = None
+    key_ordered: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +142,7 @@ class Store(WorkerStatements):
         self._set_status = q(_SET_STATUS)
         self._missing_privileges = q(_MISSING_PRIVILEGES)
         self.limits = LimitStore(pool, q)
+        self.keys = KeyStore(q)
         self._emit = q(_EMIT)
         self._wanted = q(_WANTED)
 

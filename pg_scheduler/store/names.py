@@ -39,6 +39,7 @@ TABLES = (
     "workflow_signals",
     "workflow_waits",
     "job_dependencies",
+    "scheduler_key_starts",
     "scheduler_throttles",
 )
 # Functions the statements call by name (migration 0015), qualified like tables.

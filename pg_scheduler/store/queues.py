@@ -24,14 +24,14 @@ from .names import DEFAULT_SCHEMA, Executor, Qualifier
 GROUPS = """
 groups AS (
     (SELECT j.queue, j.task_name, j.priority, j.execution_time FROM scheduled_jobs j
-      WHERE j.status = 'pending'
+      WHERE j.status = 'pending' AND j.concurrency_key IS NULL
       ORDER BY j.queue, j.task_name, j.priority, j.execution_time LIMIT 1)
     UNION ALL
     SELECT n.queue, n.task_name, n.priority, n.execution_time
       FROM groups g
      CROSS JOIN LATERAL (
         SELECT j.queue, j.task_name, j.priority, j.execution_time FROM scheduled_jobs j
-         WHERE j.status = 'pending'
+         WHERE j.status = 'pending' AND j.concurrency_key IS NULL
            AND (j.queue, j.task_name, j.priority) > (g.queue, g.task_name, g.priority)
          ORDER BY j.queue, j.task_name, j.priority, j.execution_time LIMIT 1
      ) n

@@ -114,6 +114,12 @@ CREATE TABLE public.scheduled_jobs (
     workflow_deadline timestamp with time zone,
     has_dependents boolean DEFAULT false NOT NULL,
     dependencies_unmet integer,
+    concurrency_key text,
+    max_running_per_key integer,
+    rate_count_per_key integer,
+    rate_period_per_key double precision,
+    key_ordered boolean DEFAULT false NOT NULL,
+    key_seq bigint DEFAULT nextval('scheduled_jobs_key_seq'::regclass),
     CONSTRAINT scheduled_jobs_pkey PRIMARY KEY (job_id),
     CONSTRAINT scheduled_jobs_priority_check CHECK ((priority = ANY (ARRAY[1, 3, 5, 8]))),
     CONSTRAINT scheduled_jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'waiting'::text, 'completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text]))),
@@ -129,7 +135,7 @@ WITH (
 );
 
 -- [index] scheduled_jobs_claim_idx on scheduled_jobs
-CREATE INDEX scheduled_jobs_claim_idx ON public.scheduled_jobs USING btree (queue, task_name, priority, execution_time) WHERE (status = 'pending'::text);
+CREATE INDEX scheduled_jobs_claim_idx ON public.scheduled_jobs USING btree (queue, task_name, priority, execution_time) WHERE ((status = 'pending'::text) AND (concurrency_key IS NULL));
 
 -- [index] scheduled_jobs_dashboard_idx on scheduled_jobs
 CREATE INDEX scheduled_jobs_dashboard_idx ON public.scheduled_jobs USING btree (status, created_at, job_id) WHERE (status <> 'running'::text);
@@ -145,6 +151,18 @@ CREATE UNIQUE INDEX scheduled_jobs_dedupe_pending_idx ON public.scheduled_jobs U
 
 -- [index] scheduled_jobs_finished_idx on scheduled_jobs
 CREATE INDEX scheduled_jobs_finished_idx ON public.scheduled_jobs USING btree (status, finished_at) WHERE (finished_at IS NOT NULL);
+
+-- [index] scheduled_jobs_key_due_idx on scheduled_jobs
+CREATE INDEX scheduled_jobs_key_due_idx ON public.scheduled_jobs USING btree (execution_time) WHERE ((status = 'pending'::text) AND (concurrency_key IS NOT NULL));
+
+-- [index] scheduled_jobs_key_order_idx on scheduled_jobs
+CREATE INDEX scheduled_jobs_key_order_idx ON public.scheduled_jobs USING btree (concurrency_key, key_seq) WHERE (key_ordered AND (status = ANY (ARRAY['pending'::text, 'running'::text, 'waiting'::text])));
+
+-- [index] scheduled_jobs_key_pending_idx on scheduled_jobs
+CREATE INDEX scheduled_jobs_key_pending_idx ON public.scheduled_jobs USING btree (concurrency_key, priority, execution_time) WHERE ((status = 'pending'::text) AND (concurrency_key IS NOT NULL) AND (NOT key_ordered));
+
+-- [index] scheduled_jobs_key_running_idx on scheduled_jobs
+CREATE INDEX scheduled_jobs_key_running_idx ON public.scheduled_jobs USING btree (concurrency_key) WHERE ((status = 'running'::text) AND (concurrency_key IS NOT NULL));
 
 -- [index] scheduled_jobs_periodic_pending_idx on scheduled_jobs
 CREATE INDEX scheduled_jobs_periodic_pending_idx ON public.scheduled_jobs USING btree (task_name, execution_time) WHERE ((status = 'pending'::text) AND starts_with(task_name, 'periodic:'::text));
@@ -203,6 +221,15 @@ CREATE TABLE public.scheduler_event_flags (
     until timestamp with time zone NOT NULL,
     CONSTRAINT scheduler_event_flags_pkey PRIMARY KEY (kind)
 );
+
+-- [table] scheduler_key_starts
+CREATE TABLE public.scheduler_key_starts (
+    concurrency_key text NOT NULL,
+    started_at timestamp with time zone NOT NULL
+);
+
+-- [index] scheduler_key_starts_idx on scheduler_key_starts
+CREATE INDEX scheduler_key_starts_idx ON public.scheduler_key_starts USING btree (concurrency_key, started_at);
 
 -- [table] scheduler_limits
 CREATE TABLE public.scheduler_limits (

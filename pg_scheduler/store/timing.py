@@ -27,11 +27,13 @@ from .jobs import NewJob
 from .names import Executor, Qualifier
 
 _COLUMNS = """job_id, job_name, task_name, execution_time, status, task_data, priority,
-    max_retries, misfire_grace_time, timeout, retry_policy, dedupe_key, dedupe_scope, queue"""
+    max_retries, misfire_grace_time, timeout, retry_policy, dedupe_key, dedupe_scope, queue,
+    concurrency_key, max_running_per_key, rate_count_per_key, rate_period_per_key, key_ordered"""
 
 # $1..$11: the row's fields (see _debounce_args); $12 the quiet period and $13
 # the longest wait (NULL: none), in seconds; $14 whether the holder may be
-# updated only if it is $15 (a merge read that holder's arguments first).
+# updated only if it is $15 (a merge read that holder's arguments first);
+# $16..$20 the row's concurrency key and per-key limits (migration 0017).
 # A new burst's row wakes the workers through the INSERT trigger. A call that
 # moves the due time earlier (a shorter debounce or longest wait than the
 # burst's earlier calls gave) wakes them itself: they may sleep until the old
@@ -45,7 +47,8 @@ WITH before AS (
     VALUES ($1, $2, $3,
             LEAST(statement_timestamp() + make_interval(secs => $12::float8),
                   now() + make_interval(secs => $13::float8)),
-            'pending', $4::jsonb, $5, $6, $7, $8, $9::jsonb, $10, 'debounce', $11)
+            'pending', $4::jsonb, $5, $6, $7, $8, $9::jsonb, $10, 'debounce', $11,
+            $16, $17, $18, $19, $20)
     ON CONFLICT (dedupe_key) WHERE dedupe_scope = 'debounce' AND NOT started_before
         AND (status = 'pending' OR (status = 'running' AND claimed_ahead))
     DO UPDATE SET job_name = EXCLUDED.job_name, task_name = EXCLUDED.task_name,
@@ -53,7 +56,11 @@ WITH before AS (
                                j.created_at + make_interval(secs => $13::float8)),
         task_data = EXCLUDED.task_data, priority = EXCLUDED.priority,
         max_retries = EXCLUDED.max_retries, misfire_grace_time = EXCLUDED.misfire_grace_time,
-        timeout = EXCLUDED.timeout, retry_policy = EXCLUDED.retry_policy, queue = EXCLUDED.queue
+        timeout = EXCLUDED.timeout, retry_policy = EXCLUDED.retry_policy, queue = EXCLUDED.queue,
+        concurrency_key = EXCLUDED.concurrency_key,
+        max_running_per_key = EXCLUDED.max_running_per_key,
+        rate_count_per_key = EXCLUDED.rate_count_per_key,
+        rate_period_per_key = EXCLUDED.rate_period_per_key, key_ordered = EXCLUDED.key_ordered
     WHERE j.status = 'pending' AND (NOT $14::bool OR j.job_id = $15::text)
     RETURNING j.job_id, j.execution_time, j.queue
 ), woke AS (
@@ -73,7 +80,8 @@ SELECT j.job_id, j.task_name, j.status, j.task_data::text AS task_data
    FOR UPDATE
 """
 
-# $1..$13: the row (NewJob's order); $14 the period in seconds.
+# $1..$13: the row (NewJob's order) up to its queue; $14 the period in seconds;
+# $15..$19 the row's concurrency key and per-key limits (migration 0017).
 _THROTTLE = f"""
 WITH won AS (
     INSERT INTO scheduler_throttles AS t (throttle_key, job_id, until)
@@ -83,7 +91,8 @@ WITH won AS (
     RETURNING t.job_id
 )
 INSERT INTO scheduled_jobs ({_COLUMNS})
-SELECT won.job_id, $2, $3, $4, 'pending', $5::jsonb, $6, $7, $8, $9, $10::jsonb, $11, $12, $13
+SELECT won.job_id, $2, $3, $4, 'pending', $5::jsonb, $6, $7, $8, $9, $10::jsonb, $11, $12, $13,
+       $15, $16, $17, $18, $19
   FROM won
 RETURNING job_id
 """
@@ -111,6 +120,28 @@ def _debounce_args(row: NewJob) -> tuple[Any, ...]:
     )
 
 
+def _key_args(row: NewJob) -> tuple[Any, ...]:
+    return (
+        row.concurrency_key,
+        row.max_running_per_key,
+        row.rate_count_per_key,
+        row.rate_period_per_key,
+        row.key_ordered,
+    )
+
+
+def debounce_params(
+    row: NewJob, seconds: float, max_wait: float | None, merged: bool, only_holder: str | None
+) -> tuple[Any, ...]:
+    """The parameters of ``_DEBOUNCE`` (asyncpg's and the DB-API writer's)."""
+    return (*_debounce_args(row), seconds, max_wait, merged, only_holder, *_key_args(row))
+
+
+def throttle_params(row: NewJob, period: float) -> tuple[Any, ...]:
+    """The parameters of ``_THROTTLE``."""
+    return (*row[:13], period, *_key_args(row))
+
+
 class TimingStore:
     """The debounce and throttle statements of one schema."""
 
@@ -133,7 +164,7 @@ class TimingStore:
         fields and move its due time; the id of the job written. None: the
         holder waits claimed in a worker's buffer, or (``merged``) the key is
         held by a job other than ``only_holder``: nothing was written."""
-        args = (*_debounce_args(row), seconds, max_wait, merged, only_holder)
+        args = debounce_params(row, seconds, max_wait, merged, only_holder)
         return await db.fetchval(self._debounce, *args)  # type: ignore[no-any-return]
 
     async def debounce_holder(self, db: Executor, key: str) -> Any:
@@ -143,7 +174,7 @@ class TimingStore:
 
     async def throttle(self, db: Executor, row: NewJob, period: float) -> str | None:
         """Write ``row`` if its key's period is free (taking it); its id, else None."""
-        return await db.fetchval(self._throttle, *row, period)  # type: ignore[no-any-return]
+        return await db.fetchval(self._throttle, *throttle_params(row, period))  # type: ignore[no-any-return]
 
     async def throttle_holder(self, db: Executor, key: str) -> tuple[str, bool] | None:
         """(job id, still held) of the job that took ``key``'s latest period."""

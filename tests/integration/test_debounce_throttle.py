@@ -18,7 +18,7 @@ import pytest
 
 from pg_scheduler import JobSpec, PollingConfig
 from pg_scheduler.enqueue import timed
-from tests.support import debounce_tasks
+from tests.support import app_tasks, debounce_tasks
 from tests.support.common import child_env, wait_for_status
 
 
@@ -62,7 +62,7 @@ PRODUCER = """
 import asyncio, json, os, sys
 import asyncpg
 from pg_scheduler import Scheduler
-from tests.support import debounce_tasks
+from tests.support import app_tasks, debounce_tasks
 
 async def main():
     mode, label, first, total = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -598,3 +598,42 @@ async def test_sync_client_on_the_callers_connection_never_ends_its_transaction(
     assert kwargs_of(row) == {"ids": [0, 1, 2]}
     [row] = await rows(pool, "t")
     assert args_of(row) == [0] and row["dedupe_scope"] == "throttle"
+
+
+async def test_a_debounced_or_throttled_job_keeps_its_concurrency_key(pool, make_scheduler):
+    scheduler = await make_scheduler(start=False)
+    debounced = await scheduler.schedule(
+        app_tasks.add,
+        args=(1, 2),
+        dedupe_key="keyed-debounce",
+        debounce=60,
+        concurrency_key="acct-1",
+        max_running_per_key=1,
+    )
+    again = await scheduler.schedule(
+        app_tasks.add,
+        args=(3, 4),
+        dedupe_key="keyed-debounce",
+        debounce=60,
+        concurrency_key="acct-1",
+        max_running_per_key=1,
+    )
+    throttled = await scheduler.schedule(
+        app_tasks.add,
+        args=(1, 2),
+        dedupe_key="keyed-throttle",
+        throttle=60,
+        concurrency_key="acct-2",
+        rate_limit_per_key="5/s",
+    )
+    assert again == debounced
+    rows = {
+        r["job_id"]: r
+        for r in await pool.fetch(
+            "SELECT job_id, concurrency_key, max_running_per_key, rate_count_per_key"
+            " FROM scheduled_jobs WHERE job_id = ANY($1::text[])",
+            [debounced, throttled],
+        )
+    }
+    assert tuple(rows[debounced])[1:] == ("acct-1", 1, None)
+    assert tuple(rows[throttled])[1:] == ("acct-2", None, 5)

@@ -241,6 +241,53 @@ async def test_workflows_parked_on_children_keep_their_count_across_0016(fresh_d
         await conn.close()
 
 
+async def test_jobs_written_before_0017_stay_plain_jobs(fresh_db):
+    """Rows written before 0017 (no key columns) are plain jobs after it (no
+    key, in the plain claim's index), and a keyed job written after it gets
+    its enqueue number."""
+    conn = await asyncpg.connect(fresh_db)
+    try:
+        await migrate(conn)
+        # The database as 0016 left it.
+        await conn.execute("DROP TABLE scheduler_key_starts")
+        await conn.execute(
+            "ALTER TABLE scheduled_jobs DROP COLUMN concurrency_key,"
+            " DROP COLUMN max_running_per_key, DROP COLUMN rate_count_per_key,"
+            " DROP COLUMN rate_period_per_key, DROP COLUMN key_ordered, DROP COLUMN key_seq"
+        )
+        await conn.execute(
+            "CREATE INDEX scheduled_jobs_claim_idx ON scheduled_jobs"
+            " (queue, task_name, priority, execution_time) WHERE status = 'pending'"
+        )
+        await conn.execute("DELETE FROM pg_scheduler_migrations WHERE version = 17")
+        await conn.execute(
+            "INSERT INTO scheduled_jobs (job_id, job_name, task_name, execution_time, status)"
+            " VALUES ('old', 'x', 'x', now(), 'pending')"
+        )
+        assert await migrate(conn) == [17]
+        row = await conn.fetchrow(
+            "SELECT concurrency_key, key_ordered, key_seq FROM scheduled_jobs WHERE job_id = 'old'"
+        )
+        assert tuple(row) == (None, False, None)
+        predicate = await conn.fetchval(
+            "SELECT pg_get_expr(indpred, indrelid) FROM pg_index"
+            " WHERE indexrelid = 'scheduled_jobs_claim_idx'::regclass"
+        )
+        assert "concurrency_key IS NULL" in predicate
+        plain = await conn.fetchval(
+            "SELECT count(*) FROM scheduled_jobs"
+            " WHERE status = 'pending' AND concurrency_key IS NULL"
+        )
+        assert plain == 1
+        await conn.execute(
+            "INSERT INTO scheduled_jobs (job_id, job_name, task_name, execution_time, status,"
+            " concurrency_key, key_ordered) VALUES ('new', 'x', 'x', now(), 'pending', 'k', true)"
+        )
+        assert await conn.fetchval("SELECT key_seq FROM scheduled_jobs WHERE job_id = 'new'")
+    finally:
+        await conn.close()
+
+
 async def test_0019_adds_the_debounce_index_and_the_throttle_table_and_rewrites_nothing(fresh_db):
     """A database as 0016 left it, with keyed jobs: 0019 adds its index and
     table, leaves every row as it was, and a debounced burst then meets its row."""

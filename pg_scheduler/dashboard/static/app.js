@@ -478,6 +478,13 @@ async function queues() {
       el("td", { class: "mono" }, Object.keys(q.settings).length ? JSON.stringify(q.settings) : ""),
       el("td", {}, d.named_queues ? (q.paused ? actionButton("resume", { queue: q.queue })
         : actionButton("pause", { queue: q.queue }, "pause", true)) : "")))),
+    d.keys && d.keys.length ? el("h3", {}, "Busiest concurrency keys") : null,
+    d.keys && d.keys.length ? table(["key", "running", "max running", "waiting", "rate limit", "started in window", "ordered"],
+      d.keys.map((k) => el("tr", { "data-key": k.key },
+        el("td", { class: "mono" }, k.key), el("td", { class: "num" }, k.running),
+        el("td", { class: "num" }, k.max_running_per_key ?? ""), el("td", { class: "num" }, k.waiting),
+        el("td", {}, k.rate_limit_per_key || ""), el("td", { class: "num" }, k.started_in_window ?? ""),
+        el("td", {}, k.ordered ? "yes" : "")))) : null,
   ];
 }
 

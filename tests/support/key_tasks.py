@@ -1,0 +1,74 @@
+"""Tasks for the per-key limit tests: each run records its key, start and end
+in ``key_runs`` (the same table from every worker process)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import asyncpg
+
+from pg_scheduler import task
+
+_pool: asyncpg.Pool | None = None
+
+
+async def record(key: str, n: int, started: float, hold: float, fail: bool = False) -> None:
+    """Hold ``hold`` seconds, then write the run (``fail``: then raise)."""
+    global _pool
+    await asyncio.sleep(hold)
+    ended = time.time()
+    if _pool is None:  # one per worker process
+        _pool = await asyncpg.create_pool(os.environ["PG_SCHEDULER_DSN"], min_size=1, max_size=4)
+    await _pool.execute(
+        "INSERT INTO key_runs (key, n, pid, started, ended, failed)"
+        " VALUES ($1, $2, $3, $4, $5, $6)",
+        key,
+        n,
+        os.getpid(),
+        started,
+        ended,
+        fail,
+    )
+    if fail:
+        raise RuntimeError(f"run {n} of {key} fails")
+
+
+@task(name="keys.hold", concurrency_key=lambda key, n, hold=0.02: key, max_running_per_key=2)
+async def hold(key: str, n: int, hold: float = 0.02) -> int:
+    await record(key, n, time.time(), hold)
+    return n
+
+
+@task(name="keys.step")
+async def step(key: str, n: int, hold: float = 0.0, fail_first: int = 0) -> int:
+    """Fails its first ``fail_first`` attempts (counted in key_runs)."""
+    started = time.time()
+    failed = 0
+    if fail_first and _pool is not None:
+        failed = await _pool.fetchval(
+            "SELECT count(*) FROM key_runs WHERE key = $1 AND n = $2 AND failed", key, n
+        )
+    await record(key, n, started, hold, fail=failed < fail_first)
+    return n
+
+
+SETTINGS = {
+    "max_concurrent_jobs": 10,
+    "batch_claim_limit": 10,
+    "vacuum_enabled": False,
+    "run_periodic_jobs": False,
+    "heartbeat_interval": 0.3,
+    "heartbeat_threshold": 2.0,
+    "lease_duration": 3.0,
+    "rescue_interval": 0.5,
+}
+
+
+async def make_table(pool: asyncpg.Pool) -> None:
+    await pool.execute(
+        "CREATE TABLE IF NOT EXISTS key_runs (key text, n int, pid int, started float8,"
+        " ended float8, failed bool)"
+    )
+    await pool.execute("TRUNCATE key_runs")
