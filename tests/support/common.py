@@ -96,3 +96,17 @@ async def wait_for_status(
         return await job_status(pool, job_id) == status
 
     await wait_until(reached, timeout=timeout, message=f"job {job_id} to be {status}")
+
+
+async def migrate_up_to(conn: asyncpg.Connection, version: int, schema: str = "public") -> None:
+    """Apply the migrations up to ``version`` only: a database as that version
+    left it, for the upgrade tests of the later ones."""
+    import pg_scheduler.store.migrate as migrate_module
+
+    every = migrate_module.load_migrations
+    kept = [m for m in every() if m.version <= version]
+    migrate_module.load_migrations = lambda: kept  # type: ignore[assignment]
+    try:
+        await migrate_module.migrate(conn, schema)
+    finally:
+        migrate_module.load_migrations = every  # type: ignore[assignment]
