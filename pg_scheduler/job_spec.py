@@ -65,6 +65,8 @@ class JobSpec:
         depends_on: list[str | JobSpec] | tuple[str | JobSpec, ...] | None = None,
         on_dependency_failure: str = "cancel",
         delay: timedelta | float | None = None,
+        fair_share_key: str | None = None,
+        fair_share_weight: float | None = None,
     ) -> None:
         if isinstance(func, str):
             raise TypeError(
@@ -89,6 +91,8 @@ class JobSpec:
         self.depends_on = depends_on
         self.on_dependency_failure = on_dependency_failure
         self.delay = delay
+        self.fair_share_key = fair_share_key
+        self.fair_share_weight = fair_share_weight
         if (
             priority is _NORMAL
             and type(max_retries) is int
@@ -103,6 +107,8 @@ class JobSpec:
             and depends_on is None
             and on_dependency_failure == "cancel"
             and delay is None
+            and fair_share_key is None
+            and fair_share_weight is None
         ):
             # Every option at its default, which is valid: a bulk's common case.
             if execution_time is not None:

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from .api.args import settings_of
+from .api.fair import FairShare
 from .api.jobs import Jobs
 from .api.results import Results
 from .api.settings import Setting
@@ -168,6 +169,7 @@ class Scheduler:
         self._channels = parts.channels
         self._ops = parts.operations
         self._limits = parts.limits
+        self._fair = FairShare(parts.store.fair)
         self._queues = parts.queues
         self._compat = parts.compat
         self._jobs = Jobs(
@@ -202,6 +204,8 @@ class Scheduler:
         max_running: int | None = None,
         rate_limit: str | RateLimit | None = None,
         queue: str | None = None,
+        fair_share_key: str | Callable[..., str] | None = None,
+        fair_share_weight: float | None = None,
     ) -> Any:
         """Decorator: register a function this scheduler can run (see :func:`pg_scheduler.task`)."""
         return self.registry.decorator(func, TaskOptions.of(locals()))
@@ -235,6 +239,8 @@ class Scheduler:
         depends_on: list[str] | tuple[str, ...] | None = None,
         on_dependency_failure: str = "cancel",
         delay: timedelta | float | None = None,
+        fair_share_key: str | None = None,
+        fair_share_weight: float | None = None,
     ) -> str:
         """Schedule ``func(*args, **kwargs)`` to run at ``execution_time``; returns the job id.
 
@@ -437,6 +443,17 @@ class Scheduler:
         """Every limit, with what runs now and what started in its rate window."""
         return await self._limits.list_limits()
 
+    # -- fair share ----------------------------------------------------------------
+
+    async def set_fair_share_weight(self, key: str, weight: float | None) -> None:
+        """Set key ``key``'s fair share weight (None: remove it); it wins over
+        the weight its jobs carry (docs: Fair share between tenants)."""
+        await self._fair.set_weight(key, weight)
+
+    async def fair_share(self, limit: int = 10) -> list[dict[str, Any]]:
+        """The busiest fair share keys: waiting, due, running, recent starts, weight."""
+        return await self._fair.busiest(limit)
+
     # -- queues --------------------------------------------------------------------
 
     async def pause_queue(self, name: str) -> None:
@@ -570,6 +587,8 @@ class Scheduler:
         depends_on: list[str] | tuple[str, ...] | None = None,
         on_dependency_failure: str = "cancel",
         delay: timedelta | float | None = None,
+        fair_share_key: str | None = None,
+        fair_share_weight: float | None = None,
     ) -> str:
         """Low-level insert by name (0.2.x): ``task_data`` is ``{"args": [...], "kwargs": {...}}``
         (None: no arguments).

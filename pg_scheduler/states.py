@@ -74,6 +74,12 @@ TRANSITIONS: tuple[Transition, ...] = (
         "engine/limited.py: the claim of a limited task or queue",
     ),
     Transition(
+        (PENDING,),
+        (RUNNING, EXPIRED),
+        "fair_sql.FAIR_CLAIM",
+        "engine claim loop while keyed rows are pending (engine/fair.py: fair share)",
+    ),
+    Transition(
         (PENDING,), (RUNNING,), "events._CLAIM_ONE", "pg_scheduler.testing eager run of one job"
     ),
     Transition((RUNNING,), (COMPLETED,), "job_sql._COMPLETE", "engine completer (group commit)"),

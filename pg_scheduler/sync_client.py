@@ -134,6 +134,8 @@ class SyncClient:
         depends_on: list[str] | tuple[str, ...] | None = None,
         on_dependency_failure: str = "cancel",
         delay: timedelta | float | None = None,
+        fair_share_key: str | None = None,
+        fair_share_weight: float | None = None,
     ) -> str:
         """As :meth:`Scheduler.schedule`: the same keywords, defaults and checks
         (``misfire_grace_time`` not given: the client's default). Returns the job id.

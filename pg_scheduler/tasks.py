@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from typing import Any, TypeVar, overload
 
 from .enqueue.dedupe import mark_task
+from .enqueue.fair import mark_task as mark_fair_task
 from .enums import DEFAULT_QUEUE
 from .limits import Limits, RateLimit
 from .support.validation import check_name, check_queue
@@ -44,6 +45,10 @@ class TaskOptions:
     max_running: int | None = None
     rate_limit: str | RateLimit | None = None
     queue: str | None = None
+    # Fair share (docs/fair-share.md): every job's key, or a function of the
+    # job's arguments returning it; and the jobs' weight (None: 1).
+    fair_share_key: str | Callable[..., str] | None = None
+    fair_share_weight: float | None = None
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> TaskOptions:
@@ -161,6 +166,7 @@ class TaskRegistry:
 
         def decorate(f: F) -> F:
             mark_task(f, options.dedupe_key, options.dedupe_scope)
+            mark_fair_task(f, options.fair_share_key, options.fair_share_weight)
             return self.register(
                 f, name=options.name, executor=options.executor, limits=limits, queue=options.queue
             )
@@ -237,6 +243,8 @@ def task(
     max_running: int | None = None,
     rate_limit: str | RateLimit | None = None,
     queue: str | None = None,
+    fair_share_key: str | Callable[..., str] | None = None,
+    fair_share_weight: float | None = None,
 ) -> Callable[[F], F]: ...
 def task(
     func: Any = None,
@@ -249,6 +257,8 @@ def task(
     max_running: int | None = None,
     rate_limit: str | RateLimit | None = None,
     queue: str | None = None,
+    fair_share_key: str | Callable[..., str] | None = None,
+    fair_share_weight: float | None = None,
 ) -> Any:
     """Register an async function as a task, usable before any Scheduler exists.
 
@@ -263,5 +273,8 @@ def task(
     Queues, limits and dedupe keys).
     ``@task(queue="emails")`` puts its jobs in queue ``emails`` (unless the
     call that schedules one names a queue; the default queue is ``"default"``).
+    ``fair_share_key``: every job's fair share key (a tenant id), or the key
+    this function of the job's arguments returns; ``fair_share_weight`` its
+    jobs' weight (docs: Fair share between tenants).
     """
     return default_registry.decorator(func, TaskOptions.of(locals()))

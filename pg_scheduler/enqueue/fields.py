@@ -35,6 +35,7 @@ from .checks import (
     check_when,
 )
 from .dedupe import check_dedupe_key, check_dedupe_scope
+from .fair import check_fair_share_key, check_fair_share_weight
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,10 @@ class JobOptions:
     on_dependency_failure: str = "cancel"  # "cancel", "run" or "wait"
     # Due this long after now (a timedelta or seconds); instead of execution_time.
     delay: timedelta | float | None = None
+    # Fair share (docs/fair-share.md): the job's key (None: the task's, if any)
+    # and its weight (None: the task's, else 1).
+    fair_share_key: str | None = None
+    fair_share_weight: float | None = None
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> JobOptions:
@@ -96,6 +101,8 @@ def check_job(execution_time: Any, options: Any) -> None:
     _check_queue_or_none(options.queue)
     check_depends_on(options.depends_on)
     check_on_dependency_failure(options.on_dependency_failure)
+    check_fair_share_key(options.fair_share_key)
+    check_fair_share_weight(options.fair_share_weight)
 
 
 class JobFields(NamedTuple):
@@ -110,6 +117,8 @@ class JobFields(NamedTuple):
     dedupe_key: str | None  # the call's, else the task's
     dedupe_scope: str | None  # with a key: the call's, else the task's, else "active"
     queue: str  # the call's, else the task's, else enums.DEFAULT_QUEUE
+    fair_share_key: str | None = None  # the call's, else the task's
+    fair_share_weight: float | None = None  # with a key: the call's, else the task's
 
 
 def row_of(fields: JobFields, job_id: str, default_grace: Callable[[], int | None]) -> NewJob:
@@ -133,4 +142,6 @@ def row_of(fields: JobFields, job_id: str, default_grace: Callable[[], int | Non
         fields.dedupe_key,
         fields.dedupe_scope,
         fields.queue,
+        fields.fair_share_key,
+        fields.fair_share_weight,
     )

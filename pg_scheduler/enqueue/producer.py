@@ -44,6 +44,7 @@ from .conflicts import (
 )
 from .dedupe import resolve as resolve_dedupe
 from .dependencies import Graph, GraphWriter, plan
+from .fair import resolve as resolve_fair
 from .fields import JobFields, JobOptions, check_job, row_of
 from .ids import new_job_id
 from .keyed import KeyedWriter, KeyRace, check_batch_keys, is_dedupe_violation
@@ -135,8 +136,11 @@ class Producer:
         if instrument.trace_injector is not None:  # the caller's trace context
             task_data = instrument.trace_injector(task_data)
         check_job(execution_time, options)
+        fair = resolve_fair(func, options.fair_share_key, options.fair_share_weight, args, kwargs)
         aware = when_of(execution_time, options.delay)
-        return JobFields(func.__name__, task_name, aware, task_data, options, key, scope, queue)
+        return JobFields(
+            func.__name__, task_name, aware, task_data, options, key, scope, queue, *fair
+        )
 
     def name_fields(
         self, job_name: Any, execution_time: Any, task_data: Any, options: JobOptions
@@ -154,8 +158,9 @@ class Producer:
         if func is not None:
             check_arguments(func, args, kwargs)
         check_job(execution_time, options)
+        fair = resolve_fair(func, options.fair_share_key, options.fair_share_weight, args, kwargs)
         aware = when_of(execution_time, options.delay)
-        return JobFields(job_name, job_name, aware, encoded, options, key, scope, queue)
+        return JobFields(job_name, job_name, aware, encoded, options, key, scope, queue, *fair)
 
     def new_row(self, fields: JobFields, job_id: str | None = None) -> NewJob:
         """The row of checked ``fields``; ``job_id``: one generated beforehand."""

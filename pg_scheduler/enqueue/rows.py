@@ -35,12 +35,14 @@ from .checks import (
 )
 from .dedupe import has_task_key
 from .dedupe import resolve as resolve_dedupe
+from .fair import has_task_key as has_fair_key
+from .fair import resolve as resolve_fair
 from .ids import new_job_ids
 
 # schedule_bulk batches at least this large are written with COPY (generated ids only).
 COPY_THRESHOLD = 100
 
-# NewJob without its Python-level __new__ (13 arguments): a third of a row's build.
+# NewJob without its Python-level __new__ (15 arguments): a third of a row's build.
 _new_row = tuple.__new__
 _NOT_SEEN: Any = object()
 
@@ -102,8 +104,9 @@ def _rows(
     named: bool,
 ) -> Iterator[tuple[Any, ...]]:
     keep = into.append if into is not None else None
-    # func -> (job name, task name, has a task-level dedupe key, its queue)
-    tasks: dict[Any, tuple[str, str, bool, str]] = {}
+    # func -> (job name, task name, has a task-level dedupe key, its queue,
+    # has a task-level fair share key)
+    tasks: dict[Any, tuple[str, str, bool, str, bool]] = {}
     fresh_ids = iter(new_job_ids(len(jobs)))
     inject = instrument.trace_injector  # the caller's trace context
     grace_default: Any = UNSET
@@ -161,8 +164,14 @@ def _rows(
         task = tasks.get(func)
         if task is None:
             task_name = register(func)
-            task = tasks[func] = (func.__name__, task_name, has_task_key(func), queue_of(func))
-        job_name, task_name, keyed_task, queue = task
+            task = tasks[func] = (
+                func.__name__,
+                task_name,
+                has_task_key(func),
+                queue_of(func),
+                has_fair_key(func),
+            )
+        job_name, task_name, keyed_task, queue, fair_task = task
         if spec.queue is not None:
             queue = spec.queue
             if queue is not last_queue:
@@ -174,6 +183,11 @@ def _rows(
         if keyed_task or spec.dedupe_key is not None or spec.dedupe_scope is not None:
             key, scope = resolve_dedupe(
                 func, spec.dedupe_key, spec.dedupe_scope, spec.args, spec.kwargs
+            )
+        fair_key = fair_weight = None
+        if fair_task or spec.fair_share_key is not None or spec.fair_share_weight is not None:
+            fair_key, fair_weight = resolve_fair(
+                func, spec.fair_share_key, spec.fair_share_weight, spec.args, spec.kwargs
             )
         if inject is not None:
             task_data = inject(task_data)
@@ -191,6 +205,8 @@ def _rows(
             key,
             scope,
             queue,
+            fair_key,
+            fair_weight,
         )
         if named:
             row = _new_row(NewJob, row)

@@ -14,6 +14,7 @@ import asyncpg
 from ..enums import DEFAULT_QUEUE
 from ..support.codec import encode_json
 from .event_sql import _EMIT, _WANTED
+from .fair import FairStore
 from .job_sql import (
     _CANCEL,
     _CLAIM,
@@ -71,6 +72,9 @@ class NewJob(NamedTuple):
     dedupe_key: str | None = None
     dedupe_scope: str | None = None  # "active" or "pending" when dedupe_key is set
     queue: str = DEFAULT_QUEUE
+    # Fair share (migration 0018): the job's key, and its weight (None: 1).
+    fair_share_key: str | None = None
+    fair_share_weight: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +139,7 @@ class Store(WorkerStatements):
         self._set_status = q(_SET_STATUS)
         self._missing_privileges = q(_MISSING_PRIVILEGES)
         self.limits = LimitStore(pool, q)
+        self.fair = FairStore(pool, q)  # fair share (migration 0018)
         self._emit = q(_EMIT)
         self._wanted = q(_WANTED)
 
@@ -224,7 +229,8 @@ class Store(WorkerStatements):
     ) -> asyncpg.Record:
         """Insert ``job`` claimed by ``worker_id`` if it is due and its queue is
         not paused (status says which)."""
-        return await db.fetchrow(self._insert_running, *job, worker_id, lease_seconds)
+        # Never a fair share row (engine/local.py): its last two fields are not written.
+        return await db.fetchrow(self._insert_running, *job[:13], worker_id, lease_seconds)
 
     async def seconds_until_next_due(
         self,

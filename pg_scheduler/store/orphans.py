@@ -42,7 +42,8 @@ SELECT g.task_name, g.queue, sum(c.n)::bigint AS due, min(c.oldest) AS oldest_du
   FROM groups g
  CROSS JOIN LATERAL (
     SELECT count(*) AS n, min(j.execution_time) AS oldest FROM scheduled_jobs j
-     WHERE j.status = 'pending' AND j.queue = g.queue AND j.task_name = g.task_name
+     WHERE j.status = 'pending' AND j.fair_share_key IS NULL
+       AND j.queue = g.queue AND j.task_name = g.task_name
        AND j.priority = g.priority AND j.execution_time <= now()
  ) c
   LEFT JOIN periodic_jobs p ON g.task_name = '{PERIODIC_TASK_PREFIX}' || p.dedup_key

@@ -17,21 +17,22 @@ import asyncpg
 from ..enums import DEFAULT_QUEUE
 from .names import DEFAULT_SCHEMA, Executor, Qualifier
 
-# Every (queue, task_name, priority) that has a pending row, with its earliest
+# Every (queue, task_name, priority) that has a pending row without a fair
+# share key (keyed rows: store/fair_sql.py, migration 0018), with its earliest
 # execution_time (the group's head): one index descent each. Readers start
 # each group at its head, so the dead index entries a busy group leaves at its
 # front (claimed rows not yet vacuumed) are walked once per statement, here.
 GROUPS = """
 groups AS (
     (SELECT j.queue, j.task_name, j.priority, j.execution_time FROM scheduled_jobs j
-      WHERE j.status = 'pending'
+      WHERE j.status = 'pending' AND j.fair_share_key IS NULL
       ORDER BY j.queue, j.task_name, j.priority, j.execution_time LIMIT 1)
     UNION ALL
     SELECT n.queue, n.task_name, n.priority, n.execution_time
       FROM groups g
      CROSS JOIN LATERAL (
         SELECT j.queue, j.task_name, j.priority, j.execution_time FROM scheduled_jobs j
-         WHERE j.status = 'pending'
+         WHERE j.status = 'pending' AND j.fair_share_key IS NULL
            AND (j.queue, j.task_name, j.priority) > (g.queue, g.task_name, g.priority)
          ORDER BY j.queue, j.task_name, j.priority, j.execution_time LIMIT 1
      ) n

@@ -135,7 +135,8 @@ SELECT g.task_name, sum(c.n)::bigint AS pending
   FROM groups g
  CROSS JOIN LATERAL (
     SELECT count(*) AS n FROM scheduled_jobs j
-     WHERE j.status = 'pending' AND j.queue = g.queue AND j.task_name = g.task_name
+     WHERE j.status = 'pending' AND j.fair_share_key IS NULL
+       AND j.queue = g.queue AND j.task_name = g.task_name
        AND j.priority = g.priority AND j.execution_time <= now()
  ) c
  WHERE g.execution_time <= now()

@@ -55,6 +55,8 @@ def workflow(
     dedupe_key: str | Callable[..., str] | None = None,
     dedupe_scope: str | None = None,
     timeout: timedelta | float | None = None,
+    fair_share_key: str | Callable[..., str] | None = None,
+    fair_share_weight: float | None = None,
 ) -> Callable[[F], F]: ...
 def workflow(
     func: Any = None,
@@ -67,6 +69,8 @@ def workflow(
     dedupe_key: str | Callable[..., str] | None = None,
     dedupe_scope: str | None = None,
     timeout: timedelta | float | None = None,
+    fair_share_key: str | Callable[..., str] | None = None,
+    fair_share_weight: float | None = None,
 ) -> Any:
     """Register ``async def f(ctx, ...)`` as a durable workflow (docs: Durable
     workflows). Schedule it like any task (``scheduler.schedule(f, args=...)``);

@@ -86,6 +86,8 @@ def test_the_declaration_is_what_the_readme_documents() -> None:
         "depends_on",
         "on_dependency_failure",
         "delay",
+        "fair_share_key",
+        "fair_share_weight",
     )
     assert OPTION_DEFAULTS["priority"] is JobPriority.NORMAL
     assert OPTION_DEFAULTS["depends_on"] is None
@@ -137,6 +139,8 @@ def test_schedule_job_keeps_its_0_2_signature_and_otherwise_the_declaration() ->
         "depends_on",
         "on_dependency_failure",
         "delay",
+        "fair_share_key",
+        "fair_share_weight",
     ]
     assert params[1].default is None and params[2].default is None  # execution_time, task_data
     found = keywords(Scheduler.schedule_job)
@@ -182,6 +186,8 @@ OTHER = {
     "depends_on": ["job-0"],
     "on_dependency_failure": "run",
     "delay": timedelta(seconds=30),
+    "fair_share_key": "tenant-a",
+    "fair_share_weight": 2.5,
 }
 TASK_OTHER = {
     "name": "emails.deliver",
@@ -191,6 +197,8 @@ TASK_OTHER = {
     "max_running": 2,
     "rate_limit": "10/s",
     "queue": "emails",
+    "fair_share_key": "tenant-a",
+    "fair_share_weight": 3,
 }
 
 
@@ -282,6 +290,8 @@ BAD = {
     "depends_on": ("job-0", TypeError),
     "on_dependency_failure": ("ignore", ValueError),
     "delay": (timedelta(seconds=-5), ValueError),
+    "fair_share_key": (5, TypeError),
+    "fair_share_weight": (0, ValueError),
 }
 
 
@@ -330,6 +340,11 @@ MAY_LIST_JOB_OPTIONS = {
     "workflows/context.py:spawn": "ctx.spawn's public signature: a child's options (tested below)",
     "workflows/decorator.py:workflow": "@workflow's public signature: a task's options (below)",
     "store/workflows.py:Spawned": "a child's row as the spawn statement writes it",
+    "enqueue/fields.py:JobFields": "a job's resolved fields (the call's, else the task's)",
+    # A task's own keywords (TaskOptions) share five names with a job's.
+    "tasks.py:TaskOptions": "a task's options: its jobs' defaults",
+    "tasks.py:task": "@task's public signature (TaskOptions)",
+    "scheduler.py:task": "Scheduler.task's public signature (TaskOptions)",
 }
 #: The same for a task's options.
 MAY_LIST_TASK_OPTIONS = {
@@ -424,5 +439,8 @@ def test_spawn_takes_a_childs_options_with_their_declared_defaults() -> None:
         "depends_on",
         "on_dependency_failure",
         "delay",
+        # A child's fair share key and weight are its task's (@task(fair_share_key=...)).
+        "fair_share_key",
+        "fair_share_weight",
     } == set(OPTION_NAMES)
     assert_options_declared(found, {n: OPTION_DEFAULTS[n] for n in found})

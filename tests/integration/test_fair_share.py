@@ -1,0 +1,236 @@
+"""Weighted fair share between keys (migration 0018): the order of starts in
+one worker, priority first, weights, bad input writing nothing, the
+operator's view."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from pg_scheduler import JobPriority, JobSpec, SyncClient, task
+from tests.support.common import wait_until
+
+# Starts in the order the job bodies ran, as (tenant, n).
+STARTS: list[tuple[str, int]] = []
+
+
+@task(name="fair_tests.work")
+async def work(tenant: str, n: int) -> None:
+    STARTS.append((tenant, n))
+
+
+@task(name="fair_tests.by_tenant", fair_share_key=lambda tenant, n: tenant)
+async def by_tenant(tenant: str, n: int) -> None:
+    STARTS.append((tenant, n))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_starts() -> None:
+    STARTS.clear()
+
+
+def _specs(tenant: str, count: int, **options: Any) -> list[JobSpec]:
+    past = datetime.now(UTC) - timedelta(seconds=5)
+    return [
+        JobSpec(work, past, (tenant, n), fair_share_key=tenant, **options) for n in range(count)
+    ]
+
+
+async def _drained(pool, count: int) -> None:
+    async def done() -> bool:
+        return len(STARTS) >= count
+
+    await wait_until(done, timeout=60, interval=0.02, message=f"{count} starts")
+
+
+async def _scheduler(make_scheduler, **options: Any):
+    return await make_scheduler(start=False, max_concurrent_jobs=4, batch_claim_limit=4, **options)
+
+
+async def test_a_small_tenant_is_served_within_the_first_claims(pool, make_scheduler):
+    scheduler = await _scheduler(make_scheduler)
+    await scheduler.initialize_db()
+    await scheduler.schedule_bulk(_specs("big", 3000))
+    await scheduler.schedule_bulk(_specs("small", 20))
+    await scheduler.start()
+    await _drained(pool, 3020)
+    order = [t for t, _ in STARTS]
+    last_small = max(i for i, t in enumerate(order) if t == "small")
+    # Equal weights: the small tenant's 20 jobs start alternating with the
+    # big one's, all within the first 40 starts (a claim's rounding aside).
+    assert last_small < 48, last_small
+    assert Counter(order[:40])["small"] >= 18
+
+
+async def test_weights_share_the_starts(pool, make_scheduler):
+    scheduler = await _scheduler(make_scheduler)
+    await scheduler.initialize_db()
+    await scheduler.schedule_bulk(_specs("light", 600, fair_share_weight=1))
+    await scheduler.schedule_bulk(_specs("heavy", 600, fair_share_weight=3))
+    await scheduler.start()
+    await _drained(pool, 1200)
+    first = Counter(t for t, _ in STARTS[:400])
+    assert abs(first["heavy"] / 400 - 0.75) <= 0.075, first
+
+
+async def test_a_weight_set_per_key_wins(pool, make_scheduler):
+    scheduler = await _scheduler(make_scheduler)
+    await scheduler.initialize_db()
+    await scheduler.set_fair_share_weight("light", 4)
+    await scheduler.schedule_bulk(_specs("light", 600, fair_share_weight=1))
+    await scheduler.schedule_bulk(_specs("heavy", 600, fair_share_weight=1))
+    await scheduler.start()
+    await _drained(pool, 1200)
+    first = Counter(t for t, _ in STARTS[:400])
+    assert abs(first["light"] / 400 - 0.8) <= 0.08, first
+    busiest = {r["fair_share_key"]: r for r in await scheduler.fair_share()}
+    assert busiest["light"]["weight"] == 4
+    await scheduler.set_fair_share_weight("light", None)
+    assert await pool.fetchval("SELECT count(*) FROM scheduler_fair_share_weights") == 0
+
+
+async def test_priority_comes_before_fairness(pool, make_scheduler):
+    scheduler = await _scheduler(make_scheduler)
+    await scheduler.initialize_db()
+    await scheduler.schedule_bulk(_specs("big", 500))
+    await scheduler.schedule_bulk(_specs("urgent", 10, priority=JobPriority.CRITICAL))
+    past = datetime.now(UTC) - timedelta(seconds=5)
+    await scheduler.schedule_bulk(
+        [JobSpec(work, past, ("plain", n), priority=JobPriority.HIGH) for n in range(10)]
+    )
+    await scheduler.schedule_bulk(
+        [JobSpec(work, past, ("plain-low", n), priority=JobPriority.LOW) for n in range(10)]
+    )
+    await scheduler.start()
+    await _drained(pool, 530)
+    order = [t for t, _ in STARTS]
+    # Claims are of 4 and start 4 at once: the CRITICAL keyed jobs first,
+    # then the HIGH unkeyed ones, then the rest; LOW unkeyed after every NORMAL.
+    assert set(order[:8]) == {"urgent"} or Counter(order[:12])["urgent"] == 10, order[:12]
+    assert Counter(order[:24])["plain"] == 10, order[:24]
+    assert set(order[-10:]) == {"plain-low"}
+
+
+async def test_unkeyed_work_shares_as_one_more_key(pool, make_scheduler):
+    scheduler = await _scheduler(make_scheduler)
+    await scheduler.initialize_db()
+    past = datetime.now(UTC) - timedelta(seconds=5)
+    await scheduler.schedule_bulk([JobSpec(work, past, ("plain", n)) for n in range(400)])
+    await scheduler.schedule_bulk(_specs("a", 400))
+    await scheduler.start()
+    await _drained(pool, 800)
+    first = Counter(t for t, _ in STARTS[:200])
+    assert abs(first["a"] - 100) <= 12, first
+
+
+async def test_a_task_level_key_function_and_the_record(pool, make_scheduler):
+    scheduler = await _scheduler(make_scheduler)
+    await scheduler.initialize_db()
+    past = datetime.now(UTC) - timedelta(seconds=5)
+    for n in range(30):
+        await scheduler.schedule(by_tenant, execution_time=past, args=("t1", n))
+    await scheduler.schedule(by_tenant, execution_time=past, args=("t2", 0))
+    assert await pool.fetchval("SELECT count(DISTINCT fair_share_key) FROM scheduled_jobs") == 2
+    await scheduler.start()
+    await _drained(pool, 31)
+    assert [t for t, _ in STARTS[:8]].count("t2") == 1
+    recent = {r["fair_share_key"]: r for r in await scheduler.fair_share()}
+    assert recent["t1"]["recent_starts"] > 10
+    assert recent["t1"]["waiting"] == 0
+
+
+async def test_a_keyed_job_enqueued_later_wakes_the_worker(pool, make_scheduler):
+    scheduler = await make_scheduler()
+    await scheduler.schedule(work, args=("late", 1), fair_share_key="late")
+    await scheduler.schedule(
+        work, args=("later", 2), fair_share_key="later", delay=timedelta(seconds=0.5)
+    )
+    await _drained(pool, 2)
+    assert [t for t, _ in STARTS] == ["late", "later"]
+
+
+# -- bad input ---------------------------------------------------------------------
+
+BAD_CALLS = [
+    ({"fair_share_key": 5}, TypeError),
+    ({"fair_share_key": ""}, ValueError),
+    ({"fair_share_key": "a\x00b"}, ValueError),
+    ({"fair_share_key": "t", "fair_share_weight": 0}, ValueError),
+    ({"fair_share_key": "t", "fair_share_weight": -1}, ValueError),
+    ({"fair_share_key": "t", "fair_share_weight": math.nan}, ValueError),
+    ({"fair_share_key": "t", "fair_share_weight": math.inf}, ValueError),
+    ({"fair_share_key": "t", "fair_share_weight": "2"}, TypeError),
+    ({"fair_share_key": "t", "fair_share_weight": True}, TypeError),
+    ({"fair_share_weight": 2}, ValueError),
+]
+
+
+@pytest.mark.parametrize(("options", "error"), BAD_CALLS)
+async def test_bad_input_writes_nothing(pool, make_scheduler, dsn, options, error):
+    scheduler = await make_scheduler(start=False)
+    await scheduler.initialize_db()
+    with pytest.raises(error):
+        await scheduler.schedule(work, args=("x", 1), **options)
+    with pytest.raises(error):
+        await scheduler.schedule_bulk(
+            [JobSpec(work, None, ("x", 0)), JobSpec(work, None, ("x", 1), **options)]
+        )
+    client = SyncClient(dsn)
+    try:
+        with pytest.raises(error):
+            client.schedule(work, args=("x", 2), **options)
+    finally:
+        client.close()
+    assert await pool.fetchval("SELECT count(*) FROM scheduled_jobs") == 0
+
+
+def _raises(tenant: str, n: int) -> str:
+    raise KeyError(tenant)
+
+
+@pytest.mark.parametrize(
+    ("key_function", "error"),
+    [(_raises, ValueError), (lambda tenant, n: n, TypeError), (lambda tenant, n: "", ValueError)],
+)
+async def test_a_bad_key_function_writes_nothing(pool, make_scheduler, key_function, error):
+    @task(name=f"fair_tests.bad_{error.__name__}_{id(key_function)}", fair_share_key=key_function)
+    async def keyed(tenant: str, n: int) -> None: ...
+
+    scheduler = await make_scheduler(start=False)
+    await scheduler.initialize_db()
+    with pytest.raises(error):
+        await scheduler.schedule(keyed, args=("x", 1))
+    with pytest.raises(error):
+        await scheduler.schedule_bulk(
+            [JobSpec(work, None, ("x", 0)), JobSpec(keyed, None, ("x", 1))]
+        )
+    assert await pool.fetchval("SELECT count(*) FROM scheduled_jobs") == 0
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"fair_share_key": 5}, TypeError),
+        ({"fair_share_key": "t", "fair_share_weight": 0}, ValueError),
+        ({"fair_share_weight": 2}, ValueError),
+    ],
+)
+def test_bad_task_options_are_refused(options, error):
+    with pytest.raises(error):
+        task(**options)(work)
+
+
+@pytest.mark.parametrize(
+    ("key", "weight", "error"),
+    [(None, 2, TypeError), (5, 2, TypeError), ("t", 0, ValueError), ("t", "x", TypeError)],
+)
+async def test_bad_weights_per_key_write_nothing(pool, make_scheduler, key, weight, error):
+    scheduler = await make_scheduler(start=False)
+    await scheduler.initialize_db()
+    with pytest.raises(error):
+        await scheduler.set_fair_share_weight(key, weight)
+    assert await pool.fetchval("SELECT count(*) FROM scheduler_fair_share_weights") == 0
