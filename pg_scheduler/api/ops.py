@@ -97,6 +97,10 @@ class Operations:
         needed["scheduler_limits"] = "SELECT,UPDATE" + (",INSERT,DELETE" if declared else "")
         # Migration 0007: claims skip paused queues (granted to PUBLIC there).
         needed["scheduler_queues"] = "SELECT"
+        # Migration 0018: the fair claim keeps its worker's recent starts per
+        # key (and deletes decayed ones); weights per key are granted to PUBLIC.
+        needed["scheduler_fair_share_starts"] = "SELECT,INSERT,UPDATE,DELETE"
+        needed["scheduler_fair_share_weights"] = "SELECT"
         if settings.run_periodic_jobs:
             needed["periodic_jobs"] = "SELECT,INSERT,UPDATE"
         if vacuum and settings.vacuum_config.track_metrics:
