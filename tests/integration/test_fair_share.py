@@ -234,3 +234,35 @@ async def test_bad_weights_per_key_write_nothing(pool, make_scheduler, key, weig
     with pytest.raises(error):
         await scheduler.set_fair_share_weight(key, weight)
     assert await pool.fetchval("SELECT count(*) FROM scheduler_fair_share_weights") == 0
+
+
+# -- the operator's view -------------------------------------------------------------
+
+
+async def test_the_cli_lists_the_busiest_keys_and_sets_weights(pool, make_scheduler, dsn):
+    from tests.integration.test_cli_ops import cli
+
+    scheduler = await make_scheduler(start=False)
+    await scheduler.initialize_db()
+    await scheduler.schedule_bulk(_specs("busy", 30))
+    await scheduler.schedule_bulk(_specs("quiet", 3))
+    listed = await cli(dsn, "fair-share", "list", "--json")
+    assert listed.code == 0, listed.err
+    rows = {r["fair_share_key"]: r for r in listed.json()}
+    assert rows["busy"]["waiting"] == 30 and rows["busy"]["due"] == 30
+    assert rows["quiet"]["running"] == 0 and rows["quiet"]["weight"] is None
+    shown = await cli(dsn, "fair-share", "weight", "quiet", "5")
+    assert shown.code == 0, shown.err
+    assert (
+        await pool.fetchval(
+            "SELECT weight FROM scheduler_fair_share_weights WHERE fair_share_key = 'quiet'"
+        )
+        == 5
+    )
+    table = await cli(dsn, "fair-share", "list")
+    assert "quiet" in table.out and "busy" in table.out
+    bad = await cli(dsn, "fair-share", "weight", "quiet", "0")
+    assert bad.code != 0 and "greater than 0" in bad.err + bad.out
+    assert (await cli(dsn, "fair-share", "clear", "quiet")).code == 0
+    assert await pool.fetchval("SELECT count(*) FROM scheduler_fair_share_weights") == 0
+    assert (await cli(dsn, "fair-share", "clear", "quiet")).code != 0
