@@ -9,7 +9,9 @@ instead of the plain claim: one statement that
 * finds the distinct (queue, task, key, priority) groups of keyed rows with
   one index descent each (a recursive skip scan, as ``queues.GROUPS`` does
   for the plain index), keeps those the worker serves, and reads each from
-  its head (``LIMIT`` per group, ``FOR UPDATE SKIP LOCKED``);
+  its head (``FOR UPDATE SKIP LOCKED``), twice the key's share of the
+  claim by weight and two rows more (a key behind its share catches up
+  over a few claims; rows not kept are unlocked at the statement's end);
 * takes the plain claim's own candidates beside them (rows without a key:
   one more tenant, the key ``''``, weight 1);
 * gives every candidate a virtual finish tag: its key's recent cost (the sum
@@ -43,15 +45,18 @@ TAU = 2.0
 # row, with its head: one descent of scheduled_jobs_fair_idx each.
 FAIR_GROUPS = """
 fair_groups AS (
-    (SELECT j.queue, j.task_name, j.fair_share_key, j.priority, j.execution_time
+    (SELECT j.queue, j.task_name, j.fair_share_key, j.priority, j.execution_time,
+            j.fair_share_weight
        FROM scheduled_jobs j
       WHERE j.status = 'pending' AND j.fair_share_key IS NOT NULL
       ORDER BY j.queue, j.task_name, j.fair_share_key, j.priority, j.execution_time LIMIT 1)
     UNION ALL
-    SELECT n.queue, n.task_name, n.fair_share_key, n.priority, n.execution_time
+    SELECT n.queue, n.task_name, n.fair_share_key, n.priority, n.execution_time,
+           n.fair_share_weight
       FROM fair_groups g
      CROSS JOIN LATERAL (
-        SELECT j.queue, j.task_name, j.fair_share_key, j.priority, j.execution_time
+        SELECT j.queue, j.task_name, j.fair_share_key, j.priority, j.execution_time,
+               j.fair_share_weight
           FROM scheduled_jobs j
          WHERE j.status = 'pending' AND j.fair_share_key IS NOT NULL
            AND (j.queue, j.task_name, j.fair_share_key, j.priority)
@@ -68,7 +73,8 @@ def fair_served(tasks: str, queues: str, caps: str, default_cap: str) -> str:
     queues.served_groups; needs its ``bound`` CTE)."""
     return f"""fair_served AS (
     SELECT g.queue, g.task_name, g.fair_share_key AS fkey, g.priority,
-           g.execution_time AS head, coalesce(c.cap, {default_cap}) AS cap
+           g.execution_time AS head, coalesce(c.cap, {default_cap}) AS cap,
+           g.fair_share_weight AS head_weight
       FROM fair_groups g
       LEFT JOIN unnest({queues}::text[], {caps}::int[]) AS c(queue, cap) ON c.queue = g.queue
      WHERE g.task_name = ANY({tasks}::text[])
@@ -91,10 +97,24 @@ FAIR_CLAIM = f"""
 {served_groups("$1", "$6", "$7", "$2", limits="none")},
 {due_in_groups("$2")}, {FAIR_GROUPS},
 {fair_served("$1", "$6", "$7", "$2")},
-fair_candidates AS (
+fair_due AS (
+    -- Each key's weight as its head row or the weights table gives it, and
+    -- its share of the keys' (and the unkeyed rows') weights: a key reads
+    -- twice its share of the claim, and two rows more, from each group.
+    SELECT s.*, coalesce(w.weight, s.head_weight, 1) AS weight
+      FROM fair_served s
+      LEFT JOIN scheduler_fair_share_weights w ON w.fair_share_key = s.fkey
+     WHERE s.head <= now()
+), fair_reads AS (
+    SELECT d.*, LEAST(d.cap, $2, 2 + 2 * ceil($2 * d.weight / (
+               (SELECT sum(k.weight) FROM (SELECT DISTINCT ON (fkey) weight FROM fair_due
+                                            ORDER BY fkey, priority) k)
+               + CASE WHEN EXISTS (SELECT 1 FROM kept) THEN 1 ELSE 0 END))::int) AS reads
+      FROM fair_due d
+), fair_candidates AS (
     SELECT c.job_id, c.tid, c.expired, s.priority, c.execution_time, s.queue, s.cap,
            s.fkey, c.weight
-      FROM fair_served s
+      FROM fair_reads s
      CROSS JOIN LATERAL (
         SELECT j.job_id, j.ctid AS tid, j.execution_time, j.fair_share_weight AS weight,
                (j.started_at IS NULL AND j.misfire_grace_time IS NOT NULL
@@ -106,7 +126,7 @@ fair_candidates AS (
            AND j.fair_share_key = s.fkey AND j.priority = s.priority
            AND j.execution_time >= s.head AND j.execution_time <= now()
          ORDER BY j.execution_time
-         LIMIT LEAST(s.cap, $2)
+         LIMIT s.reads
            FOR UPDATE SKIP LOCKED
      ) c
 ), every_candidate AS (
