@@ -42,15 +42,18 @@ UPDATE scheduled_jobs j
        task_data = d.task_data::jsonb, priority = d.priority, max_retries = d.max_retries,
        misfire_grace_time = d.misfire_grace_time, timeout = d.timeout,
        retry_policy = d.retry_policy::jsonb, queue = d.queue, status = 'pending',
+       fair_share_key = d.fair_share_key, fair_share_weight = d.fair_share_weight,
        retry_count = 0,
        attempts = 0, rescue_count = 0, unstarted_rescues = 0, error_message = NULL,
        error_traceback = NULL, result = NULL, worker_id = NULL, last_heartbeat = NULL,
        lease_until = NULL, started_at = NULL, finished_at = NULL, created_at = now(),
        claimed_ahead = false, started_before = false
   FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[], $5::int[], $6::int[],
-              $7::int[], $8::float8[], $9::text[], $10::text[], $11::text[])
+              $7::int[], $8::float8[], $9::text[], $10::text[], $11::text[], $12::text[],
+              $13::float8[])
     AS d(job_name, task_name, execution_time, task_data, priority, max_retries,
-         misfire_grace_time, timeout, retry_policy, dedupe_key, queue)
+         misfire_grace_time, timeout, retry_policy, dedupe_key, queue, fair_share_key,
+         fair_share_weight)
  WHERE j.dedupe_key = d.dedupe_key AND j.status = 'pending' AND {held}
 RETURNING j.dedupe_key, j.job_id
 """
@@ -75,7 +78,7 @@ class DedupeStore:
     ) -> dict[str, str]:
         """Give each pending holder of a key in ``scope`` the fields of the job in
         ``jobs`` with that key (one job per key); key -> the holder's job id."""
-        columns: list[list[Any]] = [[] for _ in range(11)]
+        columns: list[list[Any]] = [[] for _ in range(13)]
         for j in jobs:
             values = (
                 j.job_name,
@@ -89,6 +92,8 @@ class DedupeStore:
                 j.retry_policy,
                 j.dedupe_key,
                 j.queue,
+                j.fair_share_key,
+                j.fair_share_weight,
             )
             for column, value in zip(columns, values, strict=True):
                 column.append(value)

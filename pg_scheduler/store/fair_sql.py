@@ -11,7 +11,7 @@ instead of the plain claim: one statement that
   for the plain index), keeps those the worker serves, and reads each from
   its head (``FOR UPDATE SKIP LOCKED``), twice the key's share of the
   claim by weight and two rows more (a key behind its share catches up
-  over a few claims; rows not kept are unlocked at the statement's end);
+  in the claims that follow; the rows left over are unlocked at the statement's end);
 * takes the plain claim's own candidates beside them (rows without a key:
   one more tenant, the key ``''``, weight 1);
 * gives every candidate a virtual finish tag: its key's recent cost (the sum

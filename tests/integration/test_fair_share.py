@@ -266,3 +266,23 @@ async def test_the_cli_lists_the_busiest_keys_and_sets_weights(pool, make_schedu
     assert (await cli(dsn, "fair-share", "clear", "quiet")).code == 0
     assert await pool.fetchval("SELECT count(*) FROM scheduler_fair_share_weights") == 0
     assert (await cli(dsn, "fair-share", "clear", "quiet")).code != 0
+
+
+async def test_replace_on_a_dedupe_key_takes_the_new_key_and_weight(pool, make_scheduler):
+    from pg_scheduler import ConflictResolution
+
+    scheduler = await make_scheduler(start=False)
+    await scheduler.initialize_db()
+    later = timedelta(hours=1)
+    await scheduler.schedule(work, args=("a", 1), delay=later, dedupe_key="d", fair_share_key="a")
+    await scheduler.schedule(
+        work,
+        args=("b", 1),
+        delay=later,
+        dedupe_key="d",
+        fair_share_key="b",
+        fair_share_weight=2,
+        conflict_resolution=ConflictResolution.REPLACE,
+    )
+    row = await pool.fetchrow("SELECT fair_share_key, fair_share_weight FROM scheduled_jobs")
+    assert (row["fair_share_key"], row["fair_share_weight"]) == ("b", 2)
