@@ -239,8 +239,14 @@ async def test_bad_weights_per_key_write_nothing(pool, make_scheduler, key, weig
 # -- the operator's view -------------------------------------------------------------
 
 
-async def test_the_cli_lists_the_busiest_keys_and_sets_weights(pool, make_scheduler, dsn):
+async def test_the_cli_lists_the_busiest_keys_and_sets_weights(
+    pool, make_scheduler, dsn, monkeypatch
+):
+    from pg_scheduler.cli import ops
     from tests.integration.test_cli_ops import cli
+
+    # In-process runs share structlog with the test's schedulers (see test_cli_ops.py).
+    monkeypatch.setattr(ops, "configure_logging", lambda args: None)
 
     scheduler = await make_scheduler(start=False)
     await scheduler.initialize_db()
