@@ -67,6 +67,26 @@ fair_groups AS (
 )"""
 
 
+# Every keyed group's due rows, counted (``n``) with the oldest's time
+# (``oldest``), for the reports of work no worker serves (workers.py,
+# orphans.py): CTE ``fair_due_groups`` (queue, task_name, n, oldest), of the
+# groups whose task matches the SQL condition ``{keep}`` on ``g.task_name``
+# (after WITH RECURSIVE ... FAIR_GROUPS).
+FAIR_DUE_GROUPS = """
+fair_due_groups AS (
+    SELECT g.queue, g.task_name, c.n, c.oldest
+      FROM fair_groups g
+     CROSS JOIN LATERAL (
+        SELECT count(*) AS n, min(j.execution_time) AS oldest FROM scheduled_jobs j
+         WHERE j.status = 'pending' AND j.fair_share_key IS NOT NULL
+           AND j.queue = g.queue AND j.task_name = g.task_name
+           AND j.fair_share_key = g.fair_share_key AND j.priority = g.priority
+           AND j.execution_time <= now()
+     ) c
+     WHERE g.execution_time <= now() AND {keep}
+)"""
+
+
 def fair_served(tasks: str, queues: str, caps: str, default_cap: str) -> str:
     """CTE ``fair_served``: the keyed groups of ``tasks`` in ``queues`` (NULL:
     all) not paused and bound by no global limit, with each queue's cap (as

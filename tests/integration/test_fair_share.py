@@ -292,3 +292,18 @@ async def test_replace_on_a_dedupe_key_takes_the_new_key_and_weight(pool, make_s
     )
     row = await pool.fetchrow("SELECT fair_share_key, fair_share_weight FROM scheduled_jobs")
     assert (row["fair_share_key"], row["fair_share_weight"]) == ("b", 2)
+
+
+async def test_keyed_jobs_no_worker_serves_are_reported(pool, make_scheduler):
+    scheduler = await make_scheduler(start=False)
+    await scheduler.initialize_db()
+    await scheduler.schedule_job(
+        "fair_tests.nobody_runs_this", task_data={"args": ["x"]}, fair_share_key="t"
+    )
+    await scheduler.schedule_job("fair_tests.nobody_runs_this", task_data={"args": ["y"]})
+    stats = await scheduler.stats()
+    assert [(o.task_name, o.due) for o in stats.orphaned_jobs] == [
+        ("fair_tests.nobody_runs_this", 2)
+    ]
+    inventory = await scheduler.load_task_functions()
+    assert inventory.unknown == {"fair_tests.nobody_runs_this": 2}
