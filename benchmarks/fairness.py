@@ -32,7 +32,6 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -81,7 +80,7 @@ async def child(dsn: str, out: str) -> None:
             break
     await scheduler.shutdown()
     await pool.close()
-    Path(out).write_text(json.dumps(STARTS))
+    await asyncio.to_thread(Path(out).write_text, json.dumps(STARTS))
 
 
 async def _fresh(dsn: str) -> tuple[asyncpg.Pool, str]:
@@ -118,17 +117,18 @@ async def _drain(dsn: str, tenants: list[tuple[str, int, float | None]]) -> list
         files = [tempfile.mktemp(suffix=".json") for _ in range(ARGS.workers)]
         env = {**os.environ, "PYTHONPATH": os.getcwd()}
         procs = [
-            subprocess.Popen(
-                [sys.executable, __file__, "--child", database_dsn(dsn, name), out], env=env
+            await asyncio.create_subprocess_exec(
+                sys.executable, __file__, "--child", database_dsn(dsn, name), out, env=env
             )
             for out in files
         ]
         for proc in procs:
-            if proc.wait(timeout=3600) != 0:
+            if await asyncio.wait_for(proc.wait(), 3600) != 0:
                 raise RuntimeError(f"worker exited with {proc.returncode}")
         starts: list[tuple[float, str]] = []
         for out in files:
-            starts += [tuple(s) for s in json.loads(Path(out).read_text())]  # type: ignore[misc]
+            text = await asyncio.to_thread(Path(out).read_text)
+            starts += [(float(s[0]), str(s[1])) for s in json.loads(text)]
             os.unlink(out)
         left = await pool.fetchval(
             "SELECT count(*) FROM scheduled_jobs WHERE status <> 'completed'"

@@ -307,3 +307,23 @@ async def test_keyed_jobs_no_worker_serves_are_reported(pool, make_scheduler):
     ]
     inventory = await scheduler.load_task_functions()
     assert inventory.unknown == {"fair_tests.nobody_runs_this": 2}
+
+
+async def test_a_paused_queue_holds_its_keyed_jobs(pool, make_scheduler):
+    scheduler = await _scheduler(make_scheduler)
+    await scheduler.initialize_db()
+    await scheduler.pause_queue("held")
+    await scheduler.schedule_bulk(_specs("paused", 5, queue="held"))
+    await scheduler.schedule_bulk(_specs("free", 5))
+    await scheduler.start()
+    await _drained(pool, 5)
+    assert {t for t, _ in STARTS} == {"free"}
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM scheduled_jobs WHERE status = 'pending' AND queue = 'held'"
+        )
+        == 5
+    )
+    await scheduler.resume_queue("held")
+    await _drained(pool, 10)
+    assert Counter(t for t, _ in STARTS) == {"free": 5, "paused": 5}
