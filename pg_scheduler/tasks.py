@@ -163,6 +163,10 @@ class TaskRegistry:
         registered here, or a decorator that registers its function (limits
         checked at once, before any function is given)."""
         limits = Limits.of(options.max_running, options.rate_limit)
+        if not limits.empty and options.fair_share_key is not None:
+            # The fair claim leaves limited groups to the limited claim, which
+            # reads no keyed rows: such jobs would wait (docs/fair-share.md).
+            raise ValueError("a task takes fair_share_key or global limits, not both")
 
         def decorate(f: F) -> F:
             mark_task(f, options.dedupe_key, options.dedupe_scope)

@@ -217,6 +217,7 @@ async def test_a_bad_key_function_writes_nothing(pool, make_scheduler, key_funct
         ({"fair_share_key": 5}, TypeError),
         ({"fair_share_key": "t", "fair_share_weight": 0}, ValueError),
         ({"fair_share_weight": 2}, ValueError),
+        ({"fair_share_key": "t", "max_running": 2}, ValueError),
     ],
 )
 def test_bad_task_options_are_refused(options, error):
