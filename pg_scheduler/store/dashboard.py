@@ -28,7 +28,7 @@ import asyncpg
 from ..enums import DEFAULT_QUEUE, FINAL_STATUSES, JobStatus
 from .limits import LimitStore
 from .names import DEFAULT_SCHEMA, Qualifier
-from .queues import GROUPS, QueueStore
+from .queues import FAIR_GROUPS, GROUPS, HEADS, QueueStore
 from .workflow_views import WorkflowViews
 
 ALL_STATUSES = [s.value for s in JobStatus]
@@ -117,9 +117,9 @@ SELECT y.* FROM (
 # ones, which no live worker runs): one index descent per (queue, task,
 # priority) group of pending rows, as the statistics' oldest due wait.
 _SERVED_OLDEST_DUE = f"""
-WITH RECURSIVE {GROUPS}
+WITH RECURSIVE {GROUPS}, {FAIR_GROUPS}
 SELECT EXTRACT(EPOCH FROM now() - min(g.execution_time))::float8
-  FROM groups g WHERE g.execution_time <= now() AND g.task_name <> ALL($1::text[])
+  FROM {HEADS} g WHERE g.execution_time <= now() AND g.task_name <> ALL($1::text[])
 """
 _JOB_QUEUE = "SELECT queue FROM scheduled_jobs WHERE job_id = $1"
 _RUNNING = """

@@ -35,37 +35,11 @@ starts: their shares stay within a claim of each other. A weight set per key
 from __future__ import annotations
 
 from .job_sql import _CLAIMED_COLUMNS, claim_set, due_in_groups
-from .queues import served_groups
+from .queues import FAIR_GROUPS, served_groups
 
 #: Seconds: the time constant of the record's decay (a start counts e^-1 of
 #: itself after TAU seconds).
 TAU = 2.0
-
-# Every (queue, task_name, fair_share_key, priority) that has a pending keyed
-# row, with its head: one descent of scheduled_jobs_fair_idx each.
-FAIR_GROUPS = """
-fair_groups AS (
-    (SELECT j.queue, j.task_name, j.fair_share_key, j.priority, j.execution_time,
-            j.fair_share_weight
-       FROM scheduled_jobs j
-      WHERE j.status = 'pending' AND j.fair_share_key IS NOT NULL
-      ORDER BY j.queue, j.task_name, j.fair_share_key, j.priority, j.execution_time LIMIT 1)
-    UNION ALL
-    SELECT n.queue, n.task_name, n.fair_share_key, n.priority, n.execution_time,
-           n.fair_share_weight
-      FROM fair_groups g
-     CROSS JOIN LATERAL (
-        SELECT j.queue, j.task_name, j.fair_share_key, j.priority, j.execution_time,
-               j.fair_share_weight
-          FROM scheduled_jobs j
-         WHERE j.status = 'pending' AND j.fair_share_key IS NOT NULL
-           AND (j.queue, j.task_name, j.fair_share_key, j.priority)
-               > (g.queue, g.task_name, g.fair_share_key, g.priority)
-         ORDER BY j.queue, j.task_name, j.fair_share_key, j.priority, j.execution_time
-         LIMIT 1
-     ) n
-)"""
-
 
 # Every keyed group's due rows, counted (``n``) with the oldest's time
 # (``oldest``), for the reports of work no worker serves (workers.py,

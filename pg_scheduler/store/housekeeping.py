@@ -18,7 +18,7 @@ import asyncpg
 from ..enums import FINAL_STATUSES
 from .event_sql import events_cte
 from .names import DEFAULT_SCHEMA, JOBS_CHANNEL, Qualifier, lock_key_for
-from .queues import GROUPS
+from .queues import FAIR_GROUPS, GROUPS, HEADS
 
 # The final statuses as the text the statements compare with.
 _FINAL_STATUS_VALUES = sorted(s.value for s in FINAL_STATUSES)
@@ -184,9 +184,9 @@ SELECT worker_id, count(*)::bigint AS n
 # From the heads of the (queue, task, priority) groups (see queues.py): one
 # index descent per group, whatever the backlog.
 _OLDEST_DUE = f"""
-WITH RECURSIVE {GROUPS}
+WITH RECURSIVE {GROUPS}, {FAIR_GROUPS}
 SELECT EXTRACT(EPOCH FROM now() - min(g.execution_time))::float8
-  FROM groups g WHERE g.execution_time <= now()
+  FROM {HEADS} g WHERE g.execution_time <= now()
 """
 _FINISHED_IN_WINDOWS = """
 SELECT w.secs, j.status, count(*)::bigint AS n

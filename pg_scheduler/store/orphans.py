@@ -24,10 +24,10 @@ from typing import NamedTuple
 
 import asyncpg
 
-from .fair_sql import FAIR_DUE_GROUPS, FAIR_GROUPS
+from .fair_sql import FAIR_DUE_GROUPS
 from .names import DEFAULT_SCHEMA, Executor, Qualifier
 from .periodic import PERIODIC_TASK_PREFIX
-from .queues import GROUPS
+from .queues import FAIR_GROUPS, GROUPS
 
 # A live worker lists the task named by the SQL expression {task}.
 _SERVED = """EXISTS (SELECT 1 FROM scheduler_workers w

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 import asyncpg
 
 from .event_sql import events_cte
-from .fair_sql import FAIR_DUE_GROUPS, FAIR_GROUPS
+from .fair_sql import FAIR_DUE_GROUPS
 from .names import Qualifier
-from .queues import GROUPS
+from .queues import FAIR_GROUPS, GROUPS
 
 # The running rows of worker $1 that no other session has locked, locked here
 # in job_id order. The heartbeat and the watchdog's renewal never wait for a

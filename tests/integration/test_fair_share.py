@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from pg_scheduler import JobPriority, JobSpec, SyncClient, task
+from pg_scheduler.store import QueueStore
 from tests.support.common import wait_until
 
 # Starts in the order the job bodies ran, as (tenant, n).
@@ -328,3 +329,13 @@ async def test_a_paused_queue_holds_its_keyed_jobs(pool, make_scheduler):
     await scheduler.resume_queue("held")
     await _drained(pool, 10)
     assert Counter(t for t, _ in STARTS) == {"free": 5, "paused": 5}
+
+
+async def test_the_oldest_due_wait_counts_keyed_jobs(pool, make_scheduler):
+    scheduler = await make_scheduler(start=False)
+    await scheduler.initialize_db()
+    await scheduler.schedule_bulk(_specs("t", 3))
+    stats = await scheduler.stats()
+    assert stats.oldest_pending_age is not None and stats.oldest_pending_age >= 4
+    by_queue = await QueueStore(pool, "public").oldest_due_by_queue()
+    assert by_queue["default"] >= 4
