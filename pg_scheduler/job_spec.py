@@ -72,6 +72,8 @@ class JobSpec:
         debounce: timedelta | float | None = None,
         debounce_max_wait: timedelta | float | None = None,
         throttle: timedelta | float | None = None,
+        fair_share_key: str | None = None,
+        fair_share_weight: float | None = None,
     ) -> None:
         if isinstance(func, str):
             raise TypeError(
@@ -105,6 +107,8 @@ class JobSpec:
         self.debounce = debounce
         self.debounce_max_wait = debounce_max_wait
         self.throttle = throttle
+        self.fair_share_key = fair_share_key
+        self.fair_share_weight = fair_share_weight
         if (
             priority is _NORMAL
             and type(max_retries) is int
@@ -126,6 +130,8 @@ class JobSpec:
             and debounce is None
             and debounce_max_wait is None
             and throttle is None
+            and fair_share_key is None
+            and fair_share_weight is None
         ):
             # Every option at its default, which is valid: a bulk's common case.
             if execution_time is not None:

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from .api.args import settings_of
+from .api.fair import FairShare
 from .api.jobs import Jobs
 from .api.results import Results
 from .api.settings import Setting
@@ -168,6 +169,7 @@ class Scheduler:
         self._channels = parts.channels
         self._ops = parts.operations
         self._limits = parts.limits
+        self._fair = FairShare(parts.store.fair)
         self._queues = parts.queues
         self._compat = parts.compat
         self._jobs = Jobs(
@@ -213,6 +215,8 @@ class Scheduler:
         throttle: timedelta | float | None = None,
         batch_size: int | None = None,
         batch_timeout: timedelta | float | None = None,
+        fair_share_key: str | Callable[..., str] | None = None,
+        fair_share_weight: float | None = None,
     ) -> Any:
         """Decorator: register a function this scheduler can run (see :func:`pg_scheduler.task`)."""
         return self.registry.decorator(func, TaskOptions.of(locals()))
@@ -253,6 +257,8 @@ class Scheduler:
         debounce: timedelta | float | None = None,
         debounce_max_wait: timedelta | float | None = None,
         throttle: timedelta | float | None = None,
+        fair_share_key: str | None = None,
+        fair_share_weight: float | None = None,
     ) -> str:
         """Schedule ``func(*args, **kwargs)`` to run at ``execution_time``; returns the job id.
 
@@ -463,6 +469,17 @@ class Scheduler:
         """Every limit, with what runs now and what started in its rate window."""
         return await self._limits.list_limits()
 
+    # -- fair share ----------------------------------------------------------------
+
+    async def set_fair_share_weight(self, key: str, weight: float | None) -> None:
+        """Set key ``key``'s fair share weight (None: remove it); it wins over
+        the weight its jobs carry (docs: Fair share between tenants)."""
+        await self._fair.set_weight(key, weight)
+
+    async def fair_share(self, limit: int = 10) -> list[dict[str, Any]]:
+        """The busiest fair share keys: waiting, due, running, recent starts, weight."""
+        return await self._fair.busiest(limit)
+
     # -- queues --------------------------------------------------------------------
 
     async def pause_queue(self, name: str) -> None:
@@ -628,6 +645,8 @@ class Scheduler:
         max_running_per_key: int | None = None,
         rate_limit_per_key: str | None = None,
         ordered: bool = False,
+        fair_share_key: str | None = None,
+        fair_share_weight: float | None = None,
     ) -> str:
         """Low-level insert by name (0.2.x): ``task_data`` is ``{"args": [...], "kwargs": {...}}``
         (None: no arguments).

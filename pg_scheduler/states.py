@@ -90,6 +90,12 @@ TRANSITIONS: tuple[Transition, ...] = (
         "engine/keyed.py: the claim of jobs with a concurrency key",
     ),
     Transition(
+        (PENDING,),
+        (RUNNING, EXPIRED),
+        "fair_sql.FAIR_CLAIM",
+        "engine claim loop while keyed rows are pending (engine/fair.py: fair share)",
+    ),
+    Transition(
         (PENDING,), (RUNNING,), "events._CLAIM_ONE", "pg_scheduler.testing eager run of one job"
     ),
     Transition((RUNNING,), (COMPLETED,), "job_sql._COMPLETE", "engine completer (group commit)"),

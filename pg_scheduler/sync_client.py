@@ -141,6 +141,8 @@ class SyncClient:
         debounce: timedelta | float | None = None,
         debounce_max_wait: timedelta | float | None = None,
         throttle: timedelta | float | None = None,
+        fair_share_key: str | None = None,
+        fair_share_weight: float | None = None,
     ) -> str:
         """As :meth:`Scheduler.schedule`: the same keywords, defaults and checks
         (``misfire_grace_time`` not given: the client's default). Returns the job id.

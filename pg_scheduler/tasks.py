@@ -16,6 +16,7 @@ from typing import Any, TypeVar, overload
 
 from .batching import BATCH_ATTR, check_batch_options, check_batch_task
 from .enqueue.dedupe import mark_task
+from .enqueue.fair import mark_task as mark_fair_task
 from .enqueue.keys import check_task_keys
 from .enqueue.keys import mark_task as mark_keys
 from .enqueue.timing import mark_task as mark_timing
@@ -62,6 +63,10 @@ class TaskOptions:
     throttle: timedelta | float | None = None
     batch_size: int | None = None
     batch_timeout: timedelta | float | None = None
+    # Fair share (docs/fair-share.md): every job's key, or a function of the
+    # job's arguments returning it; and the jobs' weight (None: 1).
+    fair_share_key: str | Callable[..., str] | None = None
+    fair_share_weight: float | None = None
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> TaskOptions:
@@ -178,6 +183,10 @@ class TaskRegistry:
         limits = Limits.of(options.max_running, options.rate_limit)
         check_task_keys(options)
         batch = check_batch_options(options.batch_size, options.batch_timeout)
+        if not limits.empty and options.fair_share_key is not None:
+            # The fair claim leaves limited groups to the limited claim, which
+            # reads no keyed rows: such jobs would wait (docs/fair-share.md).
+            raise ValueError("a task takes fair_share_key or global limits, not both")
 
         def decorate(f: F) -> F:
             if batch is not None:  # docs/batches.md
@@ -185,6 +194,7 @@ class TaskRegistry:
                 check_batch_task(f, kind, options.executor, not limits.empty)
             mark_task(f, options.dedupe_key, options.dedupe_scope)
             mark_keys(f, options)
+            mark_fair_task(f, options.fair_share_key, options.fair_share_weight)
             mark_timing(
                 f,
                 options.debounce,
@@ -290,6 +300,8 @@ def task(
     throttle: timedelta | float | None = None,
     batch_size: int | None = None,
     batch_timeout: timedelta | float | None = None,
+    fair_share_key: str | Callable[..., str] | None = None,
+    fair_share_weight: float | None = None,
 ) -> Callable[[F], F]: ...
 def task(
     func: Any = None,
@@ -312,6 +324,8 @@ def task(
     throttle: timedelta | float | None = None,
     batch_size: int | None = None,
     batch_timeout: timedelta | float | None = None,
+    fair_share_key: str | Callable[..., str] | None = None,
+    fair_share_weight: float | None = None,
 ) -> Any:
     """Register an async function as a task, usable before any Scheduler exists.
 
@@ -333,5 +347,8 @@ def task(
     debounced or throttled on its dedupe key unless the call says otherwise;
     ``debounce_merge(previous, new)`` merges a burst's arguments
     (:class:`~pg_scheduler.CallArguments`; docs: Debounce and throttle).
+    ``fair_share_key``: every job's fair share key (a tenant id), or the key
+    this function of the job's arguments returns; ``fair_share_weight`` its
+    jobs' weight (docs: Fair share between tenants).
     """
     return default_registry.decorator(func, TaskOptions.of(locals()))

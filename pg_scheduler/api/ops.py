@@ -99,6 +99,10 @@ class Operations:
         needed["scheduler_queues"] = "SELECT"
         # Migration 0017: the keyed claim stamps and prunes the starts of rate-limited keys.
         needed["scheduler_key_starts"] = "SELECT,INSERT,DELETE"
+        # Migration 0018: the fair claim keeps its worker's recent starts per
+        # key (and deletes decayed ones); weights per key are granted to PUBLIC.
+        needed["scheduler_fair_share_starts"] = "SELECT,INSERT,UPDATE,DELETE"
+        needed["scheduler_fair_share_weights"] = "SELECT"
         if settings.run_periodic_jobs:
             needed["periodic_jobs"] = "SELECT,INSERT,UPDATE"
         if vacuum and settings.vacuum_config.track_metrics:

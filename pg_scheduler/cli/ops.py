@@ -27,6 +27,7 @@ from ..config import VacuumPolicy
 from ..enums import FINAL_STATUS_VALUES, JobStatus
 from ..support.install import install_hint
 from .common import configure_logging, open_pool, run_cli
+from .fair_share import register as register_fair_share
 from .job_actions import cmd_cancel, cmd_retry, cmd_vacuum
 from .limits import cmd_limits_clear, cmd_limits_keys, cmd_limits_list, cmd_limits_set
 from .orphans import cmd_orphans
@@ -257,6 +258,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     limit_set.add_argument("--rate-limit", metavar="N/UNIT", help='e.g. "100/m", "5/s"')
     limit_set.set_defaults(handler=_handler(cmd_limits_set))
     limit_clear.set_defaults(handler=_handler(cmd_limits_clear))
+    register_fair_share(commands, json_flag, _handler)
     queues = commands.add_parser(
         "queues",
         help="list, pause, resume or delete queues",

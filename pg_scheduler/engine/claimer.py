@@ -26,6 +26,7 @@ from .batch import Batches
 from .claim_events import ClaimEvents
 from .completer import Completer
 from .executor import Executor, log
+from .fair import FairClaims
 from .handback import HandBack
 from .held import HeldConnection
 from .holdings import HeartbeatView
@@ -146,6 +147,8 @@ class Worker:
             polling=polling,
             asynchronous_commit=asynchronous_commit,
         )
+        # Fair share: while keyed rows are pending, claims are fair (engine/fair.py).
+        self.fair = FairClaims(store.fair)
 
     # -- claim loop --------------------------------------------------------
 
@@ -209,6 +212,7 @@ class Worker:
             try:
                 names = self.batches.plain(self.registry.names())
                 await self.connection.run(self.limits.refresh)
+                await self.connection.run(self.fair.refresh)
                 # Room read after the await (an in-process start may have taken some).
                 queues, caps = slots.claim_queues()
                 limit = min(limit, slots.claim_limit(self.completer.pending))
@@ -242,9 +246,15 @@ class Worker:
                     # Rows past the free slots wait here: the claim marks
                     # them claimed ahead (a rescue of one that never started
                     # does not count against max_rescues).
+                    if self.fair.active:
+                        claim_with = self.store.fair.claim
+                    elif beside:
+                        claim_with = self.limits.store.claim_beside_limits
+                    else:
+                        claim_with = self.store.claim
                     rows = await self.connection.run(
                         partial(
-                            self.limits.store.claim_beside_limits if beside else self.store.claim,
+                            claim_with,
                             self.worker_id,
                             names,
                             limit,
@@ -292,6 +302,11 @@ class Worker:
                 due_in = await self.connection.run(
                     partial(self.store.seconds_until_next_due, names, queues=queues)
                 )
+                again, due_in = await self.fair.after_claim(
+                    self.connection.run, bool(rows), due_in, names, queues
+                )
+                if again:
+                    continue
             except Exception as exc:
                 level = log.warning if is_connection_error(exc) else log.exception
                 level("claim failed", worker_id=self.worker_id, error=repr(exc))

@@ -83,6 +83,8 @@ def local_worker(me: LocalHost, row: NewJob) -> Worker | None:
             and host.worker.slots.queue_has_room(row.queue)
             # A limited task or queue starts only through the limited claim.
             and not host.worker.limits.is_limited(row.task_name, row.queue)
+            # A job with a fair share key starts only through the fair claim.
+            and row.fair_share_key is None
         ):
             return host.worker
     return None

@@ -35,6 +35,7 @@ from .checks import (
     check_when,
 )
 from .dedupe import check_dedupe_key, check_dedupe_scope
+from .fair import check_fair_share_key, check_fair_share_weight
 from .keys import NO_KEY, KeyFields, check_key_options
 from .timing import Timing, check_duration
 
@@ -72,6 +73,10 @@ class JobOptions:
     debounce_max_wait: timedelta | float | None = None
     # At most one job per this period and dedupe key: the period's first call.
     throttle: timedelta | float | None = None
+    # Fair share (docs/fair-share.md): the job's key (None: the task's, if any)
+    # and its weight (None: the task's, else 1).
+    fair_share_key: str | None = None
+    fair_share_weight: float | None = None
 
     @classmethod
     def of(cls, values: Mapping[str, Any]) -> JobOptions:
@@ -116,6 +121,8 @@ def check_job(execution_time: Any, options: Any) -> None:
     check_duration("debounce", options.debounce)
     check_duration("debounce_max_wait", options.debounce_max_wait)
     check_duration("throttle", options.throttle)
+    check_fair_share_key(options.fair_share_key)
+    check_fair_share_weight(options.fair_share_weight)
 
 
 class JobFields(NamedTuple):
@@ -132,6 +139,8 @@ class JobFields(NamedTuple):
     queue: str  # the call's, else the task's, else enums.DEFAULT_QUEUE
     keys: KeyFields = NO_KEY  # the call's key and per-key limits over the task's
     timing: Timing | None = None  # debounced or throttled (the task's defaults applied)
+    fair_share_key: str | None = None  # the call's, else the task's
+    fair_share_weight: float | None = None  # with a key: the call's, else the task's
 
 
 def row_of(fields: JobFields, job_id: str, default_grace: Callable[[], int | None]) -> NewJob:
@@ -156,4 +165,6 @@ def row_of(fields: JobFields, job_id: str, default_grace: Callable[[], int | Non
         fields.dedupe_scope,
         fields.queue,
         *fields.keys,
+        fields.fair_share_key,
+        fields.fair_share_weight,
     )

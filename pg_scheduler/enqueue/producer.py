@@ -45,6 +45,8 @@ from .conflicts import (
 )
 from .dedupe import resolve as resolve_dedupe
 from .dependencies import Graph, GraphWriter, plan
+from .fair import check_one_key
+from .fair import resolve as resolve_fair
 from .fields import JobFields, JobOptions, check_job, row_of
 from .ids import new_job_id
 from .keyed import KeyedWriter, KeyRace, check_batch_keys, is_dedupe_violation
@@ -146,9 +148,21 @@ class Producer:
         if timing is not None:
             check_timed_call(timing, key, execution_time, options)
             scope = timing.kind
+        fair = resolve_fair(func, options.fair_share_key, options.fair_share_weight, args, kwargs)
+        check_one_key(keys.concurrency_key, fair[0])
         aware = when_of(execution_time, options.delay)
         return JobFields(
-            func.__name__, task_name, aware, task_data, options, key, scope, queue, keys, timing
+            func.__name__,
+            task_name,
+            aware,
+            task_data,
+            options,
+            key,
+            scope,
+            queue,
+            keys,
+            timing,
+            *fair,
         )
 
     def name_fields(
@@ -168,8 +182,12 @@ class Producer:
         if func is not None:
             check_arguments(func, args, kwargs)
         check_job(execution_time, options)
+        fair = resolve_fair(func, options.fair_share_key, options.fair_share_weight, args, kwargs)
+        check_one_key(keys.concurrency_key, fair[0])
         aware = when_of(execution_time, options.delay)
-        return JobFields(job_name, job_name, aware, encoded, options, key, scope, queue, keys)
+        return JobFields(
+            job_name, job_name, aware, encoded, options, key, scope, queue, keys, None, *fair
+        )
 
     def new_row(self, fields: JobFields, job_id: str | None = None) -> NewJob:
         """The row of checked ``fields``; ``job_id``: one generated beforehand."""

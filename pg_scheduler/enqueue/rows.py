@@ -36,6 +36,9 @@ from .checks import (
 )
 from .dedupe import has_task_key
 from .dedupe import resolve as resolve_dedupe
+from .fair import check_one_key
+from .fair import has_task_key as has_fair_key
+from .fair import resolve as resolve_fair
 from .ids import new_job_ids
 from .keys import NO_KEY, wants_keys
 from .keys import resolve as resolve_keys
@@ -44,7 +47,7 @@ from .timing import has_task_timing
 # schedule_bulk batches at least this large are written with COPY (generated ids only).
 COPY_THRESHOLD = 100
 
-# NewJob without its Python-level __new__ (13 arguments): a third of a row's build.
+# NewJob without its Python-level __new__ (15 arguments): a third of a row's build.
 _new_row = tuple.__new__
 _NOT_SEEN: Any = object()
 
@@ -113,8 +116,9 @@ def _rows(
     named: bool,
 ) -> Iterator[tuple[Any, ...]]:
     keep = into.append if into is not None else None
-    # func -> (job name, task name, has a task-level dedupe key, its queue)
-    tasks: dict[Any, tuple[str, str, bool, str]] = {}
+    # func -> (job name, task name, has a task-level dedupe key, its queue,
+    # has a task-level fair share key)
+    tasks: dict[Any, tuple[str, str, bool, str, bool]] = {}
     fresh_ids = iter(new_job_ids(len(jobs)))
     inject = instrument.trace_injector  # the caller's trace context
     grace_default: Any = UNSET
@@ -173,10 +177,16 @@ def _rows(
         if task is None:
             task_name = register(func)
             timed = has_task_timing(func)
-            task = tasks[func] = (func.__name__, task_name, has_task_key(func), queue_of(func))
+            task = tasks[func] = (
+                func.__name__,
+                task_name,
+                has_task_key(func),
+                queue_of(func),
+                has_fair_key(func),
+            )
             if timed:
                 _refuse_timing(index, "its task debounces or throttles its jobs")
-        job_name, task_name, keyed_task, queue = task
+        job_name, task_name, keyed_task, queue, fair_task = task
         if (
             spec.debounce is not None
             or spec.throttle is not None
@@ -198,6 +208,12 @@ def _rows(
         keys = NO_KEY
         if wants_keys(spec, func):
             keys = resolve_keys(func, spec, spec.args, spec.kwargs)
+        fair_key = fair_weight = None
+        if fair_task or spec.fair_share_key is not None or spec.fair_share_weight is not None:
+            fair_key, fair_weight = resolve_fair(
+                func, spec.fair_share_key, spec.fair_share_weight, spec.args, spec.kwargs
+            )
+            check_one_key(keys.concurrency_key, fair_key)
         if inject is not None:  # a workflow without a current span: a trace of its own
             task_data = inject(task_data, f"schedule {task_name}" if is_workflow(func) else None)
         row = (
@@ -215,6 +231,8 @@ def _rows(
             scope,
             queue,
             *keys,
+            fair_key,
+            fair_weight,
         )
         if named:
             row = _new_row(NewJob, row)

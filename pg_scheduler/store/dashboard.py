@@ -30,7 +30,7 @@ from ..enums import DEFAULT_QUEUE, FINAL_STATUSES, JobStatus
 from .keys import KeyStore
 from .limits import LimitStore
 from .names import DEFAULT_SCHEMA, Qualifier
-from .queues import GROUPS, QueueStore
+from .queues import FAIR_GROUPS, GROUPS, HEADS, QueueStore
 from .workflow_views import WorkflowViews
 
 ALL_STATUSES = [s.value for s in JobStatus]
@@ -123,9 +123,9 @@ SELECT y.* FROM (
 # ones, which no live worker runs): one index descent per (queue, task,
 # priority) group of pending rows, as the statistics' oldest due wait.
 _SERVED_OLDEST_DUE = f"""
-WITH RECURSIVE {GROUPS}
+WITH RECURSIVE {GROUPS}, {FAIR_GROUPS}
 SELECT EXTRACT(EPOCH FROM now() - LEAST(min(g.execution_time), {{keyed}}))::float8
-  FROM groups g WHERE g.execution_time <= now() AND g.task_name <> ALL($1::text[])
+  FROM {HEADS} g WHERE g.execution_time <= now() AND g.task_name <> ALL($1::text[])
 """
 # Keyed rows (migration 0017) are outside the groups: their earliest due one.
 _KEYED_OLDEST_DUE = """(SELECT min(k.execution_time) FROM scheduled_jobs k

@@ -52,6 +52,7 @@ UPDATE scheduled_jobs j
        concurrency_key = d.concurrency_key, max_running_per_key = d.max_running_per_key,
        rate_count_per_key = d.rate_count_per_key, rate_period_per_key = d.rate_period_per_key,
        key_ordered = d.key_ordered, key_seq = DEFAULT,
+       fair_share_key = d.fair_share_key, fair_share_weight = d.fair_share_weight,
        retry_count = 0,
        attempts = 0, rescue_count = 0, unstarted_rescues = 0, error_message = NULL,
        error_traceback = NULL, result = NULL, worker_id = NULL, last_heartbeat = NULL,
@@ -59,10 +60,11 @@ UPDATE scheduled_jobs j
        claimed_ahead = false, started_before = false
   FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[], $5::int[], $6::int[],
               $7::int[], $8::float8[], $9::text[], $10::text[], $11::text[], $12::text[],
-              $13::int[], $14::int[], $15::float8[], $16::bool[])
+              $13::int[], $14::int[], $15::float8[], $16::bool[], $17::text[], $18::float8[])
     AS d(job_name, task_name, execution_time, task_data, priority, max_retries,
          misfire_grace_time, timeout, retry_policy, dedupe_key, queue, concurrency_key,
-         max_running_per_key, rate_count_per_key, rate_period_per_key, key_ordered)
+         max_running_per_key, rate_count_per_key, rate_period_per_key, key_ordered,
+         fair_share_key, fair_share_weight)
  WHERE j.dedupe_key = d.dedupe_key AND j.status = 'pending' AND {held}
 RETURNING j.dedupe_key, j.job_id
 """
@@ -87,7 +89,7 @@ class DedupeStore:
     ) -> dict[str, str]:
         """Give each pending holder of a key in ``scope`` the fields of the job in
         ``jobs`` with that key (one job per key); key -> the holder's job id."""
-        columns: list[list[Any]] = [[] for _ in range(16)]
+        columns: list[list[Any]] = [[] for _ in range(18)]
         for j in jobs:
             values = (
                 j.job_name,
@@ -106,6 +108,8 @@ class DedupeStore:
                 j.rate_count_per_key,
                 j.rate_period_per_key,
                 j.key_ordered,
+                j.fair_share_key,
+                j.fair_share_weight,
             )
             for column, value in zip(columns, values, strict=True):
                 column.append(value)

@@ -24,7 +24,7 @@ from typing import Any
 
 import asyncpg
 
-from .job_sql import _INSERT_COLUMNS
+from .job_sql import _FAIR_COLUMNS, _INSERT_COLUMNS
 from .jobs import NewJob
 from .names import DEFAULT_SCHEMA, Executor, Qualifier
 
@@ -53,8 +53,10 @@ SELECT t.job_id, t.status FROM target t
 # them had completed), the count of those not met, whether some job of the
 # graph depends on them. The wake-up trigger of 0012 notifies only for the
 # pending ones.
-_DEPENDENT_COLUMNS = _INSERT_COLUMNS.replace(
-    "status,", "status, wait_kind, dependencies_unmet, has_dependents,"
+_DEPENDENT_COLUMNS = (
+    _INSERT_COLUMNS.replace("status,", "status, wait_kind, dependencies_unmet, has_dependents,")
+    + ", "
+    + _FAIR_COLUMNS
 )
 _INSERT_DEPENDENTS = f"""
 INSERT INTO scheduled_jobs ({_DEPENDENT_COLUMNS})
@@ -63,15 +65,18 @@ SELECT d.job_id, d.job_name, d.task_name, d.execution_time,
        CASE WHEN d.unmet > 0 THEN '{WAIT_KIND}' END, d.unmet, d.has_dependents,
        d.task_data::jsonb, d.priority, d.max_retries, d.misfire_grace_time, d.timeout,
        d.retry_policy::jsonb, d.dedupe_key, d.dedupe_scope, d.queue, d.concurrency_key,
-       d.max_running_per_key, d.rate_count_per_key, d.rate_period_per_key, d.key_ordered
+       d.max_running_per_key, d.rate_count_per_key, d.rate_period_per_key, d.key_ordered,
+       d.fair_share_key, d.fair_share_weight
   FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::text[],
               $6::int[], $7::int[], $8::int[], $9::float8[], $10::text[],
               $11::text[], $12::text[], $13::text[], $14::text[], $15::int[],
-              $16::int[], $17::float8[], $18::bool[], $19::int[], $20::bool[])
+              $16::int[], $17::float8[], $18::bool[], $19::text[], $20::float8[],
+              $21::int[], $22::bool[])
     AS d(job_id, job_name, task_name, execution_time, task_data, priority,
          max_retries, misfire_grace_time, timeout, retry_policy, dedupe_key, dedupe_scope,
          queue, concurrency_key, max_running_per_key, rate_count_per_key,
-         rate_period_per_key, key_ordered, unmet, has_dependents)
+         rate_period_per_key, key_ordered, fair_share_key, fair_share_weight, unmet,
+         has_dependents)
 RETURNING job_id
 """
 #: COPY's columns for the same rows (NewJob's, then the four above).

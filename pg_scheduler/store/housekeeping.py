@@ -19,7 +19,7 @@ from ..enums import FINAL_STATUSES
 from .event_sql import events_cte
 from .keys import PRUNE_KEY_STARTS
 from .names import DEFAULT_SCHEMA, JOBS_CHANNEL, Qualifier, lock_key_for
-from .queues import GROUPS
+from .queues import FAIR_GROUPS, GROUPS, HEADS
 
 # The final statuses as the text the statements compare with.
 _FINAL_STATUS_VALUES = sorted(s.value for s in FINAL_STATUSES)
@@ -191,12 +191,12 @@ SELECT worker_id, count(*)::bigint AS n
 # index descent per group, whatever the backlog.
 # Keyed rows (migration 0017) are outside the groups: their earliest pending row.
 _OLDEST_DUE = f"""
-WITH RECURSIVE {GROUPS}
+WITH RECURSIVE {GROUPS}, {FAIR_GROUPS}
 SELECT EXTRACT(EPOCH FROM now() - LEAST(min(g.execution_time), (
            SELECT min(k.execution_time) FROM scheduled_jobs k
             WHERE k.status = 'pending' AND k.concurrency_key IS NOT NULL
               AND k.execution_time <= now())))::float8
-  FROM groups g WHERE g.execution_time <= now()
+  FROM {HEADS} g WHERE g.execution_time <= now()
 """
 _FINISHED_IN_WINDOWS = """
 SELECT w.secs, j.status, count(*)::bigint AS n

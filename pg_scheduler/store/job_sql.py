@@ -20,26 +20,29 @@ _INSERT_COLUMNS = """
     max_retries, misfire_grace_time, timeout, retry_policy, dedupe_key, dedupe_scope, queue,
     concurrency_key, max_running_per_key, rate_count_per_key, rate_period_per_key, key_ordered
 """
+# Fair share (migration 0018): NewJob's last two fields.
+_FAIR_COLUMNS = "fair_share_key, fair_share_weight"
 _INSERT_FROM_ARRAYS = f"""
-    INSERT INTO scheduled_jobs ({_INSERT_COLUMNS})
+    INSERT INTO scheduled_jobs ({_INSERT_COLUMNS}, {_FAIR_COLUMNS})
     SELECT d.job_id, d.job_name, d.task_name, d.execution_time, 'pending', d.task_data::jsonb,
            d.priority, d.max_retries, d.misfire_grace_time, d.timeout, d.retry_policy::jsonb,
            d.dedupe_key, d.dedupe_scope, d.queue, d.concurrency_key, d.max_running_per_key,
-           d.rate_count_per_key, d.rate_period_per_key, d.key_ordered
+           d.rate_count_per_key, d.rate_period_per_key, d.key_ordered, d.fair_share_key,
+           d.fair_share_weight
       FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::text[],
                   $6::int[], $7::int[], $8::int[], $9::float8[], $10::text[],
                   $11::text[], $12::text[], $13::text[], $14::text[], $15::int[],
-                  $16::int[], $17::float8[], $18::bool[])
+                  $16::int[], $17::float8[], $18::bool[], $19::text[], $20::float8[])
         AS d(job_id, job_name, task_name, execution_time, task_data, priority,
              max_retries, misfire_grace_time, timeout, retry_policy, dedupe_key, dedupe_scope,
              queue, concurrency_key, max_running_per_key, rate_count_per_key,
-             rate_period_per_key, key_ordered)
+             rate_period_per_key, key_ordered, fair_share_key, fair_share_weight)
 """
 # One row: plain VALUES plans and runs about 0.3 ms faster than unnest().
 _INSERT_ONE = f"""
-    INSERT INTO scheduled_jobs ({_INSERT_COLUMNS})
+    INSERT INTO scheduled_jobs ({_INSERT_COLUMNS}, {_FAIR_COLUMNS})
     VALUES ($1, $2, $3, $4, 'pending', $5::jsonb, $6, $7, $8, $9, $10::jsonb, $11, $12, $13,
-            $14, $15, $16, $17, $18)
+            $14, $15, $16, $17, $18, $19, $20)
 """
 # REPLACE overwrites a pending or finished job and makes it pending with fresh
 # counters; a running attempt is never touched (its lease stays valid), nor a
@@ -57,6 +60,8 @@ _REPLACE_SET = """
         rate_count_per_key = EXCLUDED.rate_count_per_key,
         rate_period_per_key = EXCLUDED.rate_period_per_key,
         key_ordered = EXCLUDED.key_ordered, key_seq = EXCLUDED.key_seq,
+        fair_share_key = EXCLUDED.fair_share_key,
+        fair_share_weight = EXCLUDED.fair_share_weight,
         status = 'pending', retry_count = 0,
         attempts = 0, rescue_count = 0, unstarted_rescues = 0, error_message = NULL,
         error_traceback = NULL,
@@ -108,7 +113,8 @@ def due_in_groups(limit: str, cut: str | None = None) -> str:
                 AND j.execution_time + make_interval(secs => j.misfire_grace_time) < now())
                    AS expired
           FROM scheduled_jobs j
-         WHERE j.status = 'pending' AND j.queue = s.queue AND j.task_name = s.task_name
+         WHERE j.status = 'pending' AND j.fair_share_key IS NULL
+           AND j.queue = s.queue AND j.task_name = s.task_name
            AND j.priority = s.priority AND j.execution_time >= s.head
            AND j.concurrency_key IS NULL
            AND j.execution_time <= now(){cut_bound}

@@ -14,6 +14,7 @@ import asyncpg
 from ..enums import DEFAULT_QUEUE
 from ..support.codec import encode_json
 from .event_sql import _EMIT, _WANTED
+from .fair import FairStore
 from .job_sql import (
     _CANCEL,
     _CLAIM,
@@ -78,6 +79,14 @@ class NewJob(NamedTuple):
     rate_count_per_key: int | None = None
     rate_period_per_key: float | None = None
     key_ordered: bool = False
+    # Fair share (migration 0018): the job's key, and its weight (None: 1).
+    fair_share_key: str | None = None
+    fair_share_weight: float | None = None
+
+
+#: The fields of a NewJob an in-process start writes (``_INSERT_RUNNING``): all
+#: but the fair share ones (a fair share row never starts in-process).
+_LOCAL_FIELDS = NewJob._fields.index("fair_share_key")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +152,7 @@ class Store(WorkerStatements):
         self._missing_privileges = q(_MISSING_PRIVILEGES)
         self.limits = LimitStore(pool, q)
         self.keys = KeyStore(q)
+        self.fair = FairStore(pool, q)  # fair share (migration 0018)
         self._emit = q(_EMIT)
         self._wanted = q(_WANTED)
 
@@ -232,7 +242,10 @@ class Store(WorkerStatements):
     ) -> asyncpg.Record:
         """Insert ``job`` claimed by ``worker_id`` if it is due and its queue is
         not paused (status says which)."""
-        return await db.fetchrow(self._insert_running, *job, worker_id, lease_seconds)
+        # Never a fair share row (engine/local.py): its last two fields are not written.
+        return await db.fetchrow(
+            self._insert_running, *job[:_LOCAL_FIELDS], worker_id, lease_seconds
+        )
 
     async def seconds_until_next_due(
         self,

@@ -24,9 +24,10 @@ from typing import NamedTuple
 
 import asyncpg
 
+from .fair_sql import FAIR_DUE_GROUPS
 from .names import DEFAULT_SCHEMA, Executor, Qualifier
 from .periodic import PERIODIC_TASK_PREFIX
-from .queues import GROUPS
+from .queues import FAIR_GROUPS, GROUPS
 
 # A live worker lists the task named by the SQL expression {task}.
 _SERVED = """EXISTS (SELECT 1 FROM scheduler_workers w
@@ -35,22 +36,32 @@ _SERVED = """EXISTS (SELECT 1 FROM scheduler_workers w
 
 # One index descent per (queue, task, priority) group of pending rows (see
 # queues.py); only the groups of tasks no live worker serves are counted.
+# Groups of tasks no live worker serves (a condition on ``g.task_name``).
+_ORPHAN_KEEP = f"""($2::text[] IS NULL OR g.task_name = ANY($2::text[]))
+       AND NOT {_SERVED.format(task="g.task_name")}"""
 _ORPHANED_JOBS = f"""
-WITH RECURSIVE {GROUPS}
-SELECT g.task_name, g.queue, sum(c.n)::bigint AS due, min(c.oldest) AS oldest_due,
+WITH RECURSIVE {GROUPS}, {FAIR_GROUPS}, {FAIR_DUE_GROUPS.format(keep=_ORPHAN_KEEP)},
+due_groups AS (
+    SELECT g.task_name, g.queue, c.n, c.oldest
+      FROM groups g
+     CROSS JOIN LATERAL (
+        SELECT count(*) AS n, min(j.execution_time) AS oldest FROM scheduled_jobs j
+         WHERE j.status = 'pending' AND j.concurrency_key IS NULL AND j.fair_share_key IS NULL
+           AND j.queue = g.queue AND j.task_name = g.task_name
+           AND j.priority = g.priority AND j.execution_time <= now()
+     ) c
+     WHERE g.execution_time <= now()
+       AND {_ORPHAN_KEEP}
+    UNION ALL
+    -- Rows with a fair share key (migration 0018), from their own index.
+    SELECT task_name, queue, n, oldest FROM fair_due_groups
+)
+SELECT d.task_name, d.queue, sum(d.n)::bigint AS due, min(d.oldest) AS oldest_due,
        min(p.job_name) AS periodic_name
-  FROM groups g
- CROSS JOIN LATERAL (
-    SELECT count(*) AS n, min(j.execution_time) AS oldest FROM scheduled_jobs j
-     WHERE j.status = 'pending' AND j.concurrency_key IS NULL AND j.queue = g.queue
-       AND j.task_name = g.task_name AND j.priority = g.priority AND j.execution_time <= now()
- ) c
-  LEFT JOIN periodic_jobs p ON g.task_name = '{PERIODIC_TASK_PREFIX}' || p.dedup_key
- WHERE g.execution_time <= now()
-   AND ($2::text[] IS NULL OR g.task_name = ANY($2::text[]))
-   AND NOT {_SERVED.format(task="g.task_name")}
- GROUP BY g.task_name, g.queue
- ORDER BY g.task_name, g.queue
+  FROM due_groups d
+  LEFT JOIN periodic_jobs p ON d.task_name = '{PERIODIC_TASK_PREFIX}' || p.dedup_key
+ GROUP BY d.task_name, d.queue
+ ORDER BY d.task_name, d.queue
 """
 # The predicate of scheduled_jobs_periodic_pending_idx, word for word.
 _ORPHANED_PERIODIC = f"""

@@ -17,25 +17,59 @@ import asyncpg
 from ..enums import DEFAULT_QUEUE
 from .names import DEFAULT_SCHEMA, Executor, Qualifier
 
-# Every (queue, task_name, priority) that has a pending row, with its earliest
+# Every (queue, task_name, priority) that has a pending row without a fair
+# share key (keyed rows: store/fair_sql.py, migration 0018), with its earliest
 # execution_time (the group's head): one index descent each. Readers start
 # each group at its head, so the dead index entries a busy group leaves at its
 # front (claimed rows not yet vacuumed) are walked once per statement, here.
 GROUPS = """
 groups AS (
     (SELECT j.queue, j.task_name, j.priority, j.execution_time FROM scheduled_jobs j
-      WHERE j.status = 'pending' AND j.concurrency_key IS NULL
+      WHERE j.status = 'pending' AND j.concurrency_key IS NULL AND j.fair_share_key IS NULL
       ORDER BY j.queue, j.task_name, j.priority, j.execution_time LIMIT 1)
     UNION ALL
     SELECT n.queue, n.task_name, n.priority, n.execution_time
       FROM groups g
      CROSS JOIN LATERAL (
         SELECT j.queue, j.task_name, j.priority, j.execution_time FROM scheduled_jobs j
-         WHERE j.status = 'pending' AND j.concurrency_key IS NULL
+         WHERE j.status = 'pending' AND j.concurrency_key IS NULL AND j.fair_share_key IS NULL
            AND (j.queue, j.task_name, j.priority) > (g.queue, g.task_name, g.priority)
          ORDER BY j.queue, j.task_name, j.priority, j.execution_time LIMIT 1
      ) n
 )"""
+
+
+# Every (queue, task_name, fair_share_key, priority) that has a pending row
+# with a fair share key (migration 0018), with its head and the head's weight:
+# one descent of scheduled_jobs_fair_idx each (store/fair_sql.py).
+FAIR_GROUPS = """
+fair_groups AS (
+    (SELECT j.queue, j.task_name, j.fair_share_key, j.priority, j.execution_time,
+            j.fair_share_weight
+       FROM scheduled_jobs j
+      WHERE j.status = 'pending' AND j.fair_share_key IS NOT NULL
+      ORDER BY j.queue, j.task_name, j.fair_share_key, j.priority, j.execution_time LIMIT 1)
+    UNION ALL
+    SELECT n.queue, n.task_name, n.fair_share_key, n.priority, n.execution_time,
+           n.fair_share_weight
+      FROM fair_groups g
+     CROSS JOIN LATERAL (
+        SELECT j.queue, j.task_name, j.fair_share_key, j.priority, j.execution_time,
+               j.fair_share_weight
+          FROM scheduled_jobs j
+         WHERE j.status = 'pending' AND j.fair_share_key IS NOT NULL
+           AND (j.queue, j.task_name, j.fair_share_key, j.priority)
+               > (g.queue, g.task_name, g.fair_share_key, g.priority)
+         ORDER BY j.queue, j.task_name, j.fair_share_key, j.priority, j.execution_time
+         LIMIT 1
+     ) n
+)"""
+
+
+# The heads of both kinds of groups (after WITH RECURSIVE GROUPS, FAIR_GROUPS).
+HEADS = """(SELECT queue, task_name, execution_time FROM groups
+          UNION ALL
+          SELECT queue, task_name, execution_time FROM fair_groups)"""
 
 
 _BINDS = """((b.scope = 'task' AND b.name = g.task_name)
@@ -124,9 +158,9 @@ reachable AS (
 # The wait of the oldest due job per queue, for operators (statistics): from
 # the groups' heads, never from a scan of the backlog.
 _OLDEST_DUE_BY_QUEUE = f"""
-WITH RECURSIVE {GROUPS}
+WITH RECURSIVE {GROUPS}, {FAIR_GROUPS}
 SELECT g.queue, EXTRACT(EPOCH FROM now() - min(g.execution_time))::float8 AS oldest_due
-  FROM groups g
+  FROM {HEADS} g
  WHERE g.execution_time <= now()
  GROUP BY g.queue
 """

@@ -120,7 +120,10 @@ CREATE TABLE public.scheduled_jobs (
     rate_period_per_key double precision,
     key_ordered boolean DEFAULT false NOT NULL,
     key_seq bigint DEFAULT nextval('scheduled_jobs_key_seq'::regclass),
+    fair_share_key text,
+    fair_share_weight double precision,
     CONSTRAINT scheduled_jobs_pkey PRIMARY KEY (job_id),
+    CONSTRAINT scheduled_jobs_fair_share_weight_check CHECK (((fair_share_weight > (0)::double precision) AND (fair_share_weight < 'Infinity'::double precision))),
     CONSTRAINT scheduled_jobs_priority_check CHECK ((priority = ANY (ARRAY[1, 3, 5, 8]))),
     CONSTRAINT scheduled_jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'waiting'::text, 'completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text]))),
     CONSTRAINT scheduled_jobs_wait_kind_check CHECK ((wait_kind = ANY (ARRAY['sleep'::text, 'signal'::text, 'children'::text, 'dependencies'::text])))
@@ -135,7 +138,7 @@ WITH (
 );
 
 -- [index] scheduled_jobs_claim_idx on scheduled_jobs
-CREATE INDEX scheduled_jobs_claim_idx ON public.scheduled_jobs USING btree (queue, task_name, priority, execution_time) WHERE ((status = 'pending'::text) AND (concurrency_key IS NULL));
+CREATE INDEX scheduled_jobs_claim_idx ON public.scheduled_jobs USING btree (queue, task_name, priority, execution_time) WHERE ((status = 'pending'::text) AND (concurrency_key IS NULL) AND (fair_share_key IS NULL));
 
 -- [index] scheduled_jobs_dashboard_idx on scheduled_jobs
 CREATE INDEX scheduled_jobs_dashboard_idx ON public.scheduled_jobs USING btree (status, created_at, job_id) WHERE (status <> 'running'::text);
@@ -148,6 +151,9 @@ CREATE UNIQUE INDEX scheduled_jobs_dedupe_debounce_idx ON public.scheduled_jobs 
 
 -- [index] scheduled_jobs_dedupe_pending_idx on scheduled_jobs
 CREATE UNIQUE INDEX scheduled_jobs_dedupe_pending_idx ON public.scheduled_jobs USING btree (dedupe_key) WHERE ((dedupe_scope = 'pending'::text) AND (NOT started_before) AND ((status = 'pending'::text) OR ((status = 'running'::text) AND claimed_ahead)));
+
+-- [index] scheduled_jobs_fair_idx on scheduled_jobs
+CREATE INDEX scheduled_jobs_fair_idx ON public.scheduled_jobs USING btree (queue, task_name, fair_share_key, priority, execution_time) WHERE ((status = 'pending'::text) AND (fair_share_key IS NOT NULL));
 
 -- [index] scheduled_jobs_finished_idx on scheduled_jobs
 CREATE INDEX scheduled_jobs_finished_idx ON public.scheduled_jobs USING btree (status, finished_at) WHERE (finished_at IS NOT NULL);
@@ -220,6 +226,28 @@ CREATE TABLE public.scheduler_event_flags (
     kind text NOT NULL,
     until timestamp with time zone NOT NULL,
     CONSTRAINT scheduler_event_flags_pkey PRIMARY KEY (kind)
+);
+
+-- [table] scheduler_fair_share_starts
+CREATE TABLE public.scheduler_fair_share_starts (
+    fair_share_key text NOT NULL,
+    worker_id text NOT NULL,
+    cost double precision NOT NULL,
+    starts double precision NOT NULL,
+    at timestamp with time zone NOT NULL,
+    CONSTRAINT scheduler_fair_share_starts_pkey PRIMARY KEY (fair_share_key, worker_id)
+)
+WITH (
+    fillfactor=50
+);
+
+-- [table] scheduler_fair_share_weights
+CREATE TABLE public.scheduler_fair_share_weights (
+    fair_share_key text NOT NULL,
+    weight double precision NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT scheduler_fair_share_weights_pkey PRIMARY KEY (fair_share_key),
+    CONSTRAINT scheduler_fair_share_weights_weight_check CHECK (((weight > (0)::double precision) AND (weight < 'Infinity'::double precision)))
 );
 
 -- [table] scheduler_key_starts

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 import asyncpg
 
 from .event_sql import events_cte
+from .fair_sql import FAIR_DUE_GROUPS
 from .names import Qualifier
-from .queues import GROUPS
+from .queues import FAIR_GROUPS, GROUPS
 
 # The running rows of worker $1 that no other session has locked, locked here
 # in job_id order. The heartbeat and the watchdog's renewal never wait for a
@@ -126,26 +127,33 @@ DELETE FROM scheduler_workers w
                     WHERE j.worker_id = w.worker_id AND j.status = 'running')
 """
 
-# Only the (queue, task, priority) groups of tasks no live worker has are
-# counted (see queues.py): a backlog of tasks that do have workers costs one
+# Only the (queue, task, priority) groups (and keyed groups) of tasks no
+# live worker has are counted (see queues.py): a backlog of tasks that do have workers costs one
 # index descent per group.
+# Tasks no live worker has (a condition on ``g.task_name``).
+_UNKNOWN_KEEP = """NOT (g.task_name = ANY($1::text[]))
+       AND NOT EXISTS (
+           SELECT 1 FROM scheduler_workers w
+            WHERE w.last_seen >= now() - make_interval(secs => $2)
+              AND g.task_name = ANY(w.tasks))"""
 _UNKNOWN_TASKS = f"""
-WITH RECURSIVE {GROUPS}
-SELECT g.task_name, sum(c.n)::bigint AS pending
-  FROM groups g
- CROSS JOIN LATERAL (
-    SELECT count(*) AS n FROM scheduled_jobs j
-     WHERE j.status = 'pending' AND j.concurrency_key IS NULL AND j.queue = g.queue
-       AND j.task_name = g.task_name AND j.priority = g.priority AND j.execution_time <= now()
- ) c
- WHERE g.execution_time <= now()
-   AND NOT (g.task_name = ANY($1::text[]))
-   AND NOT EXISTS (
-       SELECT 1 FROM scheduler_workers w
-        WHERE w.last_seen >= now() - make_interval(secs => $2)
-          AND g.task_name = ANY(w.tasks))
- GROUP BY g.task_name
- ORDER BY g.task_name
+WITH RECURSIVE {GROUPS}, {FAIR_GROUPS}, {FAIR_DUE_GROUPS.format(keep=_UNKNOWN_KEEP)}
+SELECT t.task_name, sum(t.n)::bigint AS pending
+  FROM (SELECT g.task_name, c.n
+          FROM groups g
+         CROSS JOIN LATERAL (
+            SELECT count(*) AS n FROM scheduled_jobs j
+             WHERE j.status = 'pending' AND j.concurrency_key IS NULL AND j.fair_share_key IS NULL
+               AND j.queue = g.queue AND j.task_name = g.task_name
+               AND j.priority = g.priority AND j.execution_time <= now()
+         ) c
+         WHERE g.execution_time <= now()
+           AND {_UNKNOWN_KEEP}
+        UNION ALL
+        -- Rows with a fair share key (migration 0018), from their own index.
+        SELECT task_name, n FROM fair_due_groups) t
+ GROUP BY t.task_name
+ ORDER BY t.task_name
 """
 
 _RENEW_LEASE = """

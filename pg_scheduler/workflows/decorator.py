@@ -63,6 +63,8 @@ def workflow(
     debounce_max_wait: timedelta | float | None = None,
     debounce_merge: Callable[[Any, Any], Any] | None = None,
     throttle: timedelta | float | None = None,
+    fair_share_key: str | Callable[..., str] | None = None,
+    fair_share_weight: float | None = None,
 ) -> Callable[[F], F]: ...
 def workflow(
     func: Any = None,
@@ -83,6 +85,8 @@ def workflow(
     debounce_max_wait: timedelta | float | None = None,
     debounce_merge: Callable[[Any, Any], Any] | None = None,
     throttle: timedelta | float | None = None,
+    fair_share_key: str | Callable[..., str] | None = None,
+    fair_share_weight: float | None = None,
 ) -> Any:
     """Register ``async def f(ctx, ...)`` as a durable workflow (docs: Durable
     workflows). Schedule it like any task (``scheduler.schedule(f, args=...)``);

@@ -116,8 +116,11 @@ async def test_a_waiting_job_is_outside_the_claim_index_and_never_claimed(pool, 
         "SELECT pg_get_expr(i.indpred, i.indrelid) FROM pg_index i"
         " WHERE i.indexrelid = 'scheduled_jobs_claim_idx'::regclass"
     )
-    # Migration 0017 leaves keyed rows out too; a waiting row is in neither case.
-    assert predicate == "((status = 'pending'::text) AND (concurrency_key IS NULL))"
+    # 0017 and 0018 leave rows with a concurrency or fair share key out; a
+    # waiting row is in neither case.
+    assert predicate == (
+        "((status = 'pending'::text) AND (concurrency_key IS NULL) AND (fair_share_key IS NULL))"
+    )
     # A due plain job runs past it; the waiting one is never taken.
     plain = await scheduler.schedule(t.step, execution_time=now(), args=("plain",))
     await wait_for_status(pool, plain, "completed")

@@ -320,3 +320,39 @@ async def test_0019_adds_the_debounce_index_and_the_throttle_table_and_rewrites_
             await pool.close()
     finally:
         await conn.close()
+
+
+async def test_pending_jobs_stay_in_the_plain_claim_across_0018(fresh_db):
+    """Rows written before 0018 have no fair share key: the claim index 0018
+    rebuilds holds them, the keyed index holds none, and they are claimed."""
+    conn = await asyncpg.connect(fresh_db)
+    try:
+        await migrate(conn)
+        # The database as 0016 left it.
+        await conn.execute(
+            "DROP TABLE scheduler_fair_share_starts, scheduler_fair_share_weights;"
+            " DROP INDEX scheduled_jobs_fair_idx; DROP INDEX scheduled_jobs_claim_idx;"
+            " ALTER TABLE scheduled_jobs DROP COLUMN fair_share_key,"
+            " DROP COLUMN fair_share_weight;"
+            " CREATE INDEX scheduled_jobs_claim_idx ON scheduled_jobs"
+            " (queue, task_name, priority, execution_time) WHERE status = 'pending';"
+            " DELETE FROM pg_scheduler_migrations WHERE version = 18"
+        )
+        await conn.execute(
+            "INSERT INTO scheduled_jobs (job_id, job_name, task_name, execution_time, status)"
+            " SELECT 'j' || n, 'f', 'f', now(), 'pending' FROM generate_series(1, 5) n"
+        )
+        assert await migrate(conn) == [18]
+        predicate = await conn.fetchval(
+            "SELECT pg_get_expr(indpred, indrelid) FROM pg_index"
+            " WHERE indexrelid = 'scheduled_jobs_claim_idx'::regclass"
+        )
+        assert "fair_share_key IS NULL" in predicate
+        assert (
+            await conn.fetchval("SELECT count(*) FROM scheduled_jobs WHERE fair_share_key IS NULL")
+            == 5
+        )
+        with pytest.raises(asyncpg.CheckViolationError):
+            await conn.execute("UPDATE scheduled_jobs SET fair_share_weight = 0")
+    finally:
+        await conn.close()

@@ -93,6 +93,8 @@ def test_the_declaration_is_what_the_readme_documents() -> None:
         "debounce",
         "debounce_max_wait",
         "throttle",
+        "fair_share_key",
+        "fair_share_weight",
     )
     assert OPTION_DEFAULTS["priority"] is JobPriority.NORMAL
     assert OPTION_DEFAULTS["depends_on"] is None
@@ -148,6 +150,8 @@ def test_schedule_job_keeps_its_0_2_signature_and_otherwise_the_declaration() ->
         "max_running_per_key",
         "rate_limit_per_key",
         "ordered",
+        "fair_share_key",
+        "fair_share_weight",
     ]
     assert params[1].default is None and params[2].default is None  # execution_time, task_data
     found = keywords(Scheduler.schedule_job)
@@ -207,6 +211,8 @@ OTHER = {
     "debounce": timedelta(seconds=5),
     "debounce_max_wait": 60,
     "throttle": 1.5,
+    "fair_share_key": "tenant-a",
+    "fair_share_weight": 2.5,
 }
 TASK_OTHER = {
     "name": "emails.deliver",
@@ -226,6 +232,8 @@ TASK_OTHER = {
     "throttle": timedelta(seconds=60),  # handed over only: a task takes one of the two
     "batch_size": 50,
     "batch_timeout": timedelta(seconds=2),
+    "fair_share_key": "tenant-a",
+    "fair_share_weight": 3,
 }
 #: Task options a workflow does not take: it runs on the loop, one job at a time.
 NOT_WORKFLOW = ("executor", "batch_size", "batch_timeout")
@@ -327,6 +335,8 @@ BAD = {
     "debounce": (timedelta(0), ValueError),
     "debounce_max_wait": ("5", TypeError),
     "throttle": (-1, ValueError),
+    "fair_share_key": (5, TypeError),
+    "fair_share_weight": (0, ValueError),
 }
 
 
@@ -378,6 +388,7 @@ MAY_LIST_JOB_OPTIONS = {
     "tasks.py:task": "@task's public signature: a task's options (tested above)",
     "scheduler.py:task": "Scheduler.task's public signature: a task's options (tested above)",
     "store/workflows.py:Spawned": "a child's row as the spawn statement writes it",
+    "enqueue/fields.py:JobFields": "a job's resolved fields (the call's, else the task's)",
 }
 #: The same for a task's options.
 MAY_LIST_TASK_OPTIONS = {
@@ -483,5 +494,8 @@ def test_spawn_takes_a_childs_options_with_their_declared_defaults() -> None:
         "debounce",
         "debounce_max_wait",
         "throttle",
+        # A child's fair share key and weight are its task's (@task(fair_share_key=...)).
+        "fair_share_key",
+        "fair_share_weight",
     } == set(OPTION_NAMES)
     assert_options_declared(found, {n: OPTION_DEFAULTS[n] for n in found})
