@@ -51,7 +51,7 @@ UPDATE scheduled_jobs j
        retry_policy = d.retry_policy::jsonb, queue = d.queue, status = 'pending',
        concurrency_key = d.concurrency_key, max_running_per_key = d.max_running_per_key,
        rate_count_per_key = d.rate_count_per_key, rate_period_per_key = d.rate_period_per_key,
-       key_ordered = d.key_ordered, key_seq = DEFAULT,
+       key_ordered = d.key_ordered, key_seq = NULL,
        fair_share_key = d.fair_share_key, fair_share_weight = d.fair_share_weight,
        retry_count = 0,
        attempts = 0, rescue_count = 0, unstarted_rescues = 0, error_message = NULL,

@@ -119,7 +119,7 @@ CREATE TABLE public.scheduled_jobs (
     rate_count_per_key integer,
     rate_period_per_key double precision,
     key_ordered boolean DEFAULT false NOT NULL,
-    key_seq bigint DEFAULT nextval('scheduled_jobs_key_seq'::regclass),
+    key_seq bigint,
     fair_share_key text,
     fair_share_weight double precision,
     CONSTRAINT scheduled_jobs_pkey PRIMARY KEY (job_id),
@@ -196,6 +196,9 @@ CREATE TRIGGER scheduled_jobs_events_delete AFTER DELETE ON public.scheduled_job
 
 -- [trigger] scheduled_jobs_events_insert on scheduled_jobs
 CREATE TRIGGER scheduled_jobs_events_insert AFTER INSERT ON public.scheduled_jobs REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_job_events();
+
+-- [trigger] scheduled_jobs_key_seq on scheduled_jobs
+CREATE TRIGGER scheduled_jobs_key_seq BEFORE INSERT OR UPDATE OF key_seq ON public.scheduled_jobs FOR EACH ROW WHEN ((new.key_ordered AND (new.key_seq IS NULL))) EXECUTE FUNCTION pg_scheduler_key_seq();
 
 -- [trigger] scheduled_jobs_notify_insert on scheduled_jobs
 CREATE TRIGGER scheduled_jobs_notify_insert AFTER INSERT ON public.scheduled_jobs REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_notify_jobs();
@@ -605,6 +608,18 @@ BEGIN
           GROUP BY e.chunk;
     END IF;
     RETURN NULL;
+END $function$;
+
+-- [function] pg_scheduler_key_seq()
+CREATE OR REPLACE FUNCTION public.pg_scheduler_key_seq()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public'
+AS $function$
+BEGIN
+    NEW.key_seq := nextval('scheduled_jobs_key_seq');
+    RETURN NEW;
 END $function$;
 
 -- [function] pg_scheduler_notify_jobs()

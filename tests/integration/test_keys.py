@@ -373,5 +373,5 @@ async def test_keys_through_a_callers_dbapi_connection(pool, dsn):
     assert [tuple(r) for r in rows] == [
         ("d", 1, None, None, True, True),
         ("d", 1, None, None, True, True),
-        ("d", 1, 3, 60.0, False, True),
+        ("d", 1, 3, 60.0, False, False),  # only an ordered key's jobs are numbered
     ]

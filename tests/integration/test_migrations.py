@@ -17,7 +17,7 @@ import pg_scheduler
 from pg_scheduler import MigrationError, Scheduler
 from pg_scheduler.store.migrate import current_version, load_migrations, migrate
 from tests.support import app_tasks
-from tests.support.common import wait_until, with_database
+from tests.support.common import migrate_up_to, wait_until, with_database
 
 # The table as pg-scheduler 0.2.x creates it (its documented columns and indexes).
 LEGACY_SCHEMA = """
@@ -247,24 +247,12 @@ async def test_jobs_written_before_0017_stay_plain_jobs(fresh_db):
     its enqueue number."""
     conn = await asyncpg.connect(fresh_db)
     try:
-        await migrate(conn)
-        # The database as 0016 left it.
-        await conn.execute("DROP TABLE scheduler_key_starts")
-        await conn.execute(
-            "ALTER TABLE scheduled_jobs DROP COLUMN concurrency_key,"
-            " DROP COLUMN max_running_per_key, DROP COLUMN rate_count_per_key,"
-            " DROP COLUMN rate_period_per_key, DROP COLUMN key_ordered, DROP COLUMN key_seq"
-        )
-        await conn.execute(
-            "CREATE INDEX scheduled_jobs_claim_idx ON scheduled_jobs"
-            " (queue, task_name, priority, execution_time) WHERE status = 'pending'"
-        )
-        await conn.execute("DELETE FROM pg_scheduler_migrations WHERE version = 17")
+        await migrate_up_to(conn, 16)  # the database as 0016 left it
         await conn.execute(
             "INSERT INTO scheduled_jobs (job_id, job_name, task_name, execution_time, status)"
             " VALUES ('old', 'x', 'x', now(), 'pending')"
         )
-        assert await migrate(conn) == [17]
+        assert await migrate(conn) == [m.version for m in load_migrations() if m.version > 16]
         row = await conn.fetchrow(
             "SELECT concurrency_key, key_ordered, key_seq FROM scheduled_jobs WHERE job_id = 'old'"
         )
@@ -284,6 +272,16 @@ async def test_jobs_written_before_0017_stay_plain_jobs(fresh_db):
             " concurrency_key, key_ordered) VALUES ('new', 'x', 'x', now(), 'pending', 'k', true)"
         )
         assert await conn.fetchval("SELECT key_seq FROM scheduled_jobs WHERE job_id = 'new'")
+        # Only an ordered key's jobs take a number: a plain or unordered job does not.
+        await conn.execute(
+            "INSERT INTO scheduled_jobs (job_id, job_name, task_name, execution_time, status,"
+            " concurrency_key) VALUES ('unordered', 'x', 'x', now(), 'pending', 'k'),"
+            " ('plain', 'x', 'x', now(), 'pending', NULL)"
+        )
+        assert (
+            await conn.fetchval("SELECT count(*) FROM scheduled_jobs WHERE key_seq IS NOT NULL")
+            == 1
+        )
     finally:
         await conn.close()
 

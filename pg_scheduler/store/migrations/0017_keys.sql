@@ -21,12 +21,25 @@ ALTER TABLE scheduled_jobs
     ADD COLUMN IF NOT EXISTS key_ordered         BOOLEAN NOT NULL DEFAULT false,
     ADD COLUMN IF NOT EXISTS key_seq             BIGINT;
 
--- Enqueue order: every new row takes the next number (set as a default after
--- the column exists, so rows already there keep NULL and nothing is rewritten).
+-- Enqueue order of an ordered key's jobs: a row written with key_ordered
+-- takes the next number, by a trigger that fires for those rows only (a
+-- column default would call the sequence for every job, and every plain job
+-- would carry the number). A REPLACE by dedupe key sets key_seq to NULL: the
+-- job takes a new number, at the end of its key's line. Rows already there
+-- keep NULL: nothing is rewritten.
 CREATE SEQUENCE IF NOT EXISTS scheduled_jobs_key_seq OWNED BY scheduled_jobs.key_seq;
-ALTER TABLE scheduled_jobs
-    ALTER COLUMN key_seq SET DEFAULT nextval('scheduled_jobs_key_seq');
 GRANT USAGE ON SEQUENCE scheduled_jobs_key_seq TO PUBLIC;
+CREATE OR REPLACE FUNCTION pg_scheduler_key_seq() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+BEGIN
+    NEW.key_seq := nextval('scheduled_jobs_key_seq');
+    RETURN NEW;
+END $$;
+DROP TRIGGER IF EXISTS scheduled_jobs_key_seq ON scheduled_jobs;
+CREATE TRIGGER scheduled_jobs_key_seq
+    BEFORE INSERT OR UPDATE OF key_seq ON scheduled_jobs FOR EACH ROW
+    WHEN (NEW.key_ordered AND NEW.key_seq IS NULL)
+    EXECUTE FUNCTION pg_scheduler_key_seq();
 
 -- Keyed rows are not the plain claim's: its index leaves them out.
 DROP INDEX IF EXISTS scheduled_jobs_claim_idx;
