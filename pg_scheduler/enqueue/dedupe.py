@@ -79,7 +79,7 @@ def resolve(
     if key is None and func is not None:
         key = getattr(func, _KEY_ATTR, None)
         if callable(key):
-            key = _call_key_function(func, key, args, kwargs)
+            key = call_key_function(func, key, args, kwargs)
     if key is None:
         if dedupe_scope is not None:
             raise ValueError("dedupe_scope was given without a dedupe_key")
@@ -88,21 +88,30 @@ def resolve(
     return key, scope
 
 
-def _call_key_function(
-    func: Callable[..., Any], key_function: Callable[..., Any], args: Any, kwargs: Any
+def call_key_function(
+    func: Callable[..., Any],
+    key_function: Callable[..., Any],
+    args: Any,
+    kwargs: Any,
+    option: str = "dedupe_key",
+    check: Callable[[str, str], Any] | None = None,
 ) -> str:
+    """The key ``func``'s task's ``option`` function returns for a job's
+    arguments: ValueError if it raises, TypeError if it returns no str, then
+    ``check(key, what)`` (default: the dedupe key's check)."""
     name = getattr(func, "__qualname__", repr(func))
     try:
         key = key_function(*args, **(kwargs or {}))
     except Exception as exc:
         raise ValueError(
-            f"the dedupe_key function of task {name} raised {type(exc).__name__}: {exc}; "
+            f"the {option} function of task {name} raised {type(exc).__name__}: {exc}; "
             "nothing was scheduled"
         ) from exc
     if not isinstance(key, str):
         raise TypeError(
-            f"the dedupe_key function of task {name} must return a str, "
+            f"the {option} function of task {name} must return a str, "
             f"got {type(key).__name__}: {key!r}"
         )
-    check_dedupe_key(key, f"the dedupe key of task {name}")
+    what = option.removesuffix("_key").replace("_", " ")
+    (check or check_dedupe_key)(key, f"the {what} key of task {name}")
     return key

@@ -18,6 +18,7 @@ from numbers import Real
 from typing import Any
 
 from ..support.validation import check_name
+from .dedupe import call_key_function
 
 _KEY_ATTR = "__pg_scheduler_fair_share_key__"
 _WEIGHT_ATTR = "__pg_scheduler_fair_share_weight__"
@@ -76,7 +77,7 @@ def resolve(
     if key is None and func is not None:
         key = getattr(func, _KEY_ATTR, None)
         if callable(key):
-            key = _call_key_function(func, key, args, kwargs)
+            key = call_key_function(func, key, args, kwargs, "fair_share_key", check_fair_share_key)
     if key is None:
         if fair_share_weight is not None:
             raise ValueError("fair_share_weight was given without a fair_share_key")
@@ -90,26 +91,6 @@ def resolve(
 def has_task_key(func: Any) -> bool:
     """Whether ``func`` was registered with ``@task(fair_share_key=...)``."""
     return getattr(func, _KEY_ATTR, None) is not None
-
-
-def _call_key_function(
-    func: Callable[..., Any], key_function: Callable[..., Any], args: Any, kwargs: Any
-) -> str:
-    name = getattr(func, "__qualname__", repr(func))
-    try:
-        key = key_function(*args, **(kwargs or {}))
-    except Exception as exc:
-        raise ValueError(
-            f"the fair_share_key function of task {name} raised {type(exc).__name__}: {exc}; "
-            "nothing was scheduled"
-        ) from exc
-    if not isinstance(key, str):
-        raise TypeError(
-            f"the fair_share_key function of task {name} must return a str, "
-            f"got {type(key).__name__}: {key!r}"
-        )
-    check_fair_share_key(key, f"the fair share key of task {name}")
-    return key
 
 
 def check_one_key(concurrency_key: str | None, fair_share_key: str | None) -> None:

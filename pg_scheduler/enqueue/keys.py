@@ -12,11 +12,11 @@ database enforces them in the keyed claim (:mod:`pg_scheduler.store.keys`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ..limits import parse_rate_limit
 from ..support.validation import check_name
+from .dedupe import call_key_function
 
 _ATTR = "__pg_scheduler_concurrency__"
 _NAMES = ("concurrency_key", "max_running_per_key", "rate_limit_per_key", "ordered")
@@ -131,7 +131,13 @@ def resolve(func: Any, options: Any, args: Any = (), kwargs: Any = None) -> KeyF
     if task is not None:
         t_key, t_most, t_rate, t_ordered = task
         if key is None and t_key is not None:
-            key = _call_key_function(func, t_key, args, kwargs) if callable(t_key) else t_key
+            key = (
+                call_key_function(
+                    func, t_key, args, kwargs, "concurrency_key", check_concurrency_key
+                )
+                if callable(t_key)
+                else t_key
+            )
         most = t_most if most is None else most
         rate = t_rate if rate is None else rate
         ordered = ordered or t_ordered
@@ -150,23 +156,3 @@ def resolve(func: Any, options: Any, args: Any = (), kwargs: Any = None) -> KeyF
         None if parsed is None else parsed.period,
         bool(ordered),
     )
-
-
-def _call_key_function(
-    func: Callable[..., Any], key_function: Callable[..., Any], args: Any, kwargs: Any
-) -> str:
-    name = getattr(func, "__qualname__", repr(func))
-    try:
-        key = key_function(*args, **(kwargs or {}))
-    except Exception as exc:
-        raise ValueError(
-            f"the concurrency_key function of task {name} raised {type(exc).__name__}: {exc}; "
-            "nothing was scheduled"
-        ) from exc
-    if not isinstance(key, str):
-        raise TypeError(
-            f"the concurrency_key function of task {name} must return a str, "
-            f"got {type(key).__name__}: {key!r}"
-        )
-    check_concurrency_key(key, f"the concurrency key of task {name}")
-    return key
