@@ -74,7 +74,8 @@ class Pair:
 
     def _pg_ctl_start(self, data: Path, port: int) -> None:
         options = f"-p {port} -c listen_addresses=127.0.0.1 -k {self.root}"
-        self._run(BIN / "pg_ctl", "-D", data, "-l", data / "server.log", "-o", options, "-w", "start")
+        log = data / "server.log"
+        self._run(BIN / "pg_ctl", "-D", data, "-l", log, "-o", options, "-w", "start")
         self._started.append(data)
 
     def start(self) -> Pair:
@@ -111,4 +112,3 @@ class Pair:
                 pass
         self._started.clear()
         shutil.rmtree(self.root, ignore_errors=True)
-
