@@ -231,8 +231,13 @@ def _api(
         except ValueError as exc:
             return _error(400, str(exc))
         except asyncpg.ReadOnlySQLTransactionError as exc:
-            # A standby (or a read-only role or transaction) refused a write.
-            return _error(409, f"{REPLICA_REFUSAL} ({exc})")
+            # A standby promoted or demoted since the last check, or a
+            # read-only role or default_transaction_read_only: a write refused.
+            return _error(
+                409,
+                f"the database refused a write ({exc}): it is a read replica or the role "
+                "reads only; actions need the primary",
+            )
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             return _error(503, f"database: {exc}")
 

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from pg_scheduler import Scheduler
+from pg_scheduler.dashboard import dashboard_app
 from pg_scheduler.store.migrate import migrate
 from tests.support import dashboard_tasks
 from tests.support.common import child_env, wait_until
@@ -222,3 +223,38 @@ async def test_read_only_cli_commands_on_the_replica(pair, jobs):
     code, _out, err = await cli(pair.replica_dsn, "cancel", jobs[0])
     assert code == 1
     assert "read replica" in err and "primary" in err and "Traceback" not in err, err
+
+
+async def test_a_write_refused_by_a_read_only_role_answers_409(pair, jobs):
+    """Not a standby, but every transaction read-only: the action reaches the
+    database, which refuses it; the answer is the same clear 409."""
+    pool = await asyncpg.create_pool(
+        pair.primary_dsn,
+        min_size=1,
+        max_size=2,
+        server_settings={"default_transaction_read_only": "on"},
+    )
+    app = dashboard_app(pool, token=TOKEN)
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://dash"
+        ) as http:
+            assert (await http.get("/api/config")).json()["replica"] is False
+            refused = await http.post(
+                "/api/action/cancel",
+                json={"job_id": jobs[0]},
+                headers={"X-Dashboard-Token": TOKEN},
+            )
+        assert refused.status_code == 409, refused.text
+        assert "actions need the primary" in refused.json()["error"]
+    finally:
+        await app.state.dashboard.close()
+        await pool.close()
+    conn = await asyncpg.connect(pair.primary_dsn)
+    try:
+        assert (
+            await conn.fetchval("SELECT status FROM scheduled_jobs WHERE job_id = $1", jobs[0])
+            == "pending"
+        )
+    finally:
+        await conn.close()
