@@ -116,6 +116,12 @@ def failure_line(exc: BaseException, dsn: str | None) -> str | None:
             f"error: database: {exc}; grant it to the role as the schema's owner "
             "(docs: Operations, schemas and privileges)"
         )
+    if isinstance(exc, asyncpg.ReadOnlySQLTransactionError):
+        return (
+            f"error: PostgreSQL at {server} refused a write ({exc}): it is a read replica "
+            "(a standby in recovery) or the role reads only; this command writes: point "
+            "--dsn at the primary"
+        )
     if isinstance(exc, OSError | asyncpg.PostgresError | asyncpg.InterfaceError):
         return f"error: database at {server}: {exc}"
     return None

@@ -11,6 +11,10 @@ Actions are POSTs that need the token, compared in constant time, from the
 may send a ``token`` field instead). A cross-site page cannot set that header
 nor know the token, so actions are CSRF-safe. Without a token configured the
 dashboard is read-only: every action answers 403.
+
+On a read replica (a hot standby, ``pg_is_in_recovery()``) the dashboard only
+reads: no LISTEN (a standby refuses it; the pages poll), and every action
+answers 409 with :data:`REPLICA_REFUSAL` before touching the database.
 """
 
 from __future__ import annotations
@@ -56,6 +60,11 @@ TOKEN_HEADER = "x-dashboard-token"
 PING_SECONDS = 15.0
 #: Events arriving within this many seconds go out as one message.
 COALESCE_SECONDS = 0.2
+#: What an action answers when the dashboard reads a standby.
+REPLICA_REFUSAL = (
+    "this dashboard reads a read replica (a standby in recovery); actions need the primary: "
+    "run a dashboard with --dsn pointing at the primary to retry, cancel, pause or trigger"
+)
 
 
 class Dashboard:
@@ -100,6 +109,8 @@ class Dashboard:
         self._streams: set[Subscription] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ending = False
+        #: True when the server is a standby in recovery: reads only, no LISTEN.
+        self.replica = False
 
     @property
     def read_only(self) -> bool:
@@ -118,6 +129,7 @@ class Dashboard:
                     self._pool = await asyncpg.create_pool(self._dsn, **options)
                     self._own_pool = True
                 store = await DashboardStore.open(self._pool, self.schema)
+                self.replica = await store.in_recovery()
                 self._service = DashboardService(
                     self._pool, store, self.schema, self._scheduler, self.pgbouncer
                 )
@@ -129,6 +141,8 @@ class Dashboard:
         if self._ending:
             return None
         service = await self.service()
+        if self.replica:
+            return None  # a standby refuses LISTEN: the page polls
         if self._hub is None:
             if self._scheduler is not None:
                 self._hub = self._scheduler.events_hub
@@ -144,6 +158,13 @@ class Dashboard:
         self._loop = asyncio.get_running_loop()
         self._streams.add(sub)
         return sub
+
+    async def on_replica(self) -> bool:
+        """Whether the server is (still) a standby; read again on each call,
+        so that a promoted replica takes actions from then on."""
+        service = await self.service()
+        self.replica = await service.store.in_recovery()
+        return self.replica
 
     def end_streams(self) -> None:
         """End every open event stream (and refuse new ones): call it when the
@@ -184,6 +205,7 @@ def _shell(page: str, base: str, dashboard: Dashboard) -> str:
         "base": html.escape(base, quote=True),
         "page": page,
         "readonly": "true" if dashboard.read_only else "false",
+        "replica": "true" if dashboard.replica else "false",
         "poll": f"{dashboard.poll_seconds:g}",
     }
     for key, value in values.items():
@@ -208,6 +230,14 @@ def _api(
             return _error(409, str(exc))
         except ValueError as exc:
             return _error(400, str(exc))
+        except asyncpg.ReadOnlySQLTransactionError as exc:
+            # A standby promoted or demoted since the last check, or a
+            # read-only role or default_transaction_read_only: a write refused.
+            return _error(
+                409,
+                f"the database refused a write ({exc}): it is a read replica or the role "
+                "reads only; actions need the primary",
+            )
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             return _error(503, f"database: {exc}")
 
@@ -271,6 +301,10 @@ def build_app(dashboard: Dashboard) -> Starlette:
         if name not in PAGES:
             return HTMLResponse("not found", status_code=404)
         base = request.scope.get("root_path", "").rstrip("/")
+        try:
+            await dashboard.service()  # learns whether the server is a replica
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            pass  # the page shows the API's error when it fetches
         return HTMLResponse(_shell(name, base, dashboard))
 
     async def action(request: Request) -> Response:
@@ -283,14 +317,28 @@ def build_app(dashboard: Dashboard) -> Starlette:
         except ValueError as exc:
             return _error(400, f"bad request body: {exc}")
         try:
+            replica = await dashboard.on_replica()
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            return _error(503, f"database: {exc}")
+        if replica:
+            return _error(409, REPLICA_REFUSAL)
+        try:
             dashboard.check_token(_given_token(request, body))
         except PermissionError as exc:
             return _error(403, str(exc))
         return await _api(lambda service, _request: run(service, body), dashboard)(request)
 
     async def config(_request: Request) -> Response:
+        try:
+            await dashboard.service()
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            return _error(503, f"database: {exc}")
         return JSONResponse(
-            {"read_only": dashboard.read_only, "poll_seconds": dashboard.poll_seconds}
+            {
+                "read_only": dashboard.read_only or dashboard.replica,
+                "replica": dashboard.replica,
+                "poll_seconds": dashboard.poll_seconds,
+            }
         )
 
     async def stream(_request: Request) -> Response:
@@ -343,7 +391,7 @@ async def _events(
     sub: Subscription | None, forget: Callable[[Subscription], None]
 ) -> AsyncIterator[str]:
     if sub is None:
-        # No LISTEN (pgbouncer without listen_dsn): the page polls instead.
+        # No LISTEN (pgbouncer without listen_dsn, or a standby): the page polls.
         yield 'event: mode\ndata: {"live": false}\n\n'
         return
     loop = asyncio.get_running_loop()

@@ -134,6 +134,9 @@ _KEYED_OLDEST_DUE = """(SELECT min(k.execution_time) FROM scheduled_jobs k
 # A schema before 0017 has no keys: its groups are every pending row's.
 _NO_KEYS = " AND j.concurrency_key IS NULL"
 _JOB_QUEUE = "SELECT queue FROM scheduled_jobs WHERE job_id = $1"
+# A hot standby (a streaming replica) answers true: it serves reads only, and
+# refuses LISTEN and every write.
+_IN_RECOVERY = "SELECT pg_is_in_recovery()"
 # Whether a job is part of a graph: it has an edge either way (each side indexed).
 _IN_GRAPH = """
 SELECT EXISTS (SELECT 1 FROM job_dependencies e WHERE e.job_id = $1)
@@ -222,6 +225,10 @@ class DashboardStore:
             q.table("job_dependencies"),
         )
         return cls(pool, schema, Catalog(**dict(row)))
+
+    async def in_recovery(self) -> bool:
+        """Whether the server is a standby in recovery (a read replica)."""
+        return bool(await self.pool.fetchval(_IN_RECOVERY))
 
     async def counts(self) -> list[asyncpg.Record]:
         """(queue, task_name, status, n, due) for every combination with rows."""

@@ -6,7 +6,9 @@
 const body = document.body;
 const BASE = body.dataset.base || "";
 const PAGE = body.dataset.page || "overview";
-const READ_ONLY = body.dataset.readonly === "true";
+// On a read replica nothing can be written: the page is read-only whatever the token.
+const REPLICA = body.dataset.replica === "true";
+const READ_ONLY = body.dataset.readonly === "true" || REPLICA;
 const POLL_MS = Math.max(1, parseFloat(body.dataset.poll || "5")) * 1000;
 const STATUSES = ["pending", "running", "waiting", "completed", "failed", "cancelled", "expired"];
 const main = document.getElementById("main");
@@ -160,7 +162,8 @@ async function act(name, payload) {
 function actionButton(name, payload, label, danger) {
   return el("button", {
     class: danger ? "danger" : "", "data-action": name, type: "button", disabled: READ_ONLY,
-    title: READ_ONLY ? "read-only dashboard: start it with --token to act" : "",
+    title: REPLICA ? "this dashboard reads a replica; actions need the primary"
+      : READ_ONLY ? "read-only dashboard: start it with --token to act" : "",
     onclick: () => act(name, payload),
   }, label || name);
 }
@@ -583,7 +586,8 @@ function setup() {
     if (a.dataset.nav === PAGE || (PAGE === "job" && a.dataset.nav === "jobs")
         || (PAGE === "graph" && a.dataset.nav === "workflows")) a.classList.add("current");
   }
-  document.getElementById("mode").textContent = READ_ONLY ? "read-only" : "actions need the token";
+  document.getElementById("mode").textContent = REPLICA ? "read replica: read-only"
+    : READ_ONLY ? "read-only" : "actions need the token";
   const token = document.getElementById("token");
   if (!READ_ONLY) {
     token.hidden = false;
