@@ -61,7 +61,11 @@ def spread(values: list[float]) -> dict[str, float | None]:
     ordered = sorted(values)
     return {
         f"claim_{k}_ms": (round(v, 2) if v is not None else None)
-        for k, v in (("p50", pct(ordered, 0.5)), ("p95", pct(ordered, 0.95)), ("p99", pct(ordered, 0.99)))
+        for k, v in (
+            ("p50", pct(ordered, 0.5)),
+            ("p95", pct(ordered, 0.95)),
+            ("p99", pct(ordered, 0.99)),
+        )
     }
 
 
@@ -91,8 +95,19 @@ class Postgres(Server):
             assert self.pg_ctl_datadir is not None
             pgdata, pg_ctl, user = Path(self.pg_ctl_datadir), "pg_ctl", None
         subprocess.run(
-            [pg_ctl, "-D", str(pgdata), "-w", "-t", "60", "-m", "fast", "restart",
-             "-l", str(pgdata / "restart.log")],
+            [
+                pg_ctl,
+                "-D",
+                str(pgdata),
+                "-w",
+                "-t",
+                "60",
+                "-m",
+                "fast",
+                "restart",
+                "-l",
+                str(pgdata / "restart.log"),
+            ],
             check=True,
             user=user,
             stdout=subprocess.DEVNULL,
@@ -136,7 +151,9 @@ class Records:
         self.window_lat: list[float] = []
         self.window_done = 0
         self.window_enq = 0
-        self.unknown = 0  # runs of ids the producer never confirmed (an enqueue retried after a commit)
+        self.unknown = (
+            0  # runs of ids the producer never confirmed (an enqueue retried after a commit)
+        )
 
     def add_runs(self, rows: list[tuple[Any, ...]]) -> None:
         for i, offered, start, end in rows:
@@ -167,9 +184,7 @@ class Records:
     def check(self) -> dict[str, Any]:
         missing = [i for i in self.produced_ids if i >= len(self.runs) or self.runs[i] == 0]
         dups = sum(1 for i in self.produced_ids if i < len(self.runs) and self.runs[i] > 1)
-        extra = sum(
-            1 for i, n in enumerate(self.runs) if n and i not in self.produced_ids
-        )
+        extra = sum(1 for i, n in enumerate(self.runs) if n and i not in self.produced_ids)
         return {
             "produced": len(self.produced_ids),
             "ran": sum(1 for i in self.produced_ids if i < len(self.runs) and self.runs[i]),
@@ -204,6 +219,7 @@ class Run:
         self.sampler_conn: asyncpg.Connection | None = None
         self.relations: list[dict[str, Any]] = []
         self.restart_at: tuple[float, float] | None = None
+        self.watchers: list[asyncio.Task[None]] = []
 
     def cfg(self, **extra: Any) -> str:
         return json.dumps({"dsn": self.dsn, "options": self.options, **extra})
@@ -217,7 +233,11 @@ class Run:
 
     async def spawn(self, role: str, records: Path, log: Path) -> asyncio.subprocess.Process:
         proc = await asyncio.create_subprocess_exec(
-            self.python, str(PROC), self.name, role, self.cfg(records=str(records)),
+            self.python,
+            str(PROC),
+            self.name,
+            role,
+            self.cfg(records=str(records)),
             stdin=asyncio.subprocess.PIPE if role == "producer" else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=log.open("ab"),
@@ -235,7 +255,7 @@ class Run:
         self.tails.append(Tail(records, RAN))
         proc = await self.spawn("worker", records, self.dir / f"worker-{self.spawned}.log")
         self.workers[slot] = proc
-        asyncio.create_task(self.watch(slot, proc, self.spawned))
+        self.watchers.append(asyncio.create_task(self.watch(slot, proc, self.spawned)))
 
     async def watch(self, slot: int, proc: asyncio.subprocess.Process, number: int) -> None:
         """A worker that exits by itself is recorded and replaced (a supervisor's job)."""
@@ -253,8 +273,7 @@ class Run:
         self.killing.add(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)
         await proc.wait()
-        self.event("worker_sigkill", slot=slot, pid=proc.pid, code=proc.returncode,
-                   at=time.time())
+        self.event("worker_sigkill", slot=slot, pid=proc.pid, code=proc.returncode, at=time.time())
         await self.spawn_worker(slot)
 
     async def command(self, line: str) -> None:
@@ -279,14 +298,16 @@ class Run:
             WHERE c.relkind IN ('r', 'p')
               AND n.nspname NOT IN ('pg_catalog', 'information_schema')
               AND n.nspname NOT LIKE 'pg_toast%'
-              AND ($1::text[] IS NULL OR c.relname = ANY($1) OR n.nspname || '.' || c.relname = ANY($1))
+              AND ($1::text[] IS NULL OR c.relname = ANY($1)
+                   OR n.nspname || '.' || c.relname = ANY($1))
             UNION ALL
             SELECT i.indexrelid, n.nspname || '.' || c.relname, 'i'
             FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
             JOIN pg_class t ON t.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace
             WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')
               AND n.nspname NOT LIKE 'pg_toast%'
-              AND ($1::text[] IS NULL OR t.relname = ANY($1) OR n.nspname || '.' || t.relname = ANY($1))
+              AND ($1::text[] IS NULL OR t.relname = ANY($1)
+                   OR n.nspname || '.' || t.relname = ANY($1))
             ORDER BY 3 DESC, 2
             """,
             wanted,
@@ -294,7 +315,11 @@ class Run:
         self.relations = [dict(r) for r in rows]
         table = self.describe["job_table"]
         self.job_table = next(
-            (r["name"] for r in self.relations if r["kind"] != "i" and r["name"].split(".")[-1] == table),
+            (
+                r["name"]
+                for r in self.relations
+                if r["kind"] != "i" and r["name"].split(".")[-1] == table
+            ),
             table,
         )
 
@@ -318,7 +343,14 @@ class Run:
                 if rel["kind"] == "i":
                     row[f"{rel['name']}:size"] = s["size"]
                     continue
-                for key in ("n_live_tup", "n_dead_tup", "autovacuum_count", "vacuum_count", "size", "total"):
+                for key in (
+                    "n_live_tup",
+                    "n_dead_tup",
+                    "autovacuum_count",
+                    "vacuum_count",
+                    "size",
+                    "total",
+                ):
                     row[f"{rel['name']}:{key}"] = s[key]
             row["xmin_age"] = await conn.fetchval(
                 "SELECT max(greatest(age(backend_xmin), age(backend_xid))) FROM pg_stat_activity"
@@ -384,20 +416,37 @@ class Run:
         if not self.server.can_restart:
             self.event("restart_skipped", reason="no --pg-ctl-datadir with --dsn")
             return
+        before = await self.postmaster_start()
         begin = time.time()
-        self.event("postgres_restart_begin")
+        self.event("postgres_restart_begin", postmaster_start=before)
         await asyncio.to_thread(self.server.restart)
         back = time.time()
         self.restart_at = (begin, back)
-        self.event("postgres_restart_done", downtime_s=round(back - begin, 2))
+        self.event(
+            "postgres_restart_done",
+            downtime_s=round(back - begin, 2),
+            postmaster_start=await self.postmaster_start(),
+        )
 
-    async def kills(self) -> None:
+    async def postmaster_start(self) -> str:
+        conn = await asyncpg.connect(self.dsn, timeout=10)
+        try:
+            return str(await conn.fetchval("SELECT pg_postmaster_start_time()"))
+        finally:
+            await conn.close()
+
+    async def kills(self, stop: asyncio.Event) -> None:
+        """kill -9 a worker every --kill-every seconds (at least once a phase)
+        and start its replacement; a kill begun finishes before the phase ends."""
         every = min(self.args.kill_every, self.args.phase_seconds / 2)
         n = 0
         while True:
-            await asyncio.sleep(every)
-            await self.kill_one(n % WORKERS)
-            n += 1
+            try:
+                await asyncio.wait_for(stop.wait(), every)
+                return
+            except TimeoutError:
+                await self.kill_one(n % WORKERS)
+                n += 1
 
     async def run_phase(self, name: str, rate: float) -> None:
         self.phase, self.phase_start = name, time.time()
@@ -418,14 +467,11 @@ class Run:
         elif name == "restart":
             tasks.append(asyncio.create_task(self.restart()))
         elif name == "kill":
-            tasks.append(asyncio.create_task(self.kills()))
+            tasks.append(asyncio.create_task(self.kills(stop)))
         await asyncio.sleep(self.args.phase_seconds)
         stop.set()
         for t in tasks:
-            if name == "kill":
-                t.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+            await t
         if name == "readers":
             self.event("readers_done", count_queries=loops[0])
         self.phase_bounds[name] = (self.phase_start, time.time())
@@ -468,11 +514,18 @@ class Run:
             await asyncio.sleep(0.2)
 
     async def run(self) -> dict[str, Any]:
-        self.db_name, self.dsn = await asyncio.to_thread(self.server.fresh_database, f"sus_{self.name}")
+        self.db_name, self.dsn = await asyncio.to_thread(
+            self.server.fresh_database, f"sus_{self.name}"
+        )
         self.options = json.loads(self.args.options).get(self.name, {})
         install = await asyncio.create_subprocess_exec(
-            self.python, str(PROC), self.name, "install", self.cfg(),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            self.python,
+            str(PROC),
+            self.name,
+            "install",
+            self.cfg(),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         out, err = await install.communicate()
         line = next((x for x in out.decode().splitlines() if x.startswith("RESULT ")), None)
@@ -482,7 +535,9 @@ class Run:
         print(f"[{self.name}] {self.describe['version']}", flush=True)
         await self.discover()
         self.producer_tail = Tail(self.dir / "producer.bin", PRODUCED)
-        self.producer = await self.spawn("producer", self.dir / "producer.bin", self.dir / "producer.log")
+        self.producer = await self.spawn(
+            "producer", self.dir / "producer.bin", self.dir / "producer.log"
+        )
         for slot in range(WORKERS):
             await self.spawn_worker(slot)
         sampler = asyncio.create_task(self.sampler())
@@ -552,7 +607,9 @@ class Run:
     def completion_times(self) -> list[float]:
         return sorted(self.records.end)
 
-    def recovery_s(self, ends: list[float], at: float, until: float, clean_rate: float) -> float | None:
+    def recovery_s(
+        self, ends: list[float], at: float, until: float, clean_rate: float
+    ) -> float | None:
         """From ``at`` to the end of the first 1-second window with >= 90 % of the
         clean phase's completion rate (0 if the first window already has it)."""
         need = 0.9 * clean_rate
@@ -610,11 +667,19 @@ class Run:
         if self.restart_at is not None and "restart" in self.phase_bounds:
             until = self.phase_bounds["restart"][1]
             r = self.recovery_s(ends, self.restart_at[1], until, clean_rate)
-            recoveries.append({"event": "restart", "downtime_s": round(self.restart_at[1] - self.restart_at[0], 2), "recovery_s": r})
+            recoveries.append(
+                {
+                    "event": "restart",
+                    "downtime_s": round(self.restart_at[1] - self.restart_at[0], 2),
+                    "recovery_s": r,
+                }
+            )
         kill_times = [e["at"] for e in self.events if e["event"] == "worker_sigkill"]
         for k, at in enumerate(kill_times):
             nxt = kill_times[k + 1] if k + 1 < len(kill_times) else at + 60
-            recoveries.append({"event": "kill", "recovery_s": self.recovery_s(ends, at, nxt, clean_rate)})
+            recoveries.append(
+                {"event": "kill", "recovery_s": self.recovery_s(ends, at, nxt, clean_rate)}
+            )
         for r in recoveries:
             key = f"recovery_le_10s:{r['event']}"
             ok = r["recovery_s"] is not None and r["recovery_s"] <= RECOVERY_TARGET_S
@@ -630,7 +695,9 @@ class Run:
             "targets": targets,
             "events": self.events,
             "check": self.records.check(),
-            "relations": [r["name"] + (" (index)" if r["kind"] == "i" else "") for r in self.relations],
+            "relations": [
+                r["name"] + (" (index)" if r["kind"] == "i" else "") for r in self.relations
+            ],
         }
 
 
@@ -656,7 +723,10 @@ def print_table(summaries: list[dict[str, Any]]) -> None:
             print(f"{s['contender']:<14} {phase:<20} {cells}")
     print()
     for s in summaries:
-        print(f"{s['contender']}: capacity {s['capacity_per_s']} jobs/s, offered {s['offered_per_s']} jobs/s")
+        print(
+            f"{s['contender']}: capacity {s['capacity_per_s']} jobs/s, "
+            f"offered {s['offered_per_s']} jobs/s"
+        )
         print(f"  recoveries: {json.dumps(s['recoveries'])}")
         missed = [k for k, v in s["targets"].items() if not v]
         print(f"  targets missed: {missed or 'none'}")
@@ -680,13 +750,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--capacity-fraction", type=float, default=0.8)
     run.add_argument("--capacity-seconds", type=float, default=20.0)
     run.add_argument("--skip-capacity", action="store_true", help="with --rate: do not measure")
-    run.add_argument("--depth-target", type=float, help="keep the queue this deep instead of a rate")
+    run.add_argument(
+        "--depth-target", type=float, help="keep the queue this deep instead of a rate"
+    )
     run.add_argument("--sample-seconds", type=float, default=2.0)
     run.add_argument("--kill-every", type=float, default=15.0)
-    run.add_argument("--final-wait", type=float, default=90.0,
-                     help="after the phases: give up when no job ran for this long")
-    run.add_argument("--options", default="{}",
-                     help='JSON: contender -> worker options, e.g. {"pg_scheduler": {"lease_duration": 3}}')
+    run.add_argument(
+        "--final-wait",
+        type=float,
+        default=90.0,
+        help="after the phases: give up when no job ran for this long",
+    )
+    run.add_argument(
+        "--options",
+        default="{}",
+        help='JSON: contender -> worker options, e.g. {"pg_scheduler": {"lease_duration": 3}}',
+    )
     run.add_argument("--dsn", help="an existing server (default: embedded, in a temp dir)")
     run.add_argument("--pg-ctl-datadir", help="with --dsn: its data directory, for pg_ctl restart")
     run.add_argument("--out", help="output directory (default benchmarks/results/sustained-<time>)")
@@ -713,11 +792,21 @@ async def amain(args: argparse.Namespace, argv: list[str]) -> int:
     meta = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": " ".join(["python -m benchmarks.sustained", *argv]),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
         "postgres": await asyncio.to_thread(server.describe),
-        "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                 cwd=HERE).stdout.strip(),
+        "commit": (
+            await asyncio.to_thread(
+                subprocess.run,
+                ["git", "rev-parse", "HEAD"],
+                capture_output=True,
+                text=True,
+                cwd=HERE,
+            )
+        ).stdout.strip(),
         "phase_seconds": args.phase_seconds,
         "sample_seconds": args.sample_seconds,
         "workers": WORKERS,
@@ -726,12 +815,14 @@ async def amain(args: argparse.Namespace, argv: list[str]) -> int:
     summaries = []
     for name in names:
         summaries.append(await Run(args, server, name, out).run())
-        (out / "summary.json").write_text(json.dumps({"meta": meta, "contenders": summaries}, indent=2))
+        (out / "summary.json").write_text(
+            json.dumps({"meta": meta, "contenders": summaries}, indent=2)
+        )
     print()
     print_table(summaries)
     if not args.no_plots:
-        plot_python = venv_python("plot", "matplotlib")
-        subprocess.run([plot_python, str(PLOT), str(out)], check=False)
+        plot_python = await asyncio.to_thread(venv_python, "plot", "matplotlib")
+        await asyncio.to_thread(subprocess.run, [plot_python, str(PLOT), str(out)], check=False)
     print(f"\nresults: {out}")
     lost = sum(s["check"]["missing"] for s in summaries)
     return 0 if lost == 0 else 1
@@ -741,4 +832,3 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
     return asyncio.run(amain(args, argv))
-

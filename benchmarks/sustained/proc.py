@@ -149,9 +149,7 @@ async def producer(c: Any, cfg: dict[str, Any]) -> None:
                 await asyncio.sleep(0.2)  # back off, then retry the same batch
                 continue
             done = time.time()
-            os.write(
-                fd, b"".join(PRODUCED.pack(*parse(p), done) for p in pending)
-            )
+            os.write(fd, b"".join(PRODUCED.pack(*parse(p), done) for p in pending))
             pending = []
         await asyncio.sleep(max(0.0, TICK - (time.time() - now)))
 

@@ -79,4 +79,3 @@ class Contender:
     async def close(self) -> None:
         if self.pool is not None:
             await self.pool.close()
-
