@@ -125,7 +125,13 @@ DRIVER_SCENARIO = {
 
 
 def python_for(name: str) -> str:
-    requirement = CONTENDERS[name]
+    return venv_python(name, CONTENDERS[name])
+
+
+def venv_python(name: str, requirement: str | None) -> str:
+    """The interpreter of virtualenv ``benchmarks/.venvs/NAME`` with ``requirement``
+    (and the common requirements) installed, created on first use; this
+    interpreter when ``requirement`` is None."""
     if requirement is None:
         return sys.executable
     venv = VENVS / name

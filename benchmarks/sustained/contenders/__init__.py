@@ -1,0 +1,1 @@
+"""One module per contender of the sustained run (see ``benchmarks.sustained``)."""
