@@ -56,6 +56,9 @@ def test_short_sustained_run(tmp_path: Path) -> None:
             json.dumps({"pg_scheduler": FAST_WORKER}),
             "--out",
             str(out),
+            # The plots need matplotlib in a virtualenv of their own, built on
+            # first use (minutes); the full run draws them.
+            "--no-plots",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -70,7 +73,6 @@ def test_short_sustained_run(tmp_path: Path) -> None:
     assert list(run["phases"]) == PHASES
     for phase in PHASES:
         assert run["phases"][phase]["jobs"] > 0, phase
-        assert (out / f"phase-{PHASES.index(phase) + 1}-{phase}.png").stat().st_size > 0
 
     check = run["check"]
     assert check["produced"] > 8 * 3 * 200 * 0.5, check
