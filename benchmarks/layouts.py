@@ -38,6 +38,10 @@ CPU per job (local server only).
         [--rate 1000] [--phase-seconds 60] [--drain-n 50000] [--vacuum-every S]
         [--dsn DSN] [--json FILE]
 
+``--vacuum-cost-rows N`` instead times that VACUUM for ``current`` and
+``moved`` with N finished rows kept, after each of three rounds of 2,000
+jobs.
+
 ``--vacuum-every S`` runs the layout's own ``VACUUM`` (of the tables the claim
 and the completion churn) every S seconds during the two phases, as a library
 could, instead of leaving it to autovacuum (which visits a database at most
@@ -448,6 +452,49 @@ async def run_layout(server_dsn: str, layout: Layout, args: argparse.Namespace) 
     return {"layout": layout.name, "not_completed": lost, "phases": phases}
 
 
+async def vacuum_cost(server_dsn: str, retained: int, rounds: int = 3) -> dict[str, list[float]]:
+    """Wall time of the layout's own VACUUM with ``retained`` finished rows
+    kept, after each round of 2,000 jobs claimed and completed."""
+    out: dict[str, list[float]] = {}
+    for name in ("current", "moved"):
+        layout = LAYOUTS[name]
+        db = f"vacuum_{name}"
+        admin = await asyncpg.connect(server_dsn)
+        await admin.execute(f"DROP DATABASE IF EXISTS {db}")
+        await admin.execute(f"CREATE DATABASE {db}")
+        await admin.close()
+        conn = await asyncpg.connect(_with_database(server_dsn, db))
+        for stmt in layout.ddl:
+            await conn.execute(stmt)
+        done_table = "jobs_done" if name == "moved" else "jobs"
+        await conn.execute(
+            f"INSERT INTO {done_table} (job_id, task_name, task_data, status, finished_at)"
+            " SELECT 'old' || i, 'noop', $2, 'completed', now() FROM generate_series(1, $1) i",
+            retained,
+            _PAYLOAD,
+        )
+        await conn.execute("VACUUM ANALYZE")
+        times = []
+        for r in range(rounds):
+            ids = [f"r{r}_{i}" for i in range(2000)]
+            await conn.execute(
+                "INSERT INTO jobs (job_id, task_name, task_data)"
+                " SELECT i, 'noop', $2 FROM unnest($1::text[]) i",
+                ids,
+                _PAYLOAD,
+            )
+            await conn.execute("UPDATE jobs SET status = 'running' WHERE job_id = ANY($1)", ids)
+            await conn.execute(layout.complete, ids)
+            t0 = time.perf_counter()
+            for stmt in layout.vacuum:
+                await conn.execute(stmt)
+            times.append(round((time.perf_counter() - t0) * 1000, 1))
+        await conn.close()
+        out[name] = times
+        print(name, "VACUUM ms", times, flush=True)
+    return out
+
+
 def _with_database(dsn: str, database: str) -> str:
     parts = urlsplit(dsn)
     return urlunsplit(parts._replace(path="/" + database))
@@ -462,6 +509,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         server = EmbeddedPostgres(tempfile.mkdtemp(prefix="pg_sched_layouts_"))
         dsn = server.dsn
     try:
+        if args.vacuum_cost_rows:
+            return {
+                "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                "retained": args.vacuum_cost_rows,
+                "vacuum_ms": await vacuum_cost(dsn, args.vacuum_cost_rows),
+            }
         results = []
         for name in args.layouts.split(","):
             res = await run_layout(dsn, LAYOUTS[name], args)
@@ -488,6 +541,12 @@ def cli() -> None:
     p.add_argument("--phase-seconds", type=float, default=60.0)
     p.add_argument("--drain-n", type=int, default=50_000)
     p.add_argument("--vacuum-every", type=float, default=0.0, help="seconds; 0: autovacuum only")
+    p.add_argument(
+        "--vacuum-cost-rows",
+        type=int,
+        default=0,
+        help="instead: time the own VACUUM of current and moved with N finished rows kept",
+    )
     p.add_argument("--dsn")
     p.add_argument("--json")
     args = p.parse_args()
