@@ -51,6 +51,7 @@ class VacuumService(Service):
         self.transaction_locks = transaction_locks
         self.config = config
         self.worker_id = worker_id
+        self._prune_throttles_allowed = True
 
     async def run_once(self) -> dict[str, int] | None:
         """Apply every policy; None if another replica holds the vacuum lock."""
@@ -71,6 +72,7 @@ class VacuumService(Service):
                     counts[status] = 0
                     counts[status] = await self._apply(conn, status, policy, counts)
                 await self._step(conn, lambda: self.store.prune_key_starts(conn))
+                await self._prune_throttles(conn)
                 if self.config.track_metrics:
                     await self._step(conn, lambda: self.store.record(conn, counts, self.worker_id))
             except _LockTaken:
@@ -100,6 +102,20 @@ class VacuumService(Service):
     @staticmethod
     async def _noop() -> None:
         return None
+
+    async def _prune_throttles(self, conn: asyncpg.Connection) -> None:
+        """Drop ended throttle periods. A worker role without DELETE on
+        scheduler_throttles (it was not among a worker's grants before) keeps
+        them: one small row per key, reused by the key's next period."""
+        if not self._prune_throttles_allowed:
+            return
+        try:
+            await self._step(conn, lambda: self.store.prune_throttles(conn))
+        except asyncpg.InsufficientPrivilegeError:
+            self._prune_throttles_allowed = False
+            log.info(
+                "ended throttle periods are kept: the role lacks DELETE on scheduler_throttles"
+            )
 
     async def _step(self, conn: asyncpg.Connection, op: Callable[[], Awaitable[T]]) -> T:
         """Run one statement: under the session lock already held, or in its own

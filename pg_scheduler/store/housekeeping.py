@@ -20,6 +20,7 @@ from .event_sql import events_cte
 from .keys import PRUNE_KEY_STARTS
 from .names import DEFAULT_SCHEMA, JOBS_CHANNEL, Qualifier, lock_key_for
 from .queues import FAIR_GROUPS, GROUPS, HEADS
+from .timing import PRUNE_THROTTLES
 
 # The final statuses as the text the statements compare with.
 _FINAL_STATUS_VALUES = sorted(s.value for s in FINAL_STATUSES)
@@ -107,6 +108,7 @@ class VacuumStore:
         self._stats = q(_VACUUM_STATS)
         self._totals = q(_VACUUM_TOTALS)
         self._prune_key_starts = q(PRUNE_KEY_STARTS)
+        self._prune_throttles = q(PRUNE_THROTTLES)
 
     async def try_lock(self, conn: asyncpg.Connection) -> bool:
         """The session lock: held across the round's transactions (direct connections)."""
@@ -122,6 +124,10 @@ class VacuumStore:
     async def prune_key_starts(self, conn: asyncpg.Connection) -> int:
         """Drop starts of rate-limited keys older than any rate window (migration 0017)."""
         return _count(await conn.execute(self._prune_key_starts))
+
+    async def prune_throttles(self, conn: asyncpg.Connection) -> int:
+        """Drop throttle periods that ended over a minute ago (migration 0019)."""
+        return _count(await conn.execute(self._prune_throttles))
 
     async def delete_older_than(
         self, conn: asyncpg.Connection, status: str, batch_size: int, seconds: float

@@ -97,6 +97,16 @@ SELECT won.job_id, $2, $3, $4, 'pending', $5::jsonb, $6, $7, $8, $9, $10::jsonb,
 RETURNING job_id
 """
 
+# Periods that ended more than a minute ago: the vacuum drops them (the key's
+# next call inserts a fresh row, as it would overwrite an ended one). A held
+# period's row (until in the future) is never touched, and a call racing the
+# delete either finds the row gone or, having locked it first, has moved its
+# end past the cut, which the delete's recheck then sees.
+PRUNE_THROTTLES = """
+DELETE FROM scheduler_throttles
+ WHERE until < clock_timestamp() - interval '1 minute'
+"""
+
 # Who holds a key's period now: (job id, whether the period is still on).
 _THROTTLE_HOLDER = """
 SELECT job_id, until > statement_timestamp() AS held FROM scheduler_throttles

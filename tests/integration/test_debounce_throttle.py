@@ -381,6 +381,26 @@ async def test_throttle_allows_again_after_the_period(pool, make_scheduler):
     assert sorted(r[1][0] for r in debounce_tasks.runs) == [1, n]
 
 
+async def test_the_vacuum_drops_ended_throttle_periods_only(pool, make_scheduler):
+    client = await make_scheduler(start=False)
+    held = await client.schedule(debounce_tasks.ping, dedupe_key="held", throttle=3600)
+    await pool.execute(
+        "INSERT INTO scheduler_throttles (throttle_key, job_id, until) VALUES"
+        " ('ended', 'e1', clock_timestamp() - interval '2 minutes'),"
+        " ('just-ended', 'e2', clock_timestamp() - interval '5 seconds')"
+    )
+    await client.run_vacuum()
+    kept = await pool.fetch("SELECT throttle_key, job_id FROM scheduler_throttles ORDER BY 1")
+    assert [tuple(r) for r in kept] == [("held", held), ("just-ended", "e2")]
+    # The key's next call opens a new period as before.
+    again = await client.schedule(debounce_tasks.ping, dedupe_key="ended", throttle=3600)
+    assert again != "e1"
+    assert (
+        await pool.fetchval("SELECT job_id FROM scheduler_throttles WHERE throttle_key = 'ended'")
+        == again
+    )
+
+
 # -- bad input and the caller's transaction ------------------------------------------
 
 
