@@ -150,32 +150,45 @@ class BoundedPool:
 
 class _Acquire:
     """``await pool.acquire()`` (bounded wait for a connection) or
-    ``async with pool.acquire() as conn`` (each statement of the block bounded)."""
+    ``async with pool.acquire() as conn`` (each statement of the block bounded).
+
+    A block that runs out of its bound has its connection terminated, not its
+    task cancelled: a cancelled block would run its own clean-up (the
+    ROLLBACK of ``conn.transaction()``, asyncpg's wait for the cancel to be
+    acknowledged) on the same silent connection and wait for it without end.
+    Terminated, every wait on the connection fails at once, and the block
+    ends with :class:`TimeoutError`."""
 
     def __init__(self, pool: BoundedPool, bound: float) -> None:
         self._pool = pool
         self._bound = bound
         self._conn: Any = None
-        self._deadline: asyncio.Timeout | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timed_out = False
 
     def __await__(self) -> Any:
         return self._pool.raw.acquire(timeout=self._bound).__await__()
 
+    def _out_of_time(self) -> None:
+        self._timer = None
+        if self._conn is not None:
+            self._timed_out = True
+            terminate(self._conn)
+
+    def _arm(self) -> None:
+        self._timer = asyncio.get_running_loop().call_later(self._bound, self._out_of_time)
+
     def _progress(self, _record: Any) -> None:
         # A statement of the block finished: the next one has a full bound.
-        deadline = self._deadline
-        if deadline is None or deadline.expired():
+        if self._timer is None:
             return
-        try:
-            deadline.reschedule(asyncio.get_running_loop().time() + self._bound)
-        except RuntimeError:  # the block ended meanwhile
-            pass
+        self._timer.cancel()
+        self._arm()
 
     async def __aenter__(self) -> Any:
         conn = self._conn = await self._pool.raw.acquire(timeout=self._bound)
-        deadline = asyncio.timeout(self._bound)
-        await deadline.__aenter__()
-        self._deadline = deadline
+        self._timed_out = False
+        self._arm()
         conn.add_query_logger(self._progress)
         return conn
 
@@ -186,16 +199,15 @@ class _Acquire:
         tb: TracebackType | None,
     ) -> None:
         conn, self._conn = self._conn, None
-        deadline, self._deadline = self._deadline, None
-        assert deadline is not None
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
         try:
             conn.remove_query_logger(self._progress)
         except asyncpg.InterfaceError:  # terminated: its pool detached it
             pass
-        try:
-            # Turns the cancellation it caused into TimeoutError.
-            await deadline.__aexit__(exc_type, exc, tb)
-        except BaseException as error:
+        if self._timed_out:
+            error = TimeoutError(f"no answer within {self._bound} s")
             await self._pool.give_back(conn, error)
-            raise
+            raise error from exc
         await self._pool.give_back(conn, exc)
