@@ -8,7 +8,7 @@ from typing import TypeVar
 
 import asyncpg
 
-from ..store.bounded import BoundedPool, expire, terminate
+from ..store.bounded import BoundedPool, Deadline, expire
 from ..store.names import Executor
 from ..store.session import ASYNC_COMMIT, GENERIC_PLANS, own_timeouts
 from ..support.reconnect import is_connection_error
@@ -84,47 +84,24 @@ class HeldConnection:
                 await self._give_back(conn)
                 raise
             self._conn = conn
-        conn = self._conn
-        timed_out = False
-
-        def out_of_time() -> None:
-            # Terminated, not cancelled: a cancelled operation would run its
-            # own clean-up (a ROLLBACK, asyncpg's wait for the cancel to be
-            # acknowledged) on the same silent connection and wait for it
-            # without end. Terminated, every wait on it fails at once.
-            nonlocal timed_out
-            timed_out = True
-            terminate(conn)
-
-        bound = (
-            None
-            if self._timeout is None
-            else asyncio.get_running_loop().call_later(self._timeout, out_of_time)
-        )
+        deadline = None if self._timeout is None else Deadline(self._conn, self._timeout)
         try:
-            return await operation(conn)
-        except asyncpg.PostgresError as exc:
-            if timed_out:
-                await self._out_of_time(exc)
-            if is_connection_error(exc):
-                await self._discard()
-            raise
+            return await operation(self._conn)
         except BaseException as exc:
-            if timed_out:
-                await self._out_of_time(exc)
+            if deadline is not None and deadline.expired:
+                # No answer within the bound: a half-open connection, most
+                # likely, and the pool's other connections crossed the same path.
+                await self._discard()
+                await expire(self._pool)
+                raise TimeoutError(f"no answer within {self._timeout} s") from exc
+            if isinstance(exc, asyncpg.PostgresError) and not is_connection_error(exc):
+                raise  # the statement's own error: the connection is fine
             # Lost or cancelled mid-statement: its state is unknown.
             await self._discard()
             raise
         finally:
-            if bound is not None:
-                bound.cancel()
-
-    async def _out_of_time(self, exc: BaseException) -> None:
-        """No answer within the bound: a half-open connection, most likely, and
-        the pool's other connections crossed the same path."""
-        await self._discard()
-        await expire(self._pool)
-        raise TimeoutError(f"no answer within {self._timeout} s") from exc
+            if deadline is not None:
+                deadline.cancel()
 
     async def _discard(self) -> None:
         conn, self._conn = self._conn, None

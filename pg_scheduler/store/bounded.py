@@ -148,47 +148,63 @@ class BoundedPool:
             raise
 
 
+class Deadline:
+    """Terminates ``conn`` once ``bound`` seconds pass without :meth:`renew`.
+
+    Terminated, not cancelled: a cancelled statement would run its own
+    clean-up (the ROLLBACK of ``conn.transaction()``, asyncpg's wait for the
+    cancel to be acknowledged) on the same silent connection and wait for it
+    without end. Terminated, every wait on the connection fails at once;
+    :attr:`expired` then tells the caller to raise :class:`TimeoutError`."""
+
+    def __init__(self, conn: Any, bound: float) -> None:
+        self._conn = conn
+        self.bound = bound
+        self.expired = False
+        self._timer: asyncio.TimerHandle | None = None
+        self.renew()
+
+    def _expire(self) -> None:
+        self._timer = None
+        self.expired = True
+        terminate(self._conn)
+
+    def renew(self) -> None:
+        """A full bound from now (unless it already expired)."""
+        if self.expired:
+            return
+        self.cancel()
+        self._timer = asyncio.get_running_loop().call_later(self.bound, self._expire)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
 class _Acquire:
     """``await pool.acquire()`` (bounded wait for a connection) or
-    ``async with pool.acquire() as conn`` (each statement of the block bounded).
-
-    A block that runs out of its bound has its connection terminated, not its
-    task cancelled: a cancelled block would run its own clean-up (the
-    ROLLBACK of ``conn.transaction()``, asyncpg's wait for the cancel to be
-    acknowledged) on the same silent connection and wait for it without end.
-    Terminated, every wait on the connection fails at once, and the block
-    ends with :class:`TimeoutError`."""
+    ``async with pool.acquire() as conn`` (each statement of the block bounded
+    by a :class:`Deadline`: a block that runs out of it ends with
+    :class:`TimeoutError`, its connection terminated)."""
 
     def __init__(self, pool: BoundedPool, bound: float) -> None:
         self._pool = pool
         self._bound = bound
         self._conn: Any = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._timed_out = False
+        self._deadline: Deadline | None = None
 
     def __await__(self) -> Any:
         return self._pool.raw.acquire(timeout=self._bound).__await__()
 
-    def _out_of_time(self) -> None:
-        self._timer = None
-        if self._conn is not None:
-            self._timed_out = True
-            terminate(self._conn)
-
-    def _arm(self) -> None:
-        self._timer = asyncio.get_running_loop().call_later(self._bound, self._out_of_time)
-
     def _progress(self, _record: Any) -> None:
         # A statement of the block finished: the next one has a full bound.
-        if self._timer is None:
-            return
-        self._timer.cancel()
-        self._arm()
+        if self._deadline is not None:
+            self._deadline.renew()
 
     async def __aenter__(self) -> Any:
         conn = self._conn = await self._pool.raw.acquire(timeout=self._bound)
-        self._timed_out = False
-        self._arm()
+        self._deadline = Deadline(conn, self._bound)
         conn.add_query_logger(self._progress)
         return conn
 
@@ -199,14 +215,14 @@ class _Acquire:
         tb: TracebackType | None,
     ) -> None:
         conn, self._conn = self._conn, None
-        timer, self._timer = self._timer, None
-        if timer is not None:
-            timer.cancel()
+        deadline, self._deadline = self._deadline, None
+        assert deadline is not None
+        deadline.cancel()
         try:
             conn.remove_query_logger(self._progress)
         except asyncpg.InterfaceError:  # terminated: its pool detached it
             pass
-        if self._timed_out:
+        if deadline.expired:
             error = TimeoutError(f"no answer within {self._bound} s")
             await self._pool.give_back(conn, error)
             raise error from exc
