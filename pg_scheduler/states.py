@@ -74,6 +74,12 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(
         (PENDING,),
         (RUNNING, EXPIRED),
+        "job_sql._CLAIM_SEEDED",
+        "engine claim loop while the group heads are slow to find (engine/heads.py)",
+    ),
+    Transition(
+        (PENDING,),
+        (RUNNING, EXPIRED),
         "limits._CLAIM_BESIDE_LIMITS",
         "engine claim loop while global limits exist (the plain claim, cut by due limited work)",
     ),

@@ -28,6 +28,7 @@ from .completer import Completer
 from .executor import Executor, log
 from .fair import FairClaims
 from .handback import HandBack
+from .heads import ClaimHeads
 from .held import HeldConnection
 from .holdings import HeartbeatView
 from .keyed import KeyedClaims
@@ -149,6 +150,8 @@ class Worker:
         )
         # Fair share: while keyed rows are pending, claims are fair (engine/fair.py).
         self.fair = FairClaims(store.fair)
+        # Where the plain claim starts reading each group (engine/heads.py).
+        self.heads = ClaimHeads(partial(store.group_heads, store.pool))
 
     # -- claim loop --------------------------------------------------------
 
@@ -189,11 +192,18 @@ class Worker:
 
     async def run(self) -> None:
         self.batches.start()
+        heads = asyncio.create_task(self.heads.keep(self._served, lambda: self.state.claims_sent))
         try:
             await self._claim_loop()
         finally:
+            heads.cancel()
+            await asyncio.gather(heads, return_exceptions=True)
             await self.batches.stop()
             await self.connection.release()
+
+    def _served(self) -> tuple[list[str], list[str] | None]:
+        """The task names and queues the plain claim serves."""
+        return self.batches.plain(self.registry.names()), self.slots.served
 
     async def _claim_loop(self) -> None:
         idle_wait = self.polling.idle_start_interval
@@ -251,7 +261,7 @@ class Worker:
                     elif beside:
                         claim_with = self.limits.store.claim_beside_limits
                     else:
-                        claim_with = self.store.claim
+                        claim_with = partial(self.store.claim, floors=self.heads.floors())
                     rows = await self.connection.run(
                         partial(
                             claim_with,
@@ -270,6 +280,8 @@ class Worker:
                         await self._send_claim_events(rows)
                 finally:
                     state.claims_in_flight -= 1
+                if not self.fair.active and not beside:
+                    self.heads.claimed(rows)
                 self.dispatch(rows, claim)
                 if len(rows) >= limit:
                     idle_wait = self.polling.idle_start_interval
@@ -300,7 +312,12 @@ class Worker:
                     else:
                         no_slot = True
                 due_in = await self.connection.run(
-                    partial(self.store.seconds_until_next_due, names, queues=queues)
+                    partial(
+                        self.store.seconds_until_next_due,
+                        names,
+                        queues=queues,
+                        floors=self.heads.floors(),
+                    )
                 )
                 again, due_in = await self.fair.after_claim(
                     self.connection.run, bool(rows), due_in, names, queues

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..enums import FINAL_STATUS_VALUES
 from .event_sql import events_cte
-from .queues import served_groups
+from .queues import seeds_from, served_groups
 
 _INSERT_COLUMNS = """
     job_id, job_name, task_name, execution_time, status, task_data, priority,
@@ -173,6 +173,12 @@ _CLAIM = f"""
 {served_groups("$1", "$6", "$7", "$2", limits="none")},
 {due_in_groups("$2")}, {claim_picked()}"""
 
+# The same claim over the groups $8 to $11 name, each from its floor
+# (queues.SEEDED_GROUPS; engine/heads.py says when).
+_CLAIM_SEEDED = f"""
+{served_groups("$1", "$6", "$7", "$2", limits="none", seeds=seeds_from(8))},
+{due_in_groups("$2")}, {claim_picked()}"""
+
 # One due job written already claimed by a worker of this process (``$19``),
 # which starts it at once: no NOTIFY hop, no claim. Whether it is due is the
 # database's call; a job that is not, that is past its misfire grace (the
@@ -202,14 +208,18 @@ RETURNING {_CLAIMED_COLUMNS}
 # $1 tasks, $2 queues served (NULL: all). Paused queues are left out: a
 # worker does not spin on them (resume_queue wakes it).
 # Keyed rows (migration 0017) count from their earliest pending row.
-_NEXT_DUE = f"""
-{served_groups("$1", "$2", "NULL", "0")}
+# _NEXT_DUE_SEEDED: over the groups $3 to $6 name, each from its floor.
+_NEXT_DUE_AFTER_GROUPS = """
 SELECT EXTRACT(EPOCH FROM (LEAST(min(s.head), (
     SELECT min(k.execution_time) FROM scheduled_jobs k
      WHERE k.status = 'pending' AND k.concurrency_key IS NOT NULL
        AND k.task_name = ANY($1::text[]) AND ($2::text[] IS NULL OR k.queue = ANY($2::text[]))
 )) - now()))::float8 FROM served s
 """
+_NEXT_DUE = served_groups("$1", "$2", "NULL", "0") + _NEXT_DUE_AFTER_GROUPS
+_NEXT_DUE_SEEDED = (
+    served_groups("$1", "$2", "NULL", "0", seeds=seeds_from(3)) + _NEXT_DUE_AFTER_GROUPS
+)
 
 _LEASE_GUARD = "job_id = $1 AND worker_id = $2 AND attempts = $3 AND status = 'running'"
 

@@ -18,6 +18,7 @@ from .fair import FairStore
 from .job_sql import (
     _CANCEL,
     _CLAIM,
+    _CLAIM_SEEDED,
     _COMPLETE,
     _COMPLETE_AND_DELETE,
     _COMPLETE_AND_DELETE_UNLOCKED,
@@ -29,6 +30,7 @@ from .job_sql import (
     _INSERT_ONE,
     _INSERT_RUNNING,
     _NEXT_DUE,
+    _NEXT_DUE_SEEDED,
     _RELEASE,
     _RELEASE_GHOSTS,
     _RELEASE_LOCAL_START,
@@ -40,6 +42,7 @@ from .job_sql import (
 from .keys import KeyStore
 from .limits import LimitStore
 from .names import CANCEL_CHANNEL, DEFAULT_SCHEMA, JOBS_CHANNEL, Executor, Qualifier
+from .queues import GROUP_HEADS, Floors
 from .workers import (
     _FORGET_DEAD_WORKERS,
     _HEARTBEAT,
@@ -125,8 +128,11 @@ class Store(WorkerStatements):
         self._insert_one = q(_INSERT_ONE)
         self._replace_set = q(" ON CONFLICT (job_id) " + _REPLACE_SET)
         self._claim = q(_CLAIM)
+        self._claim_seeded = q(_CLAIM_SEEDED)
+        self._group_heads = q(GROUP_HEADS)
         self._insert_running = q(_INSERT_RUNNING)
         self._next_due = q(_NEXT_DUE)
+        self._next_due_seeded = q(_NEXT_DUE_SEEDED)
         self._complete = q(_COMPLETE)
         self._complete_and_delete = q(_COMPLETE_AND_DELETE)
         self._complete_unlocked = q(_COMPLETE_UNLOCKED)
@@ -221,13 +227,15 @@ class Store(WorkerStatements):
         start_now: int | None = None,
         queues: Sequence[str] | None = None,
         caps: Sequence[int | None] | None = None,
+        floors: Floors | None = None,
     ) -> list[asyncpg.Record]:
         """Claim up to ``limit`` due jobs of ``task_names`` in ``queues`` (None:
         every queue; paused ones never); past the first ``start_now`` (default:
         all) they are marked claimed ahead (see migration 0005). ``caps``, one
-        per queue: the most rows of that queue this claim may take."""
-        return await (db or self.pool).fetch(
-            self._claim,
+        per queue: the most rows of that queue this claim may take.
+        ``floors``: only from these groups, each read from its floor (see
+        queues.SEEDED_GROUPS)."""
+        args = (
             task_names,
             limit,
             worker_id,
@@ -235,6 +243,20 @@ class Store(WorkerStatements):
             limit if start_now is None else start_now,
             None if queues is None else list(queues),
             None if caps is None else list(caps),
+        )
+        if floors is None:
+            return await (db or self.pool).fetch(self._claim, *args)
+        return await (db or self.pool).fetch(self._claim_seeded, *args, *floors)
+
+    async def group_heads(
+        self, db: Executor, task_names: list[str], queues: Sequence[str] | None
+    ) -> list[asyncpg.Record]:
+        """Every (queue, task_name, priority) group of pending rows of
+        ``task_names`` in ``queues`` (None: all), with its earliest
+        execution_time: one index descent per group, and a walk over the dead
+        entries at each group's front."""
+        return await db.fetch(
+            self._group_heads, task_names, None if queues is None else list(queues)
         )
 
     async def insert_running(
@@ -253,12 +275,14 @@ class Store(WorkerStatements):
         db: Executor | None = None,
         *,
         queues: Sequence[str] | None = None,
+        floors: Floors | None = None,
     ) -> float | None:
         """Seconds until the earliest pending job this worker can run (<= 0: due
-        now); paused queues are left out."""
-        return await (db or self.pool).fetchval(
-            self._next_due, task_names, None if queues is None else list(queues)
-        )
+        now); paused queues are left out. ``floors``: as for :meth:`claim`."""
+        served = None if queues is None else list(queues)
+        if floors is None:
+            return await (db or self.pool).fetchval(self._next_due, task_names, served)
+        return await (db or self.pool).fetchval(self._next_due_seeded, task_names, served, *floors)
 
     async def complete(
         self,

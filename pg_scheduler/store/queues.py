@@ -12,6 +12,9 @@ claims one descent per group, whatever their number.
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import NamedTuple
+
 import asyncpg
 
 from ..enums import DEFAULT_QUEUE
@@ -37,6 +40,43 @@ groups AS (
          ORDER BY j.queue, j.task_name, j.priority, j.execution_time LIMIT 1
      ) n
 )"""
+
+
+# The same groups, but only those named by four parallel arrays (queue, task,
+# priority, floor): each group's head is searched from its floor instead of
+# from the group's start. A pending row dated before its group's floor, or of
+# a group not named, is not seen. While the horizon is pinned the dead index
+# entries at a group's front cannot be removed, and the search from the start
+# walks all of them every time; from the floor it walks those of the margin
+# only (engine/heads.py keeps the floors).
+SEEDED_GROUPS = """
+groups AS (
+    SELECT h.queue, h.task_name, h.priority, n.execution_time
+      FROM unnest({seeds}) AS h(queue, task_name, priority, floor)
+     CROSS JOIN LATERAL (
+        SELECT j.execution_time FROM scheduled_jobs j
+         WHERE j.status = 'pending' AND j.concurrency_key IS NULL AND j.fair_share_key IS NULL
+           AND j.queue = h.queue AND j.task_name = h.task_name AND j.priority = h.priority
+           AND j.execution_time >= h.floor
+         ORDER BY j.execution_time
+         LIMIT 1
+     ) n
+)"""
+
+
+class Floors(NamedTuple):
+    """Groups of pending rows, each with the floor its head is searched from
+    (four parallel lists: the parameters of :data:`SEEDED_GROUPS`)."""
+
+    queues: list[str]
+    tasks: list[str]
+    priorities: list[int]
+    floors: list[datetime]
+
+
+def seeds_from(n: int) -> str:
+    """The four seed parameters of :data:`SEEDED_GROUPS`, numbered from ``$n``."""
+    return f"${n}::text[], ${n + 1}::text[], ${n + 2}::int[], ${n + 3}::timestamptz[]"
 
 
 # Every (queue, task_name, fair_share_key, priority) that has a pending row
@@ -83,6 +123,7 @@ def served_groups(
     default_cap: str,
     limits: str | None = None,
     cut: tuple[str, str] | None = None,
+    seeds: str | None = None,
 ) -> str:
     """``WITH RECURSIVE groups AS (...), served AS (...)``: the groups of tasks
     ``tasks`` (a text[] parameter) in queues ``queues`` (text[]; NULL: every
@@ -98,7 +139,10 @@ def served_groups(
     ``cut``: a (priority, execution_time) pair of SQL expressions (NULL: no
     cut); groups of a less urgent priority are left out, and ``served.cut``
     is the latest execution_time a reader takes from the group ('infinity'
-    for groups more urgent than the cut; see :func:`job_sql.due_in_groups`)."""
+    for groups more urgent than the cut; see :func:`job_sql.due_in_groups`).
+
+    ``seeds``: the groups are those the arrays name, each searched from its
+    floor (:data:`SEEDED_GROUPS`), instead of every group from its start."""
     limit_filter = bound = ""
     if limits is not None:
         # The limit rows, read once per statement (a tiny table: one page),
@@ -121,7 +165,8 @@ bound AS MATERIALIZED (SELECT l.scope, l.name FROM scheduler_limits l),"""
                 ELSE {time} END AS cut"""
         cut_filter = f"""
        AND ({priority} IS NULL OR g.priority <= {priority})"""
-    return f"""WITH RECURSIVE {GROUPS},{bound}
+    groups = GROUPS if seeds is None else SEEDED_GROUPS.format(seeds=seeds)
+    return f"""WITH RECURSIVE {groups},{bound}
 served AS (
     SELECT g.queue, g.task_name, g.priority, g.execution_time AS head,
            coalesce(c.cap, {default_cap}) AS cap{cut_column}
@@ -153,6 +198,16 @@ reachable AS (
        AND NOT EXISTS (SELECT 1 FROM scheduler_queues q
                         WHERE q.name = g.queue AND q.paused)
 )"""
+
+
+# Every group of tasks $1 in queues $2 (NULL: all) with its head, paused
+# queues too (a resumed queue's groups are known at once): the floors of the
+# seeded claim (engine/heads.py).
+GROUP_HEADS = f"""
+WITH RECURSIVE {GROUPS}
+SELECT g.queue, g.task_name, g.priority, g.execution_time FROM groups g
+ WHERE g.task_name = ANY($1::text[]) AND ($2::text[] IS NULL OR g.queue = ANY($2::text[]))
+"""
 
 
 # The wait of the oldest due job per queue, for operators (statistics): from
