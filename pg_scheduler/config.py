@@ -185,6 +185,10 @@ class VacuumConfig:
     track_metrics: bool = False
     expired: VacuumPolicy | None = None
     batch_size: int = Field(default=5000, gt=0)
+    #: Seconds between the workers' looks at the job table's dead rows: past
+    #: a thousand, one of them runs VACUUM on it (services/table_vacuum.py).
+    #: None leaves the table to autovacuum alone.
+    table_vacuum_seconds: float | None = Field(default=2.0, gt=0)
 
     def __post_init__(self) -> None:
         if self.completed is None:

@@ -164,6 +164,7 @@ class Scheduler:
         self.heartbeat = parts.heartbeat
         self.rescuer = parts.rescuer
         self.vacuum = parts.vacuum
+        self.table_vacuum = parts.table_vacuum
         self.periodic = parts.periodic
         self.watchdog = parts.watchdog
         self._channels = parts.channels

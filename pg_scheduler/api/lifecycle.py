@@ -14,7 +14,13 @@ from ..engine.local import LocalHost
 from ..notify.events import EventHub
 from ..notify.listener import Listener
 from ..periodic.runtime import PeriodicManager
-from ..services import HeartbeatService, RescuerService, VacuumService, WorkflowTimerService
+from ..services import (
+    HeartbeatService,
+    RescuerService,
+    TableVacuumService,
+    VacuumService,
+    WorkflowTimerService,
+)
 from ..services.watchdog import LoopWatchdog
 from ..store import Store
 from ..support.log import get_logger
@@ -49,6 +55,7 @@ class Lifecycle:
         heartbeat: HeartbeatService,
         rescuer: RescuerService,
         vacuum: VacuumService,
+        table_vacuum: TableVacuumService | None,
         periodic: PeriodicManager,
         watchdog: LoopWatchdog | None,
         workflow_timer: WorkflowTimerService,
@@ -72,6 +79,7 @@ class Lifecycle:
         self.heartbeat = heartbeat
         self.rescuer = rescuer
         self.vacuum = vacuum
+        self.table_vacuum = table_vacuum
         self.periodic = periodic
         self.watchdog = watchdog
         self.workflow_timer = workflow_timer
@@ -140,6 +148,8 @@ class Lifecycle:
             if settings.vacuum_enabled:
                 # Its first pass a moment after the first claim rather than with it.
                 self.vacuum.start(first_after=min(STARTUP_DEFER, self.vacuum.interval))
+            if self.table_vacuum is not None:
+                self.table_vacuum.start(first_after=self.table_vacuum.interval)
             if settings.run_periodic_jobs:
                 await self.periodic.start()
             # Give the listener a moment so the first wake-ups are not missed.
@@ -183,6 +193,8 @@ class Lifecycle:
             await self.rescuer.stop()
             await self.workflow_timer.stop()
             await self.vacuum.stop()
+            if self.table_vacuum is not None:
+                await self.table_vacuum.stop()
             await self.listener.stop()
             try:
                 await retry_on_disconnect(

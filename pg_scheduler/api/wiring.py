@@ -24,11 +24,13 @@ from ..notify.listener import Listener
 from ..periodic.runtime import PeriodicManager
 from ..services import HeartbeatService, RescuerService, VacuumService, WorkflowTimerService
 from ..services.stall import StallGuard
+from ..services.table_vacuum import TableVacuumService
 from ..services.watchdog import LoopWatchdog
 from ..store import QueueStore, Store
 from ..store.bounded import BoundedPool
 from ..store.graph_ops import GraphOpsStore
 from ..store.housekeeping import VacuumStore
+from ..store.table_vacuum import TableVacuumStore
 from ..tasks import TaskRegistry
 from ..workflows.runner import WAKE_LOOKAHEAD, workflow_store
 from .compat import Compat
@@ -55,6 +57,8 @@ class Parts:
     heartbeat: HeartbeatService
     rescuer: RescuerService
     vacuum: VacuumService
+    #: The workers' own VACUUM of the job table (None: autovacuum only).
+    table_vacuum: TableVacuumService | None
     periodic: PeriodicManager
     watchdog: LoopWatchdog | None
     #: Wakes parked workflows at their time (runs once a workflow is registered).
@@ -121,6 +125,10 @@ def build(settings: Settings, worker_id: str, registry: TaskRegistry) -> Parts:
     vacuum = VacuumService(
         vacuum_store, settings.vacuum_config, worker_id, transaction_locks=settings.pgbouncer
     )
+    every = settings.vacuum_config.table_vacuum_seconds
+    table_vacuum = (
+        None if every is None else TableVacuumService(TableVacuumStore(bounded, schema), every)
+    )
     warning = settings.loop_stall_warning
     watchdog = (
         None
@@ -142,6 +150,7 @@ def build(settings: Settings, worker_id: str, registry: TaskRegistry) -> Parts:
         ),
         rescuer=rescuer,
         vacuum=vacuum,
+        table_vacuum=table_vacuum,
         periodic=PeriodicManager(
             pool, schema, enqueuer, lambda: settings.misfire_grace_time, worker.running
         ),
@@ -205,6 +214,7 @@ def lifecycle(
         heartbeat=parts.heartbeat,
         rescuer=parts.rescuer,
         vacuum=parts.vacuum,
+        table_vacuum=parts.table_vacuum,
         periodic=parts.periodic,
         watchdog=parts.watchdog,
         workflow_timer=parts.workflow_timer,

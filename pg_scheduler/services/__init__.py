@@ -3,6 +3,7 @@
 from .base import Service
 from .heartbeat import HeartbeatService
 from .rescuer import RescuerService
+from .table_vacuum import TableVacuumService
 from .vacuum import VacuumService
 from .workflow_timer import WorkflowTimerService
 
@@ -10,6 +11,7 @@ __all__ = [
     "HeartbeatService",
     "RescuerService",
     "Service",
+    "TableVacuumService",
     "VacuumService",
     "WorkflowTimerService",
 ]

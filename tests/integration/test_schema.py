@@ -194,6 +194,10 @@ async def test_a_worker_runs_with_only_the_documented_grants(owner, db, role):
             )
             assert (await scheduler.run_vacuum()) is not None
             assert await owner.fetchval(f"SELECT count(*) FROM {A}.scheduler_throttles") == 1
+            # Not the table's owner: its own VACUUM is off, and says so once.
+            assert scheduler.table_vacuum is not None
+            assert await scheduler.table_vacuum.run_once() is False
+            assert scheduler.table_vacuum.allowed is False
         finally:
             await scheduler.shutdown(grace_period=1.0)
         assert await owner.fetchval(f"SELECT count(*) FROM {A}.scheduler_workers") == 0
