@@ -7,8 +7,10 @@ in-process start decide about room is asked here. Two counts: ``active``
 ``held`` (rows this worker holds ``running`` in the database: started,
 buffered, or awaiting their completion write). A slot is given back when the
 function returns, so the next job starts while the completion is written;
-``held`` drops only after the write, so a worker never holds more than
-``max_running + prefetch`` rows.
+``held`` drops only after the write. Up to ``prefetch`` rows awaiting their
+write do not count against the claim, so the next claim overlaps the write of
+the last batch: a worker holds at most ``max_running + 2 x prefetch`` rows,
+of which at most ``prefetch`` claimed and not started.
 
 Queues: ``served`` is the queues this worker claims from (None: every queue);
 ``queue_limits`` (a mapping given to the Scheduler) caps the rows held per
@@ -117,7 +119,9 @@ class Slots:
     def claim_limit(self, unwritten: int) -> int:
         """How many rows the next claim may ask for; 0: wait for room."""
         paused = time.monotonic() < self.prefetch_paused_until
-        free = self.max_running + (0 if paused else self.prefetch) - self.held
+        # One batch of rows awaiting their completion write takes no room.
+        writing = min(unwritten, self.prefetch)
+        free = self.max_running + (0 if paused else self.prefetch) - self.held + writing
         idle = self.active + len(self.buffer) < self.max_running
         if free <= 0 or (free < self.min_claim and not idle) or unwritten >= self.max_unwritten:
             return 0

@@ -234,7 +234,7 @@ async def test_base_exception_fails_the_attempt_and_the_worker_keeps_serving(
 # -- 5. the bound on rows held ---------------------------------------------------------
 
 
-async def test_a_worker_never_holds_more_than_concurrency_plus_one_batch(pool, make_scheduler):
+async def test_a_worker_never_holds_more_than_concurrency_plus_two_batches(pool, make_scheduler):
     runs.clear()
     scheduler = await make_scheduler(start=False, max_concurrent_jobs=10, batch_claim_limit=10)
     ids = await scheduler.schedule_bulk(
@@ -261,7 +261,9 @@ async def test_a_worker_never_holds_more_than_concurrency_plus_one_batch(pool, m
     finally:
         done.set()
         await sampler
-    assert 0 < peak <= 20, peak
+    # max_concurrent_jobs + one batch claimed ahead + one batch whose completion
+    # is being written (docs/failure-model.md: How many jobs a worker holds).
+    assert 0 < peak <= 30, peak
     assert set(runs.values()) == {1} and len(runs) == 500
     worker = scheduler.worker
     await wait_until(lambda: worker.in_flight == 0, message="nothing in flight")
@@ -284,11 +286,11 @@ async def test_a_second_worker_joining_a_busy_one_gets_work(pool, make_scheduler
 
     try:
         await wait_until(lambda: len(runs) == 10, message="the first worker is busy")
-        assert await held_by(first.worker_id) <= 20
+        assert await held_by(first.worker_id) <= 30
         second = await make_scheduler(max_concurrent_jobs=10, batch_claim_limit=10)
         await wait_until(lambda: len(runs) == 20, timeout=15, message="the second worker runs jobs")
         assert await held_by(second.worker_id) >= 10
-        assert await held_by(first.worker_id) <= 20
+        assert await held_by(first.worker_id) <= 30
     finally:
         gate.set()
     await wait_until(lambda: settled(pool, ids), timeout=30, message="all jobs done")
