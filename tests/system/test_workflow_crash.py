@@ -99,7 +99,20 @@ async def test_kill_9_mid_step_reruns_only_unrecorded_steps(pool, make_scheduler
         async def done() -> bool:
             return await unfinished() == 0
 
-        await wait_until(done, timeout=90, interval=0.2, message="every workflow to complete")
+        try:
+            await wait_until(done, timeout=90, interval=0.2, message="every workflow to complete")
+        except AssertionError:
+            # What was left, and the workers' own words, for the failure report.
+            left = await pool.fetch(
+                "SELECT status, wait_kind, worker_id, count(*) AS n FROM scheduled_jobs"
+                " WHERE job_id = ANY($1::text[]) OR parent_job_id = ANY($1::text[])"
+                " GROUP BY 1, 2, 3 ORDER BY 4 DESC",
+                ids,
+            )
+            print("left:", [dict(r) for r in left])
+            print("live workers:", [w.pid for w in workers], "killed:", sorted(killed))
+            print("workers.log (tail):", log.read_text()[-20000:] if log.exists() else "")
+            raise
     finally:
         for worker in workers:
             await worker.close()
