@@ -131,10 +131,9 @@ class RoomWait:
         self._saved: Any = None
 
     def install(self) -> None:
-        from pg_scheduler.engine.claimer import Worker
+        from pg_scheduler.engine import claimer
 
-        self._saved = Worker.__dict__["_wait"]  # the staticmethod itself
-        original = Worker._wait
+        self._saved = original = claimer.wait_on
 
         async def timed(event: asyncio.Event, timeout: float) -> None:
             t = time.perf_counter()
@@ -145,13 +144,13 @@ class RoomWait:
                     self.seconds += time.perf_counter() - t
                     self.waits += 1
 
-        Worker._wait = staticmethod(timed)  # type: ignore[method-assign]
+        claimer.wait_on = timed  # type: ignore[assignment]
 
     def uninstall(self) -> None:
-        from pg_scheduler.engine.claimer import Worker
+        from pg_scheduler.engine import claimer
 
         if self._saved is not None:
-            Worker._wait = self._saved  # type: ignore[method-assign]
+            claimer.wait_on = self._saved
 
 
 # -- one drain -------------------------------------------------------------------
