@@ -198,6 +198,43 @@ def render_status(stats: QueueStats, out: Any = None) -> None:
                 ],
             )
         )
+    if stats.keys:
+        out.print(
+            table(
+                "Busiest concurrency keys",
+                ("key", "running", "max running", "waiting", "rate limit", "started in window"),
+                [
+                    (
+                        k.key,
+                        k.running,
+                        k.max_running_per_key,
+                        k.waiting,
+                        k.rate_limit_per_key,
+                        k.started_in_window,
+                    )
+                    for k in stats.keys
+                ],
+            )
+        )
+    if stats.fair_share:
+        out.print(
+            table(
+                "Fair share keys",
+                ("key", "weight", "waiting", "due", "running", "recent starts", "share"),
+                [
+                    (
+                        f.key,
+                        "jobs'" if f.weight is None else f"{f.weight:g}",
+                        f.waiting,
+                        f.due,
+                        f.running,
+                        f"{f.recent_starts:.1f}",
+                        f"{f.share:.1%}",
+                    )
+                    for f in stats.fair_share
+                ],
+            )
+        )
     out.print(
         table(
             "Finished recently",

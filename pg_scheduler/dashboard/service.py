@@ -22,6 +22,7 @@ from ..config import RetryPolicy
 from ..enums import DEFAULT_QUEUE, JobPriority, JobStatus
 from ..limits import key_record, limit_record
 from ..models import Job
+from ..observe.stats import fair_share_stats
 from ..store import Store
 from ..store.dashboard import Cursor, DashboardStore
 from ..store.housekeeping import RETRYABLE_STATUSES, OpsStore, StatsStore
@@ -257,11 +258,15 @@ class DashboardService:
         rows = await self.store.counts()
         keys = self.store.keys
         busiest = [] if keys is None else await keys.busiest(self.store.pool, 20)
+        fair = self.store.fair
+        tenants = [] if fair is None else await fair.busiest(20)
         return {
             "queues": await self._queue_rows(rows),
             "named_queues": self.store.catalog.has_queue_table,
             # The busiest concurrency keys (docs/keys.md).
             "keys": [key_record(r) for r in busiest],
+            # The busiest fair share keys, each with its share of the recent starts.
+            "fair_share": [s.model_dump() for s in fair_share_stats(tenants)],
         }
 
     async def jobs(self, params: dict[str, str]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from ..enums import JobStatus
 from ..limits import key_record, limit_record
 from ..store import QueueStore
+from ..store.fair import FairStore
 from ..store.housekeeping import StatsStore
 from ..store.keys import KeyStore
 from ..store.limits import LimitStore
@@ -125,6 +126,42 @@ class KeyStats(BaseModel):
     ordered: bool
 
 
+class FairShareStats(BaseModel):
+    """One fair share key (docs/fair-share.md) among the busiest: its backlog,
+    what runs, and its part of the recent starts."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    #: Pending jobs, and those of them already due.
+    waiting: int
+    due: int
+    running: int
+    #: Starts over the last few seconds, decayed (the fair claim's own record).
+    recent_starts: float
+    #: ``recent_starts`` over every listed key's: 0 to 1.
+    share: float
+    #: The weight set per key (``set_fair_share_weight``); None: its jobs' own.
+    weight: float | None
+
+
+def fair_share_stats(rows: Sequence[Any]) -> list[FairShareStats]:
+    """The busiest fair share keys (store/fair.py), each with its share of the starts."""
+    total = sum(float(r["recent_starts"]) for r in rows)
+    return [
+        FairShareStats(
+            key=r["fair_share_key"],
+            waiting=r["waiting"],
+            due=r["due"],
+            running=r["running"],
+            recent_starts=float(r["recent_starts"]),
+            share=float(r["recent_starts"]) / total if total > 0 else 0.0,
+            weight=r["weight"],
+        )
+        for r in rows
+    ]
+
+
 class OrphanedJobCounts(BaseModel):
     """Due jobs of one task in one queue that no live worker has registered:
     they wait until a worker with that task runs (``pg-scheduler orphans``)."""
@@ -184,6 +221,8 @@ class QueueStats(BaseModel):
     limits: list[LimitStats] = []
     #: The busiest concurrency keys (running, then waiting), at most BUSIEST_KEYS.
     keys: list[KeyStats] = []
+    #: The busiest fair share keys (running plus recent starts, then waiting), at most BUSIEST_KEYS.
+    fair_share: list[FairShareStats] = []
     #: Due jobs whose task no live worker has registered.
     orphaned_jobs: list[OrphanedJobCounts] = []
     #: Stored periodic jobs no live process declares.
@@ -208,7 +247,7 @@ def task_label(task_name: str, periodic_names: dict[str, str]) -> str:
     return task_name if name is None else f"{name} ({task_name})"
 
 
-#: How many concurrency keys the statistics list.
+#: How many concurrency keys, and fair share keys, the statistics list.
 BUSIEST_KEYS = 10
 
 
@@ -236,6 +275,7 @@ async def collect_stats(
         worker_rows = await store.workers(conn)
         limit_rows = await LimitStore(pool, Qualifier(schema)).listing(conn)
         key_rows = await KeyStore(Qualifier(schema)).busiest(conn, BUSIEST_KEYS)
+        fair_rows = await FairStore(pool, Qualifier(schema)).busiest(BUSIEST_KEYS, conn)
         orphan_store = OrphanStore(pool, schema)
         orphans = await orphan_store.read(heartbeat_threshold, db=conn)
         periodic_names = await orphan_store.periodic_names(conn)
@@ -320,6 +360,7 @@ async def collect_stats(
         completed_deleted=completed_deleted,
         limits=[LimitStats(**limit_record(r)) for r in limit_rows],
         keys=[KeyStats(**key_record(r)) for r in key_rows],
+        fair_share=fair_share_stats(fair_rows),
         orphaned_jobs=[OrphanedJobCounts(**o._asdict()) for o in orphans.jobs],
         orphaned_periodic=[OrphanedPeriodicJob(**o._asdict()) for o in orphans.periodic],
         periodic_names=periodic_names,

@@ -27,6 +27,7 @@ from datetime import datetime
 import asyncpg
 
 from ..enums import DEFAULT_QUEUE, FINAL_STATUSES, JobStatus
+from .fair import FairStore
 from .keys import KeyStore
 from .limits import LimitStore
 from .names import DEFAULT_SCHEMA, Qualifier
@@ -48,7 +49,8 @@ SELECT to_regclass($1) IS NOT NULL AS has_jobs,
        to_regclass($3) IS NOT NULL AS has_dependencies,
        EXISTS (SELECT 1 FROM pg_attribute a
                 WHERE a.attrelid = to_regclass($1) AND a.attname = 'concurrency_key'
-                  AND NOT a.attisdropped) AS has_keys
+                  AND NOT a.attisdropped) AS has_keys,
+       to_regclass($4) IS NOT NULL AS has_fair_share
 """
 # One pass over the table: the overview's and the queues page's counts.
 _COUNTS = """
@@ -162,6 +164,7 @@ class Catalog:
     has_workflows: bool = False
     has_dependencies: bool = False
     has_keys: bool = False
+    has_fair_share: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +211,7 @@ class DashboardStore:
         oldest = _SERVED_OLDEST_DUE.format(keyed=_KEYED_OLDEST_DUE if keys else "NULL")
         self._served_oldest_due = q(oldest if keys else oldest.replace(_NO_KEYS, ""))
         self.keys = KeyStore(q) if keys else None
+        self.fair = FairStore(pool, q) if self.catalog.has_fair_share else None
         queues_table = q.table("scheduler_queues")
         self._queue_settings = _QUEUE_SETTINGS.format(table=queues_table)
         self._queues = QueueStore(pool, schema)
@@ -223,6 +227,7 @@ class DashboardStore:
             q.table("scheduled_jobs"),
             q.table("scheduler_queues"),
             q.table("job_dependencies"),
+            q.table("scheduler_fair_share_starts"),
         )
         return cls(pool, schema, Catalog(**dict(row)))
 

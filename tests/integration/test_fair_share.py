@@ -358,3 +358,47 @@ async def test_a_job_takes_a_concurrency_key_or_a_fair_share_key_not_both(pool, 
             ]
         )
     assert await pool.fetchval("SELECT count(*) FROM scheduled_jobs") == before
+
+
+async def test_stats_the_cli_and_the_dashboard_show_each_keys_share(
+    pool, make_scheduler, dsn, monkeypatch
+):
+    import httpx
+
+    from pg_scheduler.cli import ops
+    from pg_scheduler.dashboard import dashboard_app
+    from tests.integration.test_cli_ops import cli
+
+    monkeypatch.setattr(ops, "configure_logging", lambda args: None)
+    scheduler = await _scheduler(make_scheduler)
+    await scheduler.initialize_db()
+    await scheduler.schedule_bulk(_specs("light", 600, fair_share_weight=1))
+    await scheduler.schedule_bulk(_specs("heavy", 600, fair_share_weight=3))
+    before = {f.key: f for f in (await scheduler.stats()).fair_share}
+    assert (before["light"].waiting, before["light"].due, before["light"].running) == (600, 600, 0)
+    assert before["heavy"].recent_starts == 0 and before["heavy"].share == 0
+
+    await scheduler.start()
+    await _drained(pool, 400)
+    await scheduler.shutdown(grace_period=1.0)
+    stats = await scheduler.stats()
+    shares = {f.key: f for f in stats.fair_share}
+    assert set(shares) == {"light", "heavy"}
+    assert math.isclose(sum(f.share for f in shares.values()), 1.0)
+    # Starts went 3:1 while both had work: the share says so.
+    assert 0.6 < shares["heavy"].share < 0.9, shares
+    assert shares["heavy"].waiting + shares["light"].waiting == 1200 - len(STARTS)
+
+    shown = await cli(dsn, "status")
+    assert shown.code == 0, shown.err
+    assert "Fair share keys" in shown.out and "heavy" in shown.out
+
+    app = dashboard_app(pool)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://dash"
+    ) as client:
+        page = (await client.get("/api/queues")).json()
+    await app.state.dashboard.close()
+    listed = {f["key"]: f for f in page["fair_share"]}
+    assert set(listed) == {"light", "heavy"}
+    assert 0.6 < listed["heavy"]["share"] < 0.9

@@ -488,6 +488,13 @@ async function queues() {
         el("td", { class: "num" }, k.max_running_per_key ?? ""), el("td", { class: "num" }, k.waiting),
         el("td", {}, k.rate_limit_per_key || ""), el("td", { class: "num" }, k.started_in_window ?? ""),
         el("td", {}, k.ordered ? "yes" : "")))) : null,
+    d.fair_share && d.fair_share.length ? el("h3", {}, "Fair share keys") : null,
+    d.fair_share && d.fair_share.length ? table(["key", "weight", "waiting", "due", "running", "recent starts", "share"],
+      d.fair_share.map((f) => el("tr", { "data-fair-key": f.key },
+        el("td", { class: "mono" }, f.key), el("td", { class: "num" }, f.weight ?? "jobs'"),
+        el("td", { class: "num" }, f.waiting), el("td", { class: "num" }, f.due),
+        el("td", { class: "num" }, f.running), el("td", { class: "num" }, f.recent_starts.toFixed(1)),
+        el("td", { class: "num", "data-share": f.share }, `${(f.share * 100).toFixed(1)} %`)))) : null,
   ];
 }
 
