@@ -92,9 +92,10 @@ async def test_two_workers_share_between_tenants(pool, dsn):
     assert len(order) == len(specs)
     tenants = [t for t, _, _ in order]
     last_small = max(i for i, t in enumerate(tenants) if t == "small")
-    # Equal weights: 30 small jobs among the first 60 starts, a claim of 8
-    # per worker aside.
-    assert last_small < 60 + 16, last_small
+    # Equal weights: 30 small jobs among the first 60 starts, aside from what
+    # each worker holds beyond its running jobs: a batch of 8 claimed ahead and
+    # one whose completions are being written (the held-row bound).
+    assert last_small < 60 + 32, last_small
     # Both processes ran the small tenant's work or the big one's side by side.
     assert len({pid for _, _, pid in order}) == 2
 
