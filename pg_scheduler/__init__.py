@@ -4,6 +4,7 @@ from .api.results import JobCancelled, JobExpired, JobFailed, JobNotFound
 from .batching import BatchItem
 from .config import PollingConfig, RetryPolicy, VacuumConfig, VacuumPolicy
 from .context import JobContext, current_job
+from .enqueue.queue_keys import queue_keys
 from .enqueue.timing import CallArguments
 from .enums import ConflictResolution, JobPriority, JobStatus, VacuumTrigger
 from .job_spec import JobSpec
@@ -70,6 +71,7 @@ __all__ = [
     "current_job",
     "group",
     "periodic",
+    "queue_keys",
     "task",
     "workflow",
 ]

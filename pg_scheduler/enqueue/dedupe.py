@@ -89,29 +89,30 @@ def resolve(
 
 
 def call_key_function(
-    func: Callable[..., Any],
+    func: Callable[..., Any] | None,
     key_function: Callable[..., Any],
     args: Any,
     kwargs: Any,
     option: str = "dedupe_key",
     check: Callable[[str, str], Any] | None = None,
+    owner: str | None = None,
 ) -> str:
     """The key ``func``'s task's ``option`` function returns for a job's
     arguments: ValueError if it raises, TypeError if it returns no str, then
-    ``check(key, what)`` (default: the dedupe key's check)."""
-    name = getattr(func, "__qualname__", repr(func))
+    ``check(key, what)`` (default: the dedupe key's check). ``owner``: whose
+    function it is, if not the task's (``queue 'api'``)."""
+    name = owner or f"task {getattr(func, '__qualname__', repr(func))}"
     try:
         key = key_function(*args, **(kwargs or {}))
     except Exception as exc:
         raise ValueError(
-            f"the {option} function of task {name} raised {type(exc).__name__}: {exc}; "
+            f"the {option} function of {name} raised {type(exc).__name__}: {exc}; "
             "nothing was scheduled"
         ) from exc
     if not isinstance(key, str):
         raise TypeError(
-            f"the {option} function of task {name} must return a str, "
-            f"got {type(key).__name__}: {key!r}"
+            f"the {option} function of {name} must return a str, got {type(key).__name__}: {key!r}"
         )
     what = option.removesuffix("_key").replace("_", " ")
-    (check or check_dedupe_key)(key, f"the {what} key of task {name}")
+    (check or check_dedupe_key)(key, f"the {what} key of {name}")
     return key

@@ -65,12 +65,16 @@ def resolve(
     fair_share_weight: Any,
     args: Any = (),
     kwargs: Any = None,
+    queue: Any = None,
+    keyed: bool = False,
 ) -> tuple[str | None, float | None]:
     """The (key, weight) a job is written with: (None, None) for no key.
 
-    ``func``'s task-level key and weight apply where the call gives none; a
-    key function is called with the job's arguments, and one that raises or
-    returns something other than a str raises here (nothing is written)."""
+    ``func``'s task-level key and weight apply where the call gives none,
+    then its queue's (``queue``: a QueueKeys, or None; its key only for a job
+    without a concurrency key, ``keyed``); a key function is called with the
+    job's arguments, and one that raises or returns something other than a
+    str raises here (nothing is written)."""
     check_fair_share_key(fair_share_key)
     check_fair_share_weight(fair_share_weight)
     key: Any = fair_share_key
@@ -78,13 +82,28 @@ def resolve(
         key = getattr(func, _KEY_ATTR, None)
         if callable(key):
             key = call_key_function(func, key, args, kwargs, "fair_share_key", check_fair_share_key)
+    from_queue = False
+    if key is None and queue is not None and queue.fair_share_key is not None and not keyed:
+        key, from_queue = queue.fair_share_key, True
+        if callable(key):
+            key = call_key_function(
+                func,
+                key,
+                args,
+                kwargs,
+                "fair_share_key",
+                check_fair_share_key,
+                owner=f"queue {queue.queue!r}",
+            )
     if key is None:
         if fair_share_weight is not None:
             raise ValueError("fair_share_weight was given without a fair_share_key")
         return None, None
     weight = fair_share_weight
-    if weight is None and func is not None:
+    if weight is None and func is not None and not from_queue:
         weight = getattr(func, _WEIGHT_ATTR, None)
+    if weight is None and queue is not None:
+        weight = queue.fair_share_weight
     return key, None if weight is None else float(weight)
 
 

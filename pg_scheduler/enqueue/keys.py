@@ -119,11 +119,21 @@ def wants_keys(options: Any, func: Any) -> bool:
     )
 
 
-def resolve(func: Any, options: Any, args: Any = (), kwargs: Any = None) -> KeyFields:
+def resolve(
+    func: Any,
+    options: Any,
+    args: Any = (),
+    kwargs: Any = None,
+    queue: Any = None,
+    fair_given: bool = False,
+) -> KeyFields:
     """The key columns of one job: the call's values (``options``: a
     JobOptions or JobSpec) over its task's (``func``: None for a job scheduled
-    by name). TypeError/ValueError on a bad one, a key function that raises or
-    returns no string, or limits without a key."""
+    by name) over its queue's (``queue``: a QueueKeys, or None). The queue's
+    key applies only to a job given no fair share key (``fair_given``); its
+    limits, to a job with a concurrency key. TypeError/ValueError on a bad
+    one, a key function that raises or returns no string, or limits the call
+    or task gives without a key."""
     check_key_options(options)
     key, most = options.concurrency_key, options.max_running_per_key
     rate, ordered = options.rate_limit_per_key, options.ordered
@@ -141,6 +151,26 @@ def resolve(func: Any, options: Any, args: Any = (), kwargs: Any = None) -> KeyF
         most = t_most if most is None else most
         rate = t_rate if rate is None else rate
         ordered = ordered or t_ordered
+    if queue is not None:
+        q_key = queue.concurrency_key
+        if key is None and q_key is not None and not fair_given:
+            key = (
+                call_key_function(
+                    func,
+                    q_key,
+                    args,
+                    kwargs,
+                    "concurrency_key",
+                    check_concurrency_key,
+                    owner=f"queue {queue.queue!r}",
+                )
+                if callable(q_key)
+                else q_key
+            )
+        if key is not None:
+            ordered = ordered or (queue.ordered and most in (None, 1))
+            most = queue.max_running_per_key if most is None and not ordered else most
+            rate = queue.rate_limit_per_key if rate is None else rate
     if key is None:
         limits = (most, rate, ordered)
         given = [n for n, v in zip(_NAMES[1:], limits, strict=True) if v not in (None, False)]

@@ -35,6 +35,7 @@ from ..support.reconnect import retry_on_disconnect
 from ..support.validation import check_int, check_name
 from ..tasks import TaskRegistry, ensure_async, queue_of, task_name_of
 from ..workflows.decorator import is_workflow
+from . import queue_keys
 from .arguments import check_arguments
 from .checks import when_of
 from .conflicts import (
@@ -51,6 +52,7 @@ from .fields import JobFields, JobOptions, check_job, row_of
 from .ids import new_job_id
 from .keyed import KeyedWriter, KeyRace, check_batch_keys, is_dedupe_violation
 from .keys import resolve as resolve_keys
+from .queue_keys import fair_given
 from .rows import COPY_THRESHOLD, spec_rows, spec_tuples, streamable
 from .timed import TimedWriter
 from .timing import check_timed_call, timing_of
@@ -138,7 +140,10 @@ class Producer:
         task_data = encode_task_data(args, {} if kwargs is None else kwargs, task_name)
         check_arguments(func, args, kwargs)
         key, scope = resolve_dedupe(func, options.dedupe_key, options.dedupe_scope, args, kwargs)
-        keys = resolve_keys(func, options, args, kwargs)
+        defaults = queue_keys.of(queue)
+        keys = resolve_keys(
+            func, options, args, kwargs, defaults, fair_given(defaults, options, func)
+        )
         if instrument.trace_injector is not None:  # the caller's trace context
             # A workflow without a current span: a trace of its own.
             root = f"schedule {task_name}" if is_workflow(func) else None
@@ -148,7 +153,15 @@ class Producer:
         if timing is not None:
             check_timed_call(timing, key, execution_time, options)
             scope = timing.kind
-        fair = resolve_fair(func, options.fair_share_key, options.fair_share_weight, args, kwargs)
+        fair = resolve_fair(
+            func,
+            options.fair_share_key,
+            options.fair_share_weight,
+            args,
+            kwargs,
+            defaults,
+            keys.concurrency_key is not None,
+        )
         check_one_key(keys.concurrency_key, fair[0])
         aware = when_of(execution_time, options.delay)
         return JobFields(
@@ -174,15 +187,26 @@ class Producer:
         and so does its signature: arguments it cannot take raise TypeError."""
         check_by_name(job_name, task_data)
         key, scope = resolve_dedupe(None, options.dedupe_key, options.dedupe_scope)
-        keys = resolve_keys(None, options)
         func = self.registry.resolve(job_name)
         queue = queue_of(func, options.queue)
         args, kwargs = task_data.get("args") or (), task_data.get("kwargs") or {}
+        defaults = queue_keys.of(queue)
+        keys = resolve_keys(
+            None, options, args, kwargs, defaults, fair_given(defaults, options, func)
+        )
         encoded = encode_task_data(args, kwargs, job_name)
         if func is not None:
             check_arguments(func, args, kwargs)
         check_job(execution_time, options)
-        fair = resolve_fair(func, options.fair_share_key, options.fair_share_weight, args, kwargs)
+        fair = resolve_fair(
+            func,
+            options.fair_share_key,
+            options.fair_share_weight,
+            args,
+            kwargs,
+            defaults,
+            keys.concurrency_key is not None,
+        )
         check_one_key(keys.concurrency_key, fair[0])
         aware = when_of(execution_time, options.delay)
         return JobFields(

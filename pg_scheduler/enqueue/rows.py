@@ -23,6 +23,7 @@ from ..support.codec import encode_retry_policy, encode_task_data
 from ..support.validation import check_queue
 from ..tasks import queue_of
 from ..workflows.decorator import is_workflow
+from . import queue_keys
 from .arguments import check_arguments
 from .checks import (
     check_job_id,
@@ -205,13 +206,32 @@ def _rows(
             key, scope = resolve_dedupe(
                 func, spec.dedupe_key, spec.dedupe_scope, spec.args, spec.kwargs
             )
+        defaults = queue_keys.of(queue)
         keys = NO_KEY
-        if wants_keys(spec, func):
-            keys = resolve_keys(func, spec, spec.args, spec.kwargs)
+        if defaults is not None or wants_keys(spec, func):
+            keys = resolve_keys(
+                func,
+                spec,
+                spec.args,
+                spec.kwargs,
+                defaults,
+                defaults is not None and (fair_task or spec.fair_share_key is not None),
+            )
         fair_key = fair_weight = None
-        if fair_task or spec.fair_share_key is not None or spec.fair_share_weight is not None:
+        if (
+            fair_task
+            or defaults is not None
+            or spec.fair_share_key is not None
+            or spec.fair_share_weight is not None
+        ):
             fair_key, fair_weight = resolve_fair(
-                func, spec.fair_share_key, spec.fair_share_weight, spec.args, spec.kwargs
+                func,
+                spec.fair_share_key,
+                spec.fair_share_weight,
+                spec.args,
+                spec.kwargs,
+                defaults,
+                keys.concurrency_key is not None,
             )
             check_one_key(keys.concurrency_key, fair_key)
         if inject is not None:  # a workflow without a current span: a trace of its own

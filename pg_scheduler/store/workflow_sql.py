@@ -288,13 +288,20 @@ WITH lease AS (
 ), kids AS (
     INSERT INTO scheduled_jobs (job_id, job_name, task_name, execution_time, status, task_data,
                                 priority, max_retries, misfire_grace_time, timeout,
-                                retry_policy, queue, parent_job_id, parent_seq)
+                                retry_policy, queue, parent_job_id, parent_seq,
+                                concurrency_key, max_running_per_key, rate_count_per_key,
+                                rate_period_per_key, key_ordered, fair_share_key,
+                                fair_share_weight)
     SELECT d.job_id, d.job_name, d.task_name, now(), 'pending', d.task_data::jsonb,
-           d.priority, d.max_retries, NULL, d.timeout, d.retry_policy::jsonb, d.queue, $1, d.seq
+           d.priority, d.max_retries, NULL, d.timeout, d.retry_policy::jsonb, d.queue, $1, d.seq,
+           d.concurrency_key, d.max_running_per_key, d.rate_count_per_key,
+           d.rate_period_per_key, d.key_ordered, d.fair_share_key, d.fair_share_weight
       FROM unnest($4::text[], $5::text[], $6::text[], $7::text[], $8::int[], $9::int[],
-                  $10::float8[], $11::text[], $12::text[], $13::int[])
+                  $10::float8[], $11::text[], $12::text[], $13::int[], $18::text[], $19::int[],
+                  $20::int[], $21::float8[], $22::bool[], $23::text[], $24::float8[])
         AS d(job_id, job_name, task_name, task_data, priority, max_retries, timeout,
-             retry_policy, queue, seq),
+             retry_policy, queue, seq, concurrency_key, max_running_per_key, rate_count_per_key,
+             rate_period_per_key, key_ordered, fair_share_key, fair_share_weight),
            lease
     ON CONFLICT (job_id) DO NOTHING
     RETURNING 1

@@ -69,6 +69,14 @@ class Spawned(NamedTuple):
     name: str
     key: str
     record: str  # the spawn step's result: {"job_id": ..., "detached": ...}
+    # The child's key columns (store/jobs.py NewJob's, in its order).
+    concurrency_key: str | None
+    max_running_per_key: int | None
+    rate_count_per_key: int | None
+    rate_period_per_key: float | None
+    key_ordered: bool
+    fair_share_key: str | None
+    fair_share_weight: float | None
 
 
 class WorkflowStore:
@@ -271,6 +279,7 @@ class WorkflowStore:
             list(columns[11]),
             list(columns[12]),
             started_at,
+            *(list(c) for c in columns[13:20]),
             timeout=self.timeout,
         )
         return bool(row["held"]), int(row["recorded"])

@@ -30,8 +30,13 @@ import asyncpg
 
 import pg_scheduler.observe.instrument as instrument
 
+from ..enqueue import queue_keys
 from ..enqueue.checks import check_max_retries, check_priority, check_retry_policy, check_timeout
+from ..enqueue.fair import check_one_key
+from ..enqueue.fair import resolve as resolve_fair
 from ..enqueue.fields import JobOptions
+from ..enqueue.keys import resolve as resolve_keys
+from ..enqueue.queue_keys import fair_given
 from ..enums import PRIORITY_DB_VALUE_OF, JobStatus
 from ..models import Job
 from ..store.workflows import Spawned
@@ -112,6 +117,21 @@ def spawn(
     if not isinstance(detached, bool):
         raise TypeError(f"detached must be True or False, got {detached!r}")
     child_queue = None if options.queue is None else queue_of(func, options.queue)
+    if child_queue is None:
+        # The task's own queue if it declares one, else the parent's.
+        child_queue = queue_of(func) if hasattr(func, QUEUE_ATTR) else run.queue
+    defaults = queue_keys.of(child_queue)
+    keys = resolve_keys(func, options, args, kwargs, defaults, fair_given(defaults, options, func))
+    fair = resolve_fair(
+        func,
+        options.fair_share_key,
+        options.fair_share_weight,
+        args,
+        kwargs,
+        defaults,
+        keys.concurrency_key is not None,
+    )
+    check_one_key(keys.concurrency_key, fair[0])
     run.registry.register(func)  # this worker can run it, as schedule() does
     task_name = task_name_of(func)
     task_data = encode_task_data(args, kwargs, task_name)
@@ -123,9 +143,6 @@ def spawn(
     job_id = child_job_id(run.lease.job_id, run.incarnation, seq)
     if instrument.trace_injector is not None:  # the spawning run's span is the parent
         task_data = instrument.trace_injector(task_data, None)
-    if child_queue is None:
-        # The task's own queue if it declares one, else the parent's.
-        child_queue = queue_of(func) if hasattr(func, QUEUE_ATTR) else run.queue
     policy = options.retry_policy
     buffer.append(
         Spawned(
@@ -142,6 +159,8 @@ def spawn(
             task_name,
             key,
             encode_json({"job_id": job_id, "detached": detached}),
+            *keys,
+            *fair,
         )
     )
     return ChildHandle(job_id, seq, task_name, detached)

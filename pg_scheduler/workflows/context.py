@@ -233,6 +233,12 @@ class WorkflowContext:
         max_retries: int = 0,
         timeout: float | None = None,
         retry_policy: RetryPolicy | None = None,
+        concurrency_key: str | None = None,
+        max_running_per_key: int | None = None,
+        rate_limit_per_key: str | None = None,
+        ordered: bool = False,
+        fair_share_key: str | None = None,
+        fair_share_weight: float | None = None,
         **kwargs: Any,
     ) -> ChildHandle:
         """A child job ``func(*args, **kwargs)``: a normal job linked to this
@@ -242,7 +248,9 @@ class WorkflowContext:
         ``detached=True``. Returns a handle (awaitable: ``await ctx.spawn(...)``
         works too); children spawned before a wait are written together. Of a
         job's options (JobOptions) a child takes these: its id is its parent's
-        step's, it never expires unstarted and carries no dedupe key."""
+        step's, it never expires unstarted and carries no dedupe key. Its
+        concurrency or fair share key and limits are the call's, else its
+        task's, else its queue's (``queue_keys``), as for ``schedule()``."""
         found = replayed_child(self._run, func)
         if found is not None:
             return found

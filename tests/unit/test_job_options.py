@@ -389,6 +389,8 @@ MAY_LIST_JOB_OPTIONS = {
     "scheduler.py:task": "Scheduler.task's public signature: a task's options (tested above)",
     "store/workflows.py:Spawned": "a child's row as the spawn statement writes it",
     "enqueue/fields.py:JobFields": "a job's resolved fields (the call's, else the task's)",
+    "enqueue/queue_keys.py:queue_keys": "a queue's key defaults: its public signature",
+    "enqueue/queue_keys.py:QueueKeys": "a queue's declared key defaults, as kept",
 }
 #: The same for a task's options.
 MAY_LIST_TASK_OPTIONS = {
@@ -486,16 +488,8 @@ def test_spawn_takes_a_childs_options_with_their_declared_defaults() -> None:
         "depends_on",
         "on_dependency_failure",
         "delay",
-        # A child carries no concurrency key (docs/keys.md).
-        "concurrency_key",
-        "max_running_per_key",
-        "rate_limit_per_key",
-        "ordered",
         "debounce",
         "debounce_max_wait",
         "throttle",
-        # A child's fair share key and weight are its task's (@task(fair_share_key=...)).
-        "fair_share_key",
-        "fair_share_weight",
     } == set(OPTION_NAMES)
     assert_options_declared(found, {n: OPTION_DEFAULTS[n] for n in found})
