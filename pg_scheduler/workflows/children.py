@@ -289,13 +289,13 @@ async def _finish(run: RunState, seq: int, name: str, key: str, result: str) -> 
 
 def result_of(handle: ChildHandle, ended: dict[str, Any]) -> Any:
     """A child's result, or the JobFailed / JobCancelled / JobExpired of its end."""
+    status = ended.get("status")
+    if status == "completed":
+        return ended.get("result")
     # The results API's own outcome (api/ sits above the engine, which runs
     # workflows: imported when a child did not complete, not with this module).
     from ..api.results import outcome as job_outcome
 
-    status = ended.get("status")
-    if status == "completed":
-        return ended.get("result")
     job = Job.model_construct(
         job_id=handle.job_id,
         task_name=handle.task_name,
