@@ -117,6 +117,7 @@ def _rows(
     named: bool,
 ) -> Iterator[tuple[Any, ...]]:
     keep = into.append if into is not None else None
+    declared = queue_keys.DECLARED
     # func -> (job name, task name, has a task-level dedupe key, its queue,
     # has a task-level fair share key)
     tasks: dict[Any, tuple[str, str, bool, str, bool]] = {}
@@ -206,7 +207,7 @@ def _rows(
             key, scope = resolve_dedupe(
                 func, spec.dedupe_key, spec.dedupe_scope, spec.args, spec.kwargs
             )
-        defaults = queue_keys.of(queue)
+        defaults = declared.get(queue) if declared else None  # a queue's key defaults
         keys = NO_KEY
         if defaults is not None or wants_keys(spec, func):
             keys = resolve_keys(
