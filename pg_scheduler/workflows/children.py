@@ -33,8 +33,10 @@ import pg_scheduler.observe.instrument as instrument
 from ..enqueue import queue_keys
 from ..enqueue.checks import check_max_retries, check_priority, check_retry_policy, check_timeout
 from ..enqueue.fair import check_one_key
+from ..enqueue.fair import has_task_key as has_fair_key
 from ..enqueue.fair import resolve as resolve_fair
 from ..enqueue.fields import JobOptions
+from ..enqueue.keys import NO_KEY, wants_keys
 from ..enqueue.keys import resolve as resolve_keys
 from ..enqueue.queue_keys import fair_given
 from ..enums import PRIORITY_DB_VALUE_OF, JobStatus
@@ -45,6 +47,8 @@ from ..tasks import QUEUE_ATTR, ensure_async, queue_of, task_name_of
 from .replay import COMPLETED, WAITING, Record, record_of
 from .run import RunState
 
+#: A child without a fair share key: (key, weight).
+NO_FAIR_KEY: tuple[str | None, float | None] = (None, None)
 _VARIANT = dict(zip("0123456789abcdef", "89ab" * 4, strict=True))
 
 
@@ -121,17 +125,27 @@ def spawn(
         # The task's own queue if it declares one, else the parent's.
         child_queue = queue_of(func) if hasattr(func, QUEUE_ATTR) else run.queue
     defaults = queue_keys.of(child_queue)
-    keys = resolve_keys(func, options, args, kwargs, defaults, fair_given(defaults, options, func))
-    fair = resolve_fair(
-        func,
-        options.fair_share_key,
-        options.fair_share_weight,
-        args,
-        kwargs,
-        defaults,
-        keys.concurrency_key is not None,
-    )
-    check_one_key(keys.concurrency_key, fair[0])
+    keys, fair = NO_KEY, NO_FAIR_KEY
+    if defaults is not None or wants_keys(options, func):
+        keys = resolve_keys(
+            func, options, args, kwargs, defaults, fair_given(defaults, options, func)
+        )
+    if (
+        defaults is not None
+        or options.fair_share_key is not None
+        or options.fair_share_weight is not None
+        or has_fair_key(func)
+    ):
+        fair = resolve_fair(
+            func,
+            options.fair_share_key,
+            options.fair_share_weight,
+            args,
+            kwargs,
+            defaults,
+            keys.concurrency_key is not None,
+        )
+        check_one_key(keys.concurrency_key, fair[0])
     run.registry.register(func)  # this worker can run it, as schedule() does
     task_name = task_name_of(func)
     task_data = encode_task_data(args, kwargs, task_name)
