@@ -87,30 +87,24 @@ _ORDERED_HEAD = """(SELECT x.job_id FROM scheduled_jobs x
                     AND x.concurrency_key = {k}
                   ORDER BY x.key_seq LIMIT 1)"""
 
-# $1 tasks, $2 queues (NULL: all), $3 how many keys at most, $4 whether to cut
-# at the most urgent due plain job (only keyed work at least as urgent), $5
-# the rate window's margin, $6 the advisory lock class of this schema.
-# The keys are visited in the order of their first index entry (due ones;
-# a key whose first entry is not due yet is placed at "now": it may have a
-# due row of a less urgent priority), and only as many as it takes to find
-# $3 whose due head this worker runs and whose room is not gone: each
-# visit reads the key's head and counts its running jobs.
-_LOCK_KEYS = f"""
-{served_groups("$1", "$2", "NULL", "0", limits="none")},
-{_KEYS}, plain AS (
-    SELECT s.priority, s.head FROM served s
-     WHERE $4 AND s.head <= now()
-     ORDER BY s.priority, s.head LIMIT 1
-), visits AS MATERIALIZED (
-    SELECT v.k FROM (
+# Every key with due work this worker may run, the most urgent first, as the
+# keyed claim visits them (a key whose first entry is not due yet is placed
+# at "now": it may have a due row of a less urgent priority). ``{where}``
+# keeps or cuts them.
+_VISITS = """
+    SELECT v.k, min(v.p) AS p, min(v.t) AS t FROM (
         SELECT u.k, u.p, LEAST(u.t, now()) AS t FROM unordered_keys u
         UNION ALL
         SELECT o.k, -2147483648, '-infinity'::timestamptz FROM ordered_keys o
     ) v
-     WHERE NOT EXISTS (SELECT 1 FROM plain c WHERE (v.p, v.t) > (c.priority, c.head))
-     GROUP BY v.k
-     ORDER BY min(v.p), min(v.t)
-), heads AS MATERIALIZED (
+     WHERE {where}
+     GROUP BY v.k"""
+
+# Each visited key's head (its most urgent due row this worker runs) and its
+# room; the first $3 keys whose room is not gone (read without a lock: an
+# estimate) and whose head is at least as urgent as the due plain work (when
+# $4 cuts), each locked with pg_try_advisory_xact_lock on its hash.
+_HEADS = f"""heads AS MATERIALIZED (
     SELECT c.k, h.priority, h.head
       FROM visits c
      CROSS JOIN LATERAL (
@@ -138,6 +132,44 @@ _LOCK_KEYS = f"""
 )
 SELECT h.k, h.priority, h.head, pg_try_advisory_xact_lock($6::int, hashtext(h.k)) AS locked
   FROM heads h
+"""
+
+# A key at least as urgent as the due plain work (all of them without a cut).
+_UNCUT = "NOT EXISTS (SELECT 1 FROM plain c WHERE (v.p, v.t) > (c.priority, c.head))"
+
+# The most urgent due plain job ($4: cut at it; else none).
+_PLAIN = """plain AS (
+    SELECT s.priority, s.head FROM served s
+     WHERE $4 AND s.head <= now()
+     ORDER BY s.priority, s.head LIMIT 1
+)"""
+
+# $1 tasks, $2 queues (NULL: all), $3 how many keys at most, $4 whether to cut
+# at the most urgent due plain job (only keyed work at least as urgent), $5
+# the rate window's margin, $6 the advisory lock class of this schema.
+# The keys are visited in the order of their first index entry, and only as
+# many as it takes to find $3 whose due head this worker runs and whose room
+# is not gone: each visit reads the key's head and counts its running jobs.
+_LOCK_KEYS = f"""
+{served_groups("$1", "$2", "NULL", "0", limits="none")},
+{_KEYS}, {_PLAIN}, visits AS MATERIALIZED (
+    SELECT x.k FROM ({_VISITS.format(where=_UNCUT)}) x ORDER BY x.p, x.t
+), {_HEADS}"""
+
+# The same, visiting the keys $7 names, in that order (a list the worker read
+# with _KEY_LIST: the keys with due work, the most urgent first), instead of
+# every key: the keys' heads, room and the cut are read as above.
+_LOCK_LISTED = f"""
+{served_groups("$1", "$2", "NULL", "0", limits="none")},
+{_PLAIN}, visits AS MATERIALIZED (
+    SELECT l.k FROM unnest($7::text[]) WITH ORDINALITY AS l(k, n) ORDER BY l.n
+), {_HEADS}"""
+
+# Every key with pending keyed work, the most urgent first: the visiting
+# order of _LOCK_KEYS, uncut, for _LOCK_LISTED. $1 how many at most.
+_KEY_LIST = f"""
+WITH RECURSIVE {_KEYS}
+SELECT x.k FROM ({_VISITS.format(where="true")}) x ORDER BY x.p, x.t LIMIT $1
 """
 
 # The candidate rows of locked key ``b.k``: its unordered pending rows from the
@@ -269,6 +301,8 @@ class KeyStore:
 
     def __init__(self, q: Qualifier) -> None:
         self._lock = q(_LOCK_KEYS)
+        self._lock_listed = q(_LOCK_LISTED)
+        self._key_list = q(_KEY_LIST)
         self._claim = q(_CLAIM_KEYS)
         self._busiest = q(_BUSIEST)
         self._class = lock_class(q.schema)
@@ -284,28 +318,35 @@ class KeyStore:
         lease_seconds: float,
         cut: bool,
         start_now: int | None = None,
-    ) -> tuple[list[asyncpg.Record], int, tuple[int, datetime] | None]:
+        listed: Sequence[str] | None = None,
+    ) -> tuple[list[asyncpg.Record], list[str], tuple[int, datetime] | None]:
         """Start up to ``limit`` due keyed jobs of ``tasks`` in ``queues``
         (None: every queue), within their keys' limits; ``cut``: only work at
-        least as urgent as the most urgent due plain job. Returns the rows,
-        how many keys with due work and room were seen, and the most urgent
-        of those this claim could not lock (another claim holds it). Past the
-        first ``start_now`` (default: all) rows are claimed ahead, but for
-        rate-limited keys, whose rows are taken only as many as start now."""
+        least as urgent as the most urgent due plain job; ``listed``: visit
+        these keys, in this order (see :meth:`key_list`), instead of every
+        key. Returns the rows, the keys with due work and room seen (in the
+        order visited), and the most urgent of those this claim could not
+        lock (another claim holds it). Past the first ``start_now`` (default:
+        all) rows are claimed ahead, but for rate-limited keys, whose rows
+        are taken only as many as start now."""
+        args = [
+            list(tasks),
+            None if queues is None else list(queues),
+            limit,
+            cut,
+            self.RATE_MARGIN,
+            self._class,
+        ]
         async with conn.transaction():
-            heads = await conn.fetch(
-                self._lock,
-                list(tasks),
-                None if queues is None else list(queues),
-                limit,
-                cut,
-                self.RATE_MARGIN,
-                self._class,
-            )
+            if listed is None:
+                heads = await conn.fetch(self._lock, *args)
+            else:
+                heads = await conn.fetch(self._lock_listed, *args, list(listed))
+            seen = [h["k"] for h in heads]
             locked = [h["k"] for h in heads if h["locked"]]
             held = [(h["priority"], h["head"]) for h in heads if not h["locked"]]
             if not locked:
-                return [], len(heads), min(held, default=None)
+                return [], seen, min(held, default=None)
             rows = await conn.fetch(
                 self._claim,
                 locked,
@@ -319,7 +360,12 @@ class KeyStore:
                 self.RATE_MARGIN,
                 limit if start_now is None else start_now,
             )
-        return rows, len(heads), min(held, default=None)
+        return rows, seen, min(held, default=None)
+
+    async def key_list(self, db: Executor, limit: int) -> list[str]:
+        """Up to ``limit`` keys with pending keyed work, the most urgent first
+        (the order a keyed claim visits them in)."""
+        return [r["k"] for r in await db.fetch(self._key_list, limit)]
 
     async def busiest(self, db: Executor, limit: int = 20) -> list[asyncpg.Record]:
         """The busiest keys (running, then waiting): key, running, waiting, the

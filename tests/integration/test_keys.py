@@ -85,6 +85,79 @@ async def test_max_running_per_key_holds_each_key_and_the_call_overrides_the_tas
     assert [tuple(r) for r in stored] == [("a", 2), ("b", 1), ("c", 2)]
 
 
+async def test_with_many_keys_claims_visit_a_list_and_hold_every_limit(pool, make_scheduler, runs):
+    from pg_scheduler.engine import keyed
+
+    keys = keyed.LIST_MIN + 50
+    scheduler = await make_scheduler(start=False, max_concurrent_jobs=20, batch_claim_limit=20)
+    await scheduler.initialize_db()
+    visited: list[int] = []
+    real = scheduler.worker.keyed.store.claim
+
+    async def claim(*args, **kwargs):  # records whether each claim was given a list
+        visited.append(len(kwargs.get("listed") or ()))
+        return await real(*args, **kwargs)
+
+    scheduler.worker.keyed.store.claim = claim
+    await scheduler.schedule_bulk(
+        [
+            JobSpec(key_tasks.step, args=(f"m{k}", n, 0.01), concurrency_key=f"m{k}",
+                    max_running_per_key=1)
+            for n in range(4)
+            for k in range(keys)
+        ]
+    )  # fmt: skip
+    await scheduler.start()  # its first look finds the keys
+    await finished(pool, keys * 4, timeout=60)
+    assert any(visited), "no claim visited a list of keys"
+    rows = await pool.fetch("SELECT key, started, ended FROM key_runs")
+    by_key: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        by_key.setdefault(r["key"], []).append((r["started"], r["ended"]))
+    assert len(by_key) == keys and all(len(v) == 4 for v in by_key.values())
+    assert max(max_overlap(v) for v in by_key.values()) == 1
+
+
+async def test_a_new_urgent_key_waits_at_most_a_list_for_its_turn(pool, make_scheduler, runs):
+    from pg_scheduler.engine import keyed
+
+    keys = keyed.LIST_MIN + 50
+    scheduler = await make_scheduler(start=False, max_concurrent_jobs=20, batch_claim_limit=20)
+    await scheduler.initialize_db()
+    await scheduler.schedule_bulk(
+        [
+            JobSpec(key_tasks.step, args=(f"b{k}", n, 0.08), concurrency_key=f"b{k}",
+                    max_running_per_key=1)
+            for n in range(4)
+            for k in range(keys)
+        ]
+    )  # fmt: skip
+    await scheduler.start()  # its first look finds the keys: claims visit lists
+    # The backlog runs for 150 x 4 x 0.08 / 20 = 2.4 s at least.
+    await wait_until(
+        lambda: pool.fetchval("SELECT count(*) > 40 FROM key_runs"), timeout=30, interval=0.02
+    )
+    urgent = await scheduler.schedule(
+        key_tasks.step,
+        args=("urgent", 0),
+        concurrency_key="urgent",
+        priority=JobPriority.CRITICAL,
+    )
+    await finished(pool, keys * 4 + 1, timeout=60)
+    waited = await pool.fetchval(
+        "SELECT extract(epoch FROM started_at - created_at) FROM scheduled_jobs WHERE job_id = $1",
+        urgent,
+    )
+    # Seen by the next list at the latest (LIST_TTL), not after the backlog.
+    assert waited < keyed.LIST_TTL + 1.0
+    later = await pool.fetchval(
+        "SELECT count(*) FROM scheduled_jobs WHERE concurrency_key LIKE 'b%'"
+        " AND started_at > (SELECT started_at FROM scheduled_jobs WHERE job_id = $1)",
+        urgent,
+    )
+    assert later > 0
+
+
 async def test_keys_do_not_hold_each_other_or_plain_jobs(pool, make_scheduler, runs):
     scheduler = await make_scheduler(max_concurrent_jobs=20, batch_claim_limit=20)
     jobs = [
