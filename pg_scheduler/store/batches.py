@@ -6,6 +6,9 @@ batch is ready there: ``batch_size`` jobs due, or the earliest due job has
 waited ``batch_timeout``. It reads ``scheduled_jobs_claim_idx`` the way the
 claim does (the served groups' skip scan, then each group from its head, at
 most ``$3`` index entries per group). Time is the database's ``now()``.
+
+As a batch starts, one statement marks its jobs with the batch (migration
+0020): the batch's id and how many jobs the handler was given.
 """
 
 from __future__ import annotations
@@ -40,6 +43,19 @@ SELECT queue, LEAST(sum(due), $3)::int AS due,
 """
 
 
+# $1 the batch's id, $2 its size, $3 its jobs' ids, $4 their attempts, $5 the
+# worker. Fenced on the lease as a completion is: a row that is no longer this
+# attempt's (cancelled, rescued, claimed anew) is left as it is. The columns
+# are in no index.
+_MARK = """
+UPDATE scheduled_jobs j
+   SET batch_id = $1::uuid, batch_size = $2
+  FROM unnest($3::text[], $4::int[]) AS b(job_id, attempts)
+ WHERE j.job_id = b.job_id AND j.attempts = b.attempts
+   AND (j.worker_id = $5 AND j.status = 'running') IS TRUE
+"""
+
+
 class BatchQueue(NamedTuple):
     """One queue's pending jobs of a batch task: ``due`` now (at most the batch
     size), and ``head_in`` seconds until its earliest pending job is due
@@ -56,6 +72,7 @@ class BatchStore:
     def __init__(self, pool: asyncpg.Pool, qualify: Qualifier) -> None:
         self.pool = pool
         self._ready = qualify(_READY)
+        self._mark = qualify(_MARK)
 
     async def queues(
         self,
@@ -69,3 +86,23 @@ class BatchStore:
             self._ready, list(task_names), None if queues is None else list(queues), size
         )
         return [BatchQueue(r["queue"], r["due"], r["head_in"]) for r in rows]
+
+    async def mark(
+        self,
+        batch_id: str,
+        size: int,
+        jobs: Sequence[tuple[str, int]],
+        worker_id: str,
+        db: Executor | None = None,
+    ) -> int:
+        """Mark ``jobs`` (job id, attempt) as running in batch ``batch_id`` of
+        ``size`` jobs; how many rows were marked (those still this worker's)."""
+        status = await (db or self.pool).execute(
+            self._mark,
+            batch_id,
+            size,
+            [job_id for job_id, _ in jobs],
+            [attempt for _, attempt in jobs],
+            worker_id,
+        )
+        return int(status.rsplit(" ", 1)[-1])

@@ -25,6 +25,7 @@ SELECT {_JOB_COLUMNS}
    AND ($2::text IS NULL OR task_name = $2 OR job_name = $2)
    AND ($3::timestamptz IS NULL OR COALESCE(finished_at, started_at, execution_time) >= $3)
    AND ($4::timestamptz IS NULL OR COALESCE(finished_at, started_at, execution_time) < $4)
+   AND ($6::uuid IS NULL OR batch_id = $6::uuid)
  ORDER BY COALESCE(finished_at, started_at, execution_time) DESC, job_id
  LIMIT $5
 """
@@ -79,10 +80,17 @@ class CliStore:
         since: datetime | None,
         until: datetime | None,
         limit: int,
+        batch_id: str | None = None,
     ) -> list[asyncpg.Record]:
         """Whole job rows matching every given filter, most recently changed first."""
         return await self.pool.fetch(
-            self._list_full_jobs, list(statuses) if statuses else None, task, since, until, limit
+            self._list_full_jobs,
+            list(statuses) if statuses else None,
+            task,
+            since,
+            until,
+            limit,
+            batch_id,
         )
 
     async def vacuum_preview(self, policies: dict[str, VacuumPolicy]) -> dict[str, int]:

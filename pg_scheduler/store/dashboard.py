@@ -14,8 +14,9 @@ Named queues (a ``queue`` column and a ``scheduler_queues`` table) may or may
 not exist in the schema: :meth:`DashboardStore.open` looks in the catalog once
 and builds the statements for what it finds; without them every job is in
 one queue, "default". Likewise the workflow columns (migration 0014): without
-them a job row has no wait to show; and the dependency table (0015): without
-it no job is part of a graph.
+them a job row has no wait to show; the dependency table (0015): without
+it no job is part of a graph; and the batch columns (0020): without them no
+job ran in a batch.
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ SELECT to_regclass($1) IS NOT NULL AS has_jobs,
        EXISTS (SELECT 1 FROM pg_attribute a
                 WHERE a.attrelid = to_regclass($1) AND a.attname = 'concurrency_key'
                   AND NOT a.attisdropped) AS has_keys,
-       to_regclass($4) IS NOT NULL AS has_fair_share
+       to_regclass($4) IS NOT NULL AS has_fair_share,
+       EXISTS (SELECT 1 FROM pg_attribute a
+                WHERE a.attrelid = to_regclass($1) AND a.attname = 'batch_id'
+                  AND NOT a.attisdropped) AS has_batches
 """
 # One pass over the table: the overview's and the queues page's counts.
 _COUNTS = """
@@ -72,7 +76,7 @@ _LIST_COLUMNS = """
     j.job_id, j.job_name, j.task_name, j.status, j.priority, {queue} AS queue,
     j.created_at, j.execution_time, j.started_at, j.finished_at, j.attempts,
     j.max_retries, j.worker_id, j.progress, left(j.task_data::text, 300) AS args,
-    left(j.error_message, 300) AS error, {workflow}
+    left(j.error_message, 300) AS error, {workflow}, {batch}
 """
 # What a parked workflow waits for (for children: how many have not ended,
 # its count, 0016), and a child's parent (0014).
@@ -84,9 +88,13 @@ _NO_WORKFLOW_COLUMNS = (
     "NULL::text AS wait_kind, NULL::text AS wait_for, NULL::timestamptz AS wake_at, "
     "NULL::text AS parent_job_id, NULL::bigint AS children_waiting"
 )
+# The batch a batch task's job last ran in (0020).
+_BATCH_COLUMNS = "j.batch_id::text AS batch_id, j.batch_size"
+_NO_BATCH_COLUMNS = "NULL::text AS batch_id, NULL::int AS batch_size"
 # $1 statuses, ($2, $3) the keyset cursor (exclusive; an "until" time is
 # folded into it), $4 task or job name, $5 created_at lower bound, $6 search
-# text (a job id, or text in the arguments), $7 page size, $8 queue. One
+# text (a job id, or text in the arguments), $7 page size, $8 queue, $9 a
+# batch id (a filter read per candidate row, as the search is). One
 # upper bound only: a row comparison and a scalar bound on the same column
 # would leave the index scan starting at the looser one.
 # The filters a page applies, per candidate row.
@@ -97,7 +105,8 @@ _LIST_FILTERS = """
        AND ($4::text IS NULL OR j.task_name = $4 OR j.job_name = $4)
        AND ($6::text IS NULL OR j.job_id = $6
             OR strpos(lower(j.task_data::text), lower($6)) > 0)
-       AND {queue_filter}"""
+       AND {queue_filter}
+       AND {batch_filter}"""
 # One short range of scheduled_jobs_dashboard_idx per status (migration 0009),
 # which leaves running rows out so that a claim does not write to it: those,
 # at most the workers' concurrency, come from scheduled_jobs_running_idx.
@@ -165,6 +174,7 @@ class Catalog:
     has_dependencies: bool = False
     has_keys: bool = False
     has_fair_share: bool = False
+    has_batches: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,8 +210,16 @@ class DashboardStore:
                     workflow=(
                         _WORKFLOW_COLUMNS if self.catalog.has_workflows else _NO_WORKFLOW_COLUMNS
                     ),
+                    batch=_BATCH_COLUMNS if self.catalog.has_batches else _NO_BATCH_COLUMNS,
                 ),
-                filters=_LIST_FILTERS.format(queue_filter=queue_filter),
+                filters=_LIST_FILTERS.format(
+                    queue_filter=queue_filter,
+                    batch_filter=(
+                        "($9::uuid IS NULL OR j.batch_id = $9::uuid)"
+                        if self.catalog.has_batches
+                        else "$9::uuid IS NULL"
+                    ),
+                ),
             )
         )
         self._job_queue = q(_JOB_QUEUE) if self.catalog.has_queue_column else None
@@ -256,9 +274,10 @@ class DashboardStore:
         search: str | None = None,
         after: Cursor | None = None,
         limit: int = 50,
+        batch_id: str | None = None,
     ) -> list[asyncpg.Record]:
         """One page of jobs, newest first, strictly after ``after`` when given;
-        created in [``since``, ``until``)."""
+        created in [``since``, ``until``); of batch ``batch_id`` when given."""
         if until is not None and (after is None or until <= after.created_at):
             after = Cursor(until, "")  # (created_at, job_id) < (until, '') is created_at < until
         return await self.pool.fetch(
@@ -271,6 +290,7 @@ class DashboardStore:
             search,
             limit,
             queue,
+            batch_id,
         )
 
     async def served_oldest_due_seconds(

@@ -430,7 +430,7 @@ _JOB_COLUMNS = """
     max_retries, rescue_count, worker_id, misfire_grace_time, timeout,
     retry_policy::text AS retry_policy, task_data::text AS task_data,
     result::text AS result, error_message, error_traceback, dedupe_key, dedupe_scope,
-    parent_job_id, wait_kind, wait_for, wake_at
+    parent_job_id, wait_kind, wait_for, wake_at, batch_id::text AS batch_id, batch_size
 """
 
 _EXISTING_IDS = "SELECT job_id FROM scheduled_jobs WHERE job_id = ANY($1::text[])"

@@ -1,4 +1,4 @@
--- The pg_scheduler schema as its migrations leave it (migrations/, 0001 to 0019),
+-- The pg_scheduler schema as its migrations leave it (migrations/, 0001 to 0020),
 -- in schema public: tables, indexes, triggers and functions as PostgreSQL 16
 -- prints them from the catalog of a freshly migrated database.
 --
@@ -122,6 +122,8 @@ CREATE TABLE public.scheduled_jobs (
     key_seq bigint,
     fair_share_key text,
     fair_share_weight double precision,
+    batch_id uuid,
+    batch_size integer,
     CONSTRAINT scheduled_jobs_pkey PRIMARY KEY (job_id),
     CONSTRAINT scheduled_jobs_fair_share_weight_check CHECK (((fair_share_weight > (0)::double precision) AND (fair_share_weight < 'Infinity'::double precision))),
     CONSTRAINT scheduled_jobs_priority_check CHECK ((priority = ANY (ARRAY[1, 3, 5, 8]))),

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from pg_scheduler import BatchItem, JobPriority, JobSpec, RetryPolicy, Scheduler
 from pg_scheduler.tasks import TaskOptions, TaskRegistry
@@ -303,6 +304,125 @@ async def test_plain_jobs_beside_a_batch_task(make_scheduler, pool):
     assert await statuses(pool) == {"completed": 10}
     # The plain jobs ran one at a time (their function takes one argument).
     assert [(await scheduler.get_job(i)).result for i in ids[:5]] == list(range(5))  # type: ignore[union-attr]
+
+
+# -- the batch marker (migration 0020) ------------------------------------------------
+
+
+async def marks(pool: Any) -> dict[str, tuple[str | None, int | None]]:
+    """job id -> (batch_id, batch_size) as stored."""
+    rows = await pool.fetch(
+        "SELECT job_id, batch_id::text AS batch_id, batch_size FROM scheduled_jobs"
+    )
+    return {r["job_id"]: (r["batch_id"], r["batch_size"]) for r in rows}
+
+
+async def test_jobs_of_one_batch_share_its_id_and_size(make_scheduler, pool):
+    scheduler: Scheduler = await make_scheduler(start=False)
+    calls: list[dict[str, tuple[str | None, int | None]]] = []
+
+    @scheduler.task(batch_size=10, batch_timeout=0.1)
+    async def square(batch: list[BatchItem]) -> list[int]:
+        # Marked before the handler is called: the rows already say so.
+        stored = await marks(pool)
+        calls.append({item.job_id: stored[item.job_id] for item in batch})
+        return [item.arg * item.arg for item in batch]
+
+    @scheduler.task
+    async def plain(n: int) -> int:
+        return n
+
+    now = datetime.now(UTC)
+    ids = await scheduler.schedule_bulk([JobSpec(square, now, (n,)) for n in range(25)])
+    plain_id = await scheduler.schedule(plain, args=(1,))
+    await scheduler.start()
+    await all_settled(pool, 26)
+    assert sorted(len(c) for c in calls) == [5, 10, 10]
+    final = await marks(pool)
+    batch_ids = set()
+    for call in calls:
+        [(batch_id, size)] = set(call.values())  # one id and size per call
+        assert size == len(call)
+        assert batch_id is not None and batch_id not in batch_ids
+        batch_ids.add(batch_id)
+        assert {final[job_id] for job_id in call} == {(batch_id, size)}
+    assert sorted(job_id for call in calls for job_id in call) == sorted(ids)
+    job = await scheduler.get_job(ids[0])
+    assert job is not None and (job.batch_id, job.batch_size) == final[ids[0]]
+    plain_job = await scheduler.get_job(plain_id)
+    assert plain_job is not None and plain_job.status.value == "completed"
+    assert (plain_job.batch_id, plain_job.batch_size) == (None, None)
+
+
+async def test_a_retried_job_carries_the_batch_it_ran_in_last(make_scheduler, pool):
+    scheduler: Scheduler = await make_scheduler(start=False)
+    seen: list[dict[str, str | None]] = []
+
+    @scheduler.task(batch_size=10, batch_timeout=0.1)
+    async def deliver(batch: list[BatchItem]) -> list[Any]:
+        stored = await marks(pool)
+        seen.append({item.job_id: stored[item.job_id][0] for item in batch})
+        return [
+            ValueError("bounced") if item.arg == "retry" and item.attempt == 1 else item.arg
+            for item in batch
+        ]
+
+    now = datetime.now(UTC)
+    ok, retried = await scheduler.schedule_bulk(
+        [
+            JobSpec(deliver, now, ("ok",)),
+            JobSpec(deliver, now, ("retry",), max_retries=1, retry_policy=NO_WAIT),
+        ]
+    )
+    await scheduler.start()
+    await all_settled(pool, 2)
+    first, second = seen
+    assert set(first) == {ok, retried} and set(second) == {retried}
+    assert first[ok] == first[retried] != second[retried]
+    final = await marks(pool)
+    assert final[ok] == (first[ok], 2)
+    assert final[retried] == (second[retried], 1)
+    job = await scheduler.get_job(retried)
+    assert job is not None and (job.attempts, job.batch_id, job.batch_size) == (
+        2,
+        second[retried],
+        1,
+    )
+
+
+async def test_a_mark_that_cannot_be_written_leaves_the_batch_running(make_scheduler, pool):
+    """The marker's statement fails (a trigger refuses it): the batch runs and
+    completes, unmarked, and the worker says why at WARNING."""
+    await pool.execute(
+        """
+        CREATE FUNCTION refuse_batch_mark() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'no batch marks here'; END $$;
+        CREATE TRIGGER refuse_batch_mark BEFORE UPDATE OF batch_id ON scheduled_jobs
+            FOR EACH ROW EXECUTE FUNCTION refuse_batch_mark();
+        """
+    )
+    try:
+        scheduler: Scheduler = await make_scheduler(start=False)
+
+        @scheduler.task(batch_size=3, batch_timeout=0.1)
+        async def echo(batch: list[BatchItem]) -> list[Any]:
+            return [item.arg for item in batch]
+
+        now = datetime.now(UTC)
+        ids = await scheduler.schedule_bulk([JobSpec(echo, now, (n,)) for n in range(3)])
+        with capture_logs() as logs:
+            await scheduler.start()
+            await all_settled(pool, 3)
+        assert await statuses(pool) == {"completed": 3}
+        assert set((await marks(pool)).values()) == {(None, None)}
+        [warning] = [e for e in logs if e["event"].startswith("batch not marked")]
+        assert warning["log_level"] == "warning" and warning["jobs"] == 3
+        assert "no batch marks here" in warning["error"]
+        assert [(await scheduler.get_job(i)).result for i in ids] == [0, 1, 2]  # type: ignore[union-attr]
+    finally:
+        await pool.execute(
+            "DROP TRIGGER refuse_batch_mark ON scheduled_jobs; DROP FUNCTION refuse_batch_mark()"
+        )
 
 
 # -- bad input ----------------------------------------------------------------------

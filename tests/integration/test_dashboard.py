@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from datetime import UTC, datetime
 
 import asyncpg
@@ -12,6 +13,7 @@ import pytest
 
 from pg_scheduler import RetryPolicy
 from pg_scheduler.dashboard import dashboard_app
+from pg_scheduler.store.dashboard import Catalog, DashboardStore
 from pg_scheduler.store.migrate import migrate
 from tests.support import dashboard_tasks
 from tests.support.common import wait_for_status, wait_until
@@ -174,6 +176,37 @@ async def test_filters_status_task_time_and_search(client, pool):
         response = await client.get(f"/api/jobs?{bad}")
         assert response.status_code == 400, bad
         assert response.json()["error"]
+
+
+async def test_the_batch_a_job_ran_in_and_the_jobs_of_a_batch(client, pool):
+    await add_jobs(pool, 4, status="completed")
+    batch = str(uuid.uuid4())
+    await pool.execute(
+        "UPDATE scheduled_jobs SET batch_id = $1, batch_size = 3"
+        " WHERE job_id = ANY(ARRAY['dash.echo-completed-1', 'dash.echo-completed-2',"
+        " 'dash.echo-completed-3'])",
+        batch,
+    )
+    data = (await client.get("/api/job?id=dash.echo-completed-2")).json()
+    assert (data["batch_id"], data["batch_size"]) == (batch, 3)
+    plain = (await client.get("/api/job?id=dash.echo-completed-4")).json()
+    assert (plain["batch_id"], plain["batch_size"]) == (None, None)
+    listed = (await client.get(f"/api/jobs?batch={batch}")).json()["jobs"]
+    assert [j["job_id"] for j in listed] == [f"dash.echo-completed-{n}" for n in (1, 2, 3)]
+    assert {(j["batch_id"], j["batch_size"]) for j in listed} == {(batch, 3)}
+    # With the other filters, and a page at a time.
+    page = (await client.get(f"/api/jobs?batch={batch}&status=completed&limit=2")).json()
+    assert len(page["jobs"]) == 2 and page["next"]
+    rest = (await client.get(f"/api/jobs?batch={batch}&limit=2&after={page['next']}")).json()
+    assert [j["job_id"] for j in rest["jobs"]] == ["dash.echo-completed-3"]
+    assert (await client.get(f"/api/jobs?batch={uuid.uuid4()}")).json()["jobs"] == []
+    assert (await client.get(f"/api/jobs?batch={batch}&status=failed")).json()["jobs"] == []
+    bad = await client.get("/api/jobs?batch=nope")
+    assert bad.status_code == 400 and "batch" in bad.json()["error"]
+    # A schema without the batch columns (before migration 0020): no job is of a batch.
+    store = DashboardStore(pool, catalog=Catalog(True, True, True, has_batches=False))
+    assert [r["batch_id"] for r in await store.list_jobs()] == [None] * 4
+    assert await store.list_jobs(batch_id=batch) == []
 
 
 async def test_job_detail_attempts_timeline_and_escaping(client, pool, make_scheduler):

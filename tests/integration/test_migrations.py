@@ -354,3 +354,50 @@ async def test_pending_jobs_stay_in_the_plain_claim_across_0018(fresh_db):
             await conn.execute("UPDATE scheduled_jobs SET fair_share_weight = 0")
     finally:
         await conn.close()
+
+
+async def test_0020_adds_the_batch_columns_without_a_rewrite_or_an_index(fresh_db):
+    """A database as 0019 left it, with jobs: 0020 adds two nullable columns
+    (the table keeps its file: nothing rewritten), NULL on every row, in no
+    index, so the write that sets them can be a HOT update."""
+    conn = await asyncpg.connect(fresh_db)
+    try:
+        await migrate(conn)
+        await conn.execute(
+            "ALTER TABLE scheduled_jobs DROP COLUMN batch_id, DROP COLUMN batch_size;"
+            " DELETE FROM pg_scheduler_migrations WHERE version = 20"
+        )
+        await conn.execute(
+            "INSERT INTO scheduled_jobs (job_id, job_name, task_name, execution_time, status)"
+            " SELECT 'j' || n, 'f', 'f', now(), 'completed' FROM generate_series(1, 5) n"
+        )
+        before = await conn.fetch("SELECT * FROM scheduled_jobs ORDER BY job_id")
+        file_of = "SELECT pg_relation_filenode('scheduled_jobs')"
+        filenode = await conn.fetchval(file_of)
+        assert await migrate(conn) == [20]
+        assert await conn.fetchval(file_of) == filenode
+        after = await conn.fetch("SELECT * FROM scheduled_jobs ORDER BY job_id")
+        assert [{**dict(r), "batch_id": None, "batch_size": None} for r in before] == [
+            dict(r) for r in after
+        ]
+        columns = await conn.fetch(
+            "SELECT attname, format_type(atttypid, atttypmod) AS type, attnotnull, atthasdef"
+            " FROM pg_attribute WHERE attrelid = 'scheduled_jobs'::regclass"
+            " AND attname IN ('batch_id', 'batch_size') ORDER BY attname"
+        )
+        assert [tuple(c) for c in columns] == [
+            ("batch_id", "uuid", False, False),
+            ("batch_size", "integer", False, False),
+        ]
+        indexed = await conn.fetchval(
+            "SELECT count(*) FROM pg_index i JOIN pg_attribute a"
+            " ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)"
+            " WHERE i.indrelid = 'scheduled_jobs'::regclass"
+            " AND a.attname IN ('batch_id', 'batch_size')"
+        )
+        assert indexed == 0
+        # Idempotent, as every migration: applied again, nothing changes.
+        await conn.execute("DELETE FROM pg_scheduler_migrations WHERE version = 20")
+        assert await migrate(conn) == [20]
+    finally:
+        await conn.close()
