@@ -7,8 +7,8 @@
 -- batch takes that batch's id. Plain jobs keep NULL.
 --
 -- Nullable, without a default and in no index: adding them rewrites nothing,
--- and the write that sets them leaves every index as it was (a HOT update
--- where the page has room).
+-- and the write that sets them changes no indexed column (a HOT update where
+-- the row's page has room).
 ALTER TABLE scheduled_jobs
     ADD COLUMN IF NOT EXISTS batch_id   UUID,
     ADD COLUMN IF NOT EXISTS batch_size INTEGER;
