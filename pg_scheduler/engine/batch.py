@@ -7,7 +7,7 @@ a batch ready (``batch_size`` jobs due, or the earliest due job waited
 slot, claims up to ``batch_size`` jobs of that task and queue with the
 ordinary claim (``Store.claim``: leases, priority order, misfire expiry,
 paused queues) and runs them as one :class:`~.batch_run.BatchRun`, which
-marks its jobs with the batch's id and size as it starts (migration 0020).
+records itself (its id, size and jobs) as it starts (migration 0020).
 
 Slots: a batch takes ONE slot of ``max_concurrent_jobs`` (and counts as one
 held row) for as long as its handler runs: a slot bounds concurrent calls of

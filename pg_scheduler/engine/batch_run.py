@@ -8,9 +8,9 @@ hands it back, exactly as for a job of its own. Cancelling one member marks
 its item ``cancelled`` and leaves the handler running for the others; once
 every member is cancelled (or lost, or handed back), the handler is.
 
-As the handler is called, one statement marks the jobs it is given with the
-batch (``batch_id``, ``batch_size``: migration 0020); a mark that cannot be
-written is logged and the batch runs all the same.
+As the handler is called, one statement records the batch and the jobs it
+is given (a row of ``scheduler_batches``: migration 0020); a mark that cannot
+be written is logged and the batch runs all the same.
 
 Outcomes: a result is a completion through the completer (one group commit
 for the whole batch); an exception object in the results, or an exception
@@ -40,9 +40,9 @@ from .outcome import Outcomes
 
 #: How a batch hands rows back (at shutdown): the worker's release.
 Release = Callable[[list[str]], Awaitable[list[str]]]
-#: How a batch marks its jobs as it starts: (batch id, size, [(job id,
-#: attempt)]) -> rows marked (``BatchStore.mark`` for the worker).
-Mark = Callable[[str, int, list[tuple[str, int]]], Awaitable[int]]
+#: How a batch records itself as it starts: (batch id, task, queue, [(job
+#: id, attempt)]) -> jobs it names (``BatchStore.mark`` for the worker).
+Mark = Callable[[str, str, str, list[tuple[str, int]]], Awaitable[int]]
 #: Seconds the mark may take (a busy pool, a connection being made) before
 #: the batch runs without it.
 MARK_TIMEOUT = 5.0
@@ -224,14 +224,15 @@ class BatchRun:
     async def _mark_jobs(self, items: list[BatchItem]) -> None:
         """Mark the jobs handed to the handler with this batch; never fails it."""
         jobs = [(item.job_id, item.attempt) for item in items]
+        task = next(iter(self.jobs.values())).task_name
         try:
             async with asyncio.timeout(MARK_TIMEOUT):
-                await self._mark(self.batch_id, len(jobs), jobs)
+                await self._mark(self.batch_id, task, items[0].queue, jobs)
         except Exception as exc:
             log.warning(
                 "batch not marked on its jobs; it runs all the same",
                 batch_id=self.batch_id,
-                task=next(iter(self.jobs.values())).task_name,
+                task=task,
                 jobs=len(jobs),
                 error=repr(exc),
             )

@@ -12,6 +12,7 @@ always the database's ``now()``, never the worker's clock.
 from __future__ import annotations
 
 from ..enums import FINAL_STATUS_VALUES
+from .batches import BATCH_OF_JOB
 from .event_sql import events_cte
 from .queues import seeds_from, served_groups
 
@@ -430,7 +431,7 @@ _JOB_COLUMNS = """
     max_retries, rescue_count, worker_id, misfire_grace_time, timeout,
     retry_policy::text AS retry_policy, task_data::text AS task_data,
     result::text AS result, error_message, error_traceback, dedupe_key, dedupe_scope,
-    parent_job_id, wait_kind, wait_for, wake_at, batch_id::text AS batch_id, batch_size
+    parent_job_id, wait_kind, wait_for, wake_at
 """
 
 _EXISTING_IDS = "SELECT job_id FROM scheduled_jobs WHERE job_id = ANY($1::text[])"
@@ -441,8 +442,10 @@ SELECT {_JOB_COLUMNS}, progress, progress_message, progress_at,
                    'attempt', a.attempt, 'worker_id', a.worker_id, 'started_at', a.started_at,
                    'finished_at', a.finished_at, 'outcome', a.outcome, 'error', a.error,
                    'traceback', a.traceback) ORDER BY a.attempt_id)::text
-          FROM job_attempts a WHERE a.job_id = j.job_id) AS attempt_history
-  FROM scheduled_jobs j WHERE j.job_id = $1
+          FROM job_attempts a WHERE a.job_id = j.job_id) AS attempt_history,
+       bm.batch_id, bm.batch_size
+  FROM scheduled_jobs j{BATCH_OF_JOB}
+ WHERE j.job_id = $1
 """
 # The event is the one the transition means (a pending row forced from running
 # is handed back; from a final state, scheduled again). started_before (0013):

@@ -195,12 +195,14 @@ async def test_jobs_show_the_batch_a_job_ran_in(pool, dsn):
     plain = await add_job(pool, "completed")
     alone = await add_job(pool, "failed", error="ValueError: bounced")
     await pool.execute(
-        "UPDATE scheduled_jobs SET batch_id = $1, batch_size = 2 WHERE job_id = ANY($2::text[])",
+        "INSERT INTO scheduler_batches (batch_id, task_name, queue, batch_size, job_ids)"
+        " VALUES ($1, 't', 'default', 2, $2::text[])",
         batch,
         [first, second],
     )
     await pool.execute(
-        "UPDATE scheduled_jobs SET batch_id = gen_random_uuid(), batch_size = 1 WHERE job_id = $1",
+        "INSERT INTO scheduler_batches (batch_id, task_name, queue, batch_size, job_ids)"
+        " VALUES (gen_random_uuid(), 't', 'default', 1, ARRAY[$1])",
         alone,
     )
     shown = await cli(dsn, "jobs", first)
@@ -228,6 +230,20 @@ async def test_jobs_show_the_batch_a_job_ran_in(pool, dsn):
     assert bad.code == 2 and "not a batch id" in bad.err
     both = await cli(dsn, "jobs", first, "--batch", batch)
     assert both.code == 2 and "cannot be combined" in both.err
+    # The first job retried in a later batch: that batch is its own now.
+    later = str(uuid.uuid4())
+    await pool.execute(
+        "INSERT INTO scheduler_batches (batch_id, task_name, queue, started_at, batch_size,"
+        " job_ids) VALUES ($1, 't', 'default', now() + interval '1 second', 1, ARRAY[$2])",
+        later,
+        first,
+    )
+    data = (await cli(dsn, "jobs", first, "--json")).json()
+    assert (data["batch_id"], data["batch_size"]) == (later, 1)
+    listed = (await cli(dsn, "jobs", "--batch", batch, "--json")).json()
+    assert [j["job_id"] for j in listed] == [second]
+    listed = (await cli(dsn, "jobs", "--batch", later, "--json")).json()
+    assert [(j["job_id"], j["batch_id"]) for j in listed] == [(first, later)]
 
 
 async def test_jobs_bad_arguments(dsn):
