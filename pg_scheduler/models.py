@@ -103,6 +103,11 @@ class Job(BaseModel):
     wake_at: datetime | None = None
     #: The workflow that spawned this job (``ctx.spawn``), or None.
     parent_job_id: str | None = None
+    #: A batch task's job: the batch its latest batch attempt ran in (one id
+    #: per call of the handler) and how many jobs that call was given. None
+    #: for a job that never ran in a batch.
+    batch_id: str | None = None
+    batch_size: int | None = None
 
     @classmethod
     def from_record(cls, row: Any, default_retry: RetryPolicy) -> Job:
@@ -150,6 +155,8 @@ class Job(BaseModel):
             dedupe_key=row.get("dedupe_key"),
             dedupe_scope=row.get("dedupe_scope"),
             parent_job_id=row.get("parent_job_id"),
+            batch_id=row.get("batch_id"),
+            batch_size=row.get("batch_size"),
             **(_waiting(row) if status is JobStatus.WAITING else {}),
         )
 

@@ -103,6 +103,9 @@ class Operations:
         # key (and deletes decayed ones); weights per key are granted to PUBLIC.
         needed["scheduler_fair_share_starts"] = "SELECT,INSERT,UPDATE,DELETE"
         needed["scheduler_fair_share_weights"] = "SELECT"
+        # Migration 0020: a batch records itself as it starts (its row names
+        # its jobs: SELECT for what the insert returns); the vacuum drops old ones.
+        needed["scheduler_batches"] = "SELECT,INSERT" + (",DELETE" if vacuum else "")
         if settings.run_periodic_jobs:
             needed["periodic_jobs"] = "SELECT,INSERT,UPDATE"
         if vacuum and settings.vacuum_config.track_metrics:

@@ -18,6 +18,7 @@ import contextlib
 import os
 import re
 import sys
+import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
@@ -89,6 +90,14 @@ def positive_float(value: str) -> float:
     return number
 
 
+def batch_id(value: str) -> str:
+    """A batch id (a UUID, as ``Job.batch_id`` shows it)."""
+    try:
+        return str(uuid.UUID(value.strip()))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a batch id (a UUID)") from None
+
+
 def positive_int(value: str) -> int:
     try:
         number = int(value)
@@ -151,6 +160,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--since", type=parse_time, help="last change at or after: 30m, 2h, 1d, or ISO 8601"
     )
     jobs.add_argument("--until", type=parse_time, help="last change before (same forms)")
+    jobs.add_argument(
+        "--batch", type=batch_id, help="only the jobs whose latest batch is this one (a batch id)"
+    )
     jobs.add_argument("--limit", type=positive_int, default=50, help="at most N rows (50)")
     jobs.set_defaults(handler=_handler(cmd_jobs))
 

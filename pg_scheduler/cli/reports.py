@@ -271,7 +271,7 @@ async def load_job(pool: asyncpg.Pool, job_id: str, schema: str = "public") -> J
 async def cmd_jobs(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
     views = WorkflowViews(pool, args.schema)
     if args.job_id is not None:
-        if args.status or args.task or args.since or args.until:
+        if args.status or args.task or args.since or args.until or args.batch:
             raise CommandError("JOB_ID cannot be combined with filters", EXIT_USAGE)
         job = await load_job(pool, args.job_id, args.schema)
         family = (await views.waits([job.job_id])).get(job.job_id)
@@ -285,7 +285,7 @@ async def cmd_jobs(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
             render_job(job, family, workflow)
         return 0
     rows = await CliStore(pool, args.schema).list_jobs(
-        args.status, args.task, args.since, args.until, args.limit
+        args.status, args.task, args.since, args.until, args.limit, args.batch
     )
     jobs = [Job.from_record(r, RetryPolicy()) for r in rows]
     families = await views.waits([j.job_id for j in jobs])
@@ -499,6 +499,14 @@ def describe_key(job: Job) -> str | None:
     return f"{job.dedupe_key} (scope {job.dedupe_scope})"
 
 
+def describe_batch(job: Job) -> str | None:
+    """The batch a batch task's job last ran in, and how many jobs it held."""
+    if job.batch_id is None:
+        return None
+    size = job.batch_size
+    return f"{job.batch_id} ({size} job{'' if size == 1 else 's'})"
+
+
 def render_job(
     job: Job, family: asyncpg.Record | None = None, workflow: dict[str, Any] | None = None
 ) -> None:
@@ -525,6 +533,7 @@ def render_job(
         ("attempts", f"{job.attempts} (retries {job.retry_count}/{job.max_retries})"),
         ("rescues", job.rescue_count),
         ("worker", job.worker_id),
+        ("batch", describe_batch(job)),
         ("dedupe key", describe_key(job)),
         ("next retry", when(job.next_retry_at) if job.next_retry_at else None),
         ("args", json.dumps(job.args, default=str)),
@@ -533,7 +542,7 @@ def render_job(
         ("error", job.error),
     ]
     # The workflow lines only where they say something.
-    optional = ("waits for", "deadline", "parent")
+    optional = ("waits for", "deadline", "parent", "batch")
     fields = [(k, v) for k, v in fields if k not in optional or (v is not None and v != "-")]
     out = console()
     out.print(table(None, ("field", "value"), fields, header=False))

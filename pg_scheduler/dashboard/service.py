@@ -13,6 +13,7 @@ import asyncio
 import base64
 import re
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +66,16 @@ def parse_time(value: str | None) -> datetime | None:
     except ValueError:
         raise ValueError(f"{value!r} is neither a duration like 30m, 2h, 1d nor ISO 8601") from None
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def parse_batch_id(value: str | None) -> str | None:
+    """A batch id (a UUID) to filter on, None for none; ValueError else."""
+    if not value:
+        return None
+    try:
+        return str(uuid.UUID(value.strip()))
+    except ValueError:
+        raise ValueError(f"batch must be a batch id (a UUID), got {value!r}") from None
 
 
 def encode_cursor(cursor: Cursor) -> str:
@@ -271,7 +282,8 @@ class DashboardService:
 
     async def jobs(self, params: dict[str, str]) -> dict[str, Any]:
         """One page of jobs. ``params``: status (comma-separated), task, queue,
-        since, until, q (search), after (cursor), limit. ValueError on bad input."""
+        since, until, q (search), batch (a batch id), after (cursor), limit.
+        ValueError on bad input."""
         statuses = [s for s in (params.get("status") or "").split(",") if s]
         unknown = set(statuses) - {s.value for s in JobStatus}
         if unknown:
@@ -291,6 +303,7 @@ class DashboardService:
             search=params.get("q") or None,
             after=decode_cursor(params.get("after")),
             limit=limit + 1,
+            batch_id=parse_batch_id(params.get("batch")),
         )
         page = rows[:limit]
         more = len(rows) > limit

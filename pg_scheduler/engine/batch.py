@@ -6,7 +6,8 @@ a batch ready (``batch_size`` jobs due, or the earliest due job waited
 ``batch_timeout``: ``store/batches.py``, by the database's clock), takes one
 slot, claims up to ``batch_size`` jobs of that task and queue with the
 ordinary claim (``Store.claim``: leases, priority order, misfire expiry,
-paused queues) and runs them as one :class:`~.batch_run.BatchRun`.
+paused queues) and runs them as one :class:`~.batch_run.BatchRun`, which
+records itself (its id, size and jobs) as it starts (migration 0020).
 
 Slots: a batch takes ONE slot of ``max_concurrent_jobs`` (and counts as one
 held row) for as long as its handler runs: a slot bounds concurrent calls of
@@ -309,6 +310,8 @@ class Batches:
         for job_id in pending:
             self._batch_of[job_id] = key
         batch = BatchRun(
+            batch_id=str(uuid.uuid4()),
+            mark=partial(self.batch_store.mark, worker_id=self.worker_id),
             func=func,
             kind=getattr(func, EXECUTOR_ATTR, None),
             rows=rows,

@@ -8,6 +8,10 @@ hands it back, exactly as for a job of its own. Cancelling one member marks
 its item ``cancelled`` and leaves the handler running for the others; once
 every member is cancelled (or lost, or handed back), the handler is.
 
+As the handler is called, one statement records the batch and the jobs it
+is given (a row of ``scheduler_batches``: migration 0020); a mark that cannot
+be written is logged and the batch runs all the same.
+
 Outcomes: a result is a completion through the completer (one group commit
 for the whole batch); an exception object in the results, or an exception
 the handler raised, is a failed attempt of each job it concerns, written by
@@ -36,6 +40,12 @@ from .outcome import Outcomes
 
 #: How a batch hands rows back (at shutdown): the worker's release.
 Release = Callable[[list[str]], Awaitable[list[str]]]
+#: How a batch records itself as it starts: (batch id, task, queue, [(job
+#: id, attempt)]) -> jobs it names (``BatchStore.mark`` for the worker).
+Mark = Callable[[str, str, str, list[tuple[str, int]]], Awaitable[int]]
+#: Seconds the mark may take (a busy pool, a connection being made) before
+#: the batch runs without it.
+MARK_TIMEOUT = 5.0
 
 
 class _Member:
@@ -65,6 +75,8 @@ class BatchRun:
     def __init__(
         self,
         *,
+        batch_id: str,
+        mark: Mark,
         func: Callable[..., Any],
         kind: str | None,
         rows: list[Any],
@@ -77,6 +89,8 @@ class BatchRun:
         free_slot: Callable[[], None],
         settled: Callable[[str], None],
     ) -> None:
+        self.batch_id = batch_id
+        self._mark = mark
         self.func = func
         self.kind = kind
         self.rows = rows
@@ -162,6 +176,10 @@ class BatchRun:
         timer = None
         holder = SimpleNamespace(stopped=False, linger=None, job=next(iter(self.jobs.values())))
         try:
+            # In the try: a cancel while the mark is written is handled as one
+            # of the handler (a shutdown hands the jobs back).
+            await self._mark_jobs(items)
+            started = time.perf_counter()
             if self.kind == "thread":
                 call = self._run_thread(holder, self.func, (items,), {})
                 if timeout is None:
@@ -202,6 +220,22 @@ class BatchRun:
         self.duration = time.perf_counter() - started
         self._free_slot()
         await self._record(items, result)
+
+    async def _mark_jobs(self, items: list[BatchItem]) -> None:
+        """Mark the jobs handed to the handler with this batch; never fails it."""
+        jobs = [(item.job_id, item.attempt) for item in items]
+        task = next(iter(self.jobs.values())).task_name
+        try:
+            async with asyncio.timeout(MARK_TIMEOUT):
+                await self._mark(self.batch_id, task, items[0].queue, jobs)
+        except Exception as exc:
+            log.warning(
+                "batch not marked on its jobs; it runs all the same",
+                batch_id=self.batch_id,
+                task=task,
+                jobs=len(jobs),
+                error=repr(exc),
+            )
 
     async def _wait_thread(self, holder: Any) -> None:
         # A thread told to stop still runs: its slot stays taken until it returns.

@@ -52,6 +52,7 @@ class VacuumService(Service):
         self.config = config
         self.worker_id = worker_id
         self._prune_throttles_allowed = True
+        self._prune_batches_allowed = True
 
     async def run_once(self) -> dict[str, int] | None:
         """Apply every policy; None if another replica holds the vacuum lock."""
@@ -73,6 +74,7 @@ class VacuumService(Service):
                     counts[status] = await self._apply(conn, status, policy, counts)
                 await self._step(conn, lambda: self.store.prune_key_starts(conn))
                 await self._prune_throttles(conn)
+                await self._prune_batches(conn)
                 if self.config.track_metrics:
                     await self._step(conn, lambda: self.store.record(conn, counts, self.worker_id))
             except _LockTaken:
@@ -116,6 +118,22 @@ class VacuumService(Service):
             log.info(
                 "ended throttle periods are kept: the role lacks DELETE on scheduler_throttles"
             )
+
+    async def _prune_batches(self, conn: asyncpg.Connection) -> None:
+        """Drop the rows of batches older than every job left (migration 0020),
+        in statements of at most ``batch_size`` rows. A role without DELETE on
+        scheduler_batches keeps them (said once, at INFO)."""
+        if not self._prune_batches_allowed:
+            return
+        batch = self.config.batch_size
+        try:
+            deleted = batch
+            while deleted >= batch:
+                deleted = await self._step(conn, lambda: self.store.prune_batches(conn, batch))
+                await asyncio.sleep(0)  # the claim loop and completions run between
+        except asyncpg.InsufficientPrivilegeError:
+            self._prune_batches_allowed = False
+            log.info("old batch records are kept: the role lacks DELETE on scheduler_batches")
 
     async def _step(self, conn: asyncpg.Connection, op: Callable[[], Awaitable[T]]) -> T:
         """Run one statement: under the session lock already held, or in its own

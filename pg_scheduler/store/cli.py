@@ -13,21 +13,26 @@ import asyncpg
 
 from ..config import VacuumPolicy
 from ..enums import VacuumTrigger
+from .batches import in_batch, with_batches
 from .job_sql import _JOB_COLUMNS
 from .names import DEFAULT_SCHEMA, Qualifier
 
 # The same filters and order as OpsStore.list_jobs, with every column a Job
-# needs, so a listing and a detail view have one JSON shape.
+# needs (the batch of each: migration 0020), so a listing and a detail view
+# have one JSON shape. {batch}: the jobs of one batch ($6), found from its
+# row (primary key lookups), or every job.
 _LIST_FULL_JOBS = f"""
 SELECT {_JOB_COLUMNS}
-  FROM scheduled_jobs
+  FROM scheduled_jobs j
  WHERE ($1::text[] IS NULL OR status = ANY($1::text[]))
    AND ($2::text IS NULL OR task_name = $2 OR job_name = $2)
    AND ($3::timestamptz IS NULL OR COALESCE(finished_at, started_at, execution_time) >= $3)
    AND ($4::timestamptz IS NULL OR COALESCE(finished_at, started_at, execution_time) < $4)
+   AND {{batch}}
  ORDER BY COALESCE(finished_at, started_at, execution_time) DESC, job_id
  LIMIT $5
 """
+_LIST_ORDER = "COALESCE(p.finished_at, p.started_at, p.execution_time) DESC, p.job_id"
 # What the vacuum's statements (store_housekeeping) would delete, counted.
 _COUNT_OLDER_THAN = """
 SELECT count(*) FROM scheduled_jobs
@@ -65,7 +70,12 @@ class CliStore:
     def __init__(self, pool: asyncpg.Pool, schema: str = DEFAULT_SCHEMA) -> None:
         self.pool = pool
         q = Qualifier(schema)
-        self._list_full_jobs = q(_LIST_FULL_JOBS)
+        self._list_full_jobs = q(
+            with_batches(_LIST_FULL_JOBS.format(batch="$6::uuid IS NULL"), _LIST_ORDER)
+        )
+        self._list_batch_jobs = q(
+            with_batches(_LIST_FULL_JOBS.format(batch=in_batch("$6")), _LIST_ORDER)
+        )
         self._count_older_than = q(_COUNT_OLDER_THAN)
         self._count_beyond_keep = q(_COUNT_BEYOND_KEEP)
         self._delete_unfinished = q(_DELETE_UNFINISHED)
@@ -79,10 +89,17 @@ class CliStore:
         since: datetime | None,
         until: datetime | None,
         limit: int,
+        batch_id: str | None = None,
     ) -> list[asyncpg.Record]:
         """Whole job rows matching every given filter, most recently changed first."""
         return await self.pool.fetch(
-            self._list_full_jobs, list(statuses) if statuses else None, task, since, until, limit
+            self._list_full_jobs if batch_id is None else self._list_batch_jobs,
+            list(statuses) if statuses else None,
+            task,
+            since,
+            until,
+            limit,
+            batch_id,
         )
 
     async def vacuum_preview(self, policies: dict[str, VacuumPolicy]) -> dict[str, int]:

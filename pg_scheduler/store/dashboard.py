@@ -14,8 +14,9 @@ Named queues (a ``queue`` column and a ``scheduler_queues`` table) may or may
 not exist in the schema: :meth:`DashboardStore.open` looks in the catalog once
 and builds the statements for what it finds; without them every job is in
 one queue, "default". Likewise the workflow columns (migration 0014): without
-them a job row has no wait to show; and the dependency table (0015): without
-it no job is part of a graph.
+them a job row has no wait to show; the dependency table (0015): without
+it no job is part of a graph; and the batch table (0020): without it no
+job ran in a batch.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from datetime import datetime
 import asyncpg
 
 from ..enums import DEFAULT_QUEUE, FINAL_STATUSES, JobStatus
+from .batches import in_batch, with_batches
 from .fair import FairStore
 from .keys import KeyStore
 from .limits import LimitStore
@@ -50,7 +52,8 @@ SELECT to_regclass($1) IS NOT NULL AS has_jobs,
        EXISTS (SELECT 1 FROM pg_attribute a
                 WHERE a.attrelid = to_regclass($1) AND a.attname = 'concurrency_key'
                   AND NOT a.attisdropped) AS has_keys,
-       to_regclass($4) IS NOT NULL AS has_fair_share
+       to_regclass($4) IS NOT NULL AS has_fair_share,
+       to_regclass($5) IS NOT NULL AS has_batches
 """
 # One pass over the table: the overview's and the queues page's counts.
 _COUNTS = """
@@ -72,7 +75,7 @@ _LIST_COLUMNS = """
     j.job_id, j.job_name, j.task_name, j.status, j.priority, {queue} AS queue,
     j.created_at, j.execution_time, j.started_at, j.finished_at, j.attempts,
     j.max_retries, j.worker_id, j.progress, left(j.task_data::text, 300) AS args,
-    left(j.error_message, 300) AS error, {workflow}
+    left(j.error_message, 300) AS error, {workflow}{batch}
 """
 # What a parked workflow waits for (for children: how many have not ended,
 # its count, 0016), and a child's parent (0014).
@@ -84,6 +87,9 @@ _NO_WORKFLOW_COLUMNS = (
     "NULL::text AS wait_kind, NULL::text AS wait_for, NULL::timestamptz AS wake_at, "
     "NULL::text AS parent_job_id, NULL::bigint AS children_waiting"
 )
+# The batch a batch task's job last ran in (0020): added to a page by
+# store.batches.with_batches; none before 0020.
+_NO_BATCH_COLUMNS = ", NULL::text AS batch_id, NULL::int AS batch_size"
 # $1 statuses, ($2, $3) the keyset cursor (exclusive; an "until" time is
 # folded into it), $4 task or job name, $5 created_at lower bound, $6 search
 # text (a job id, or text in the arguments), $7 page size, $8 queue. One
@@ -121,6 +127,16 @@ SELECT y.* FROM (
  ORDER BY y.created_at DESC, y.job_id DESC
  LIMIT $7
 """
+# The jobs of one batch ($9, migration 0020): its job ids from its row, each
+# read by the primary key (at most the batch's size), with the same filters.
+_LIST_BATCH = """
+SELECT {columns}
+  FROM scheduled_jobs j
+ WHERE {in_batch} AND j.status = ANY($1::text[]) {filters}
+ ORDER BY j.created_at DESC, j.job_id DESC
+ LIMIT $7
+"""
+_LIST_ORDER = "p.created_at DESC, p.job_id DESC"
 # The oldest due job's wait, leaving out the tasks given ($1: the orphaned
 # ones, which no live worker runs): one index descent per (queue, task,
 # priority) group of pending rows, as the statistics' oldest due wait.
@@ -165,6 +181,7 @@ class Catalog:
     has_dependencies: bool = False
     has_keys: bool = False
     has_fair_share: bool = False
+    has_batches: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,16 +210,23 @@ class DashboardStore:
             if self.catalog.has_queue_column
             else f"($8::text IS NULL OR $8 = '{DEFAULT_QUEUE}')"
         )
-        self._list = q(
-            _LIST.format(
-                columns=_LIST_COLUMNS.format(
-                    queue=queue,
-                    workflow=(
-                        _WORKFLOW_COLUMNS if self.catalog.has_workflows else _NO_WORKFLOW_COLUMNS
-                    ),
-                ),
-                filters=_LIST_FILTERS.format(queue_filter=queue_filter),
+        columns = _LIST_COLUMNS.format(
+            queue=queue,
+            workflow=_WORKFLOW_COLUMNS if self.catalog.has_workflows else _NO_WORKFLOW_COLUMNS,
+            batch="" if self.catalog.has_batches else _NO_BATCH_COLUMNS,
+        )
+        filters = _LIST_FILTERS.format(queue_filter=queue_filter)
+        listed = _LIST.format(columns=columns, filters=filters)
+        self._list = q(with_batches(listed, _LIST_ORDER) if self.catalog.has_batches else listed)
+        self._list_batch = (
+            q(
+                with_batches(
+                    _LIST_BATCH.format(columns=columns, in_batch=in_batch("$9"), filters=filters),
+                    _LIST_ORDER,
+                )
             )
+            if self.catalog.has_batches
+            else None
         )
         self._job_queue = q(_JOB_QUEUE) if self.catalog.has_queue_column else None
         self._running = q(_RUNNING)
@@ -228,6 +252,7 @@ class DashboardStore:
             q.table("scheduler_queues"),
             q.table("job_dependencies"),
             q.table("scheduler_fair_share_starts"),
+            q.table("scheduler_batches"),
         )
         return cls(pool, schema, Catalog(**dict(row)))
 
@@ -256,13 +281,13 @@ class DashboardStore:
         search: str | None = None,
         after: Cursor | None = None,
         limit: int = 50,
+        batch_id: str | None = None,
     ) -> list[asyncpg.Record]:
         """One page of jobs, newest first, strictly after ``after`` when given;
-        created in [``since``, ``until``)."""
+        created in [``since``, ``until``); of batch ``batch_id`` when given."""
         if until is not None and (after is None or until <= after.created_at):
             after = Cursor(until, "")  # (created_at, job_id) < (until, '') is created_at < until
-        return await self.pool.fetch(
-            self._list,
+        args = (
             list(statuses) if statuses else ALL_STATUSES,
             after.created_at if after else None,
             after.job_id if after else None,
@@ -272,6 +297,11 @@ class DashboardStore:
             limit,
             queue,
         )
+        if batch_id is None:
+            return await self.pool.fetch(self._list, *args)
+        if self._list_batch is None:  # before 0020: no job ran in a batch
+            return []
+        return await self.pool.fetch(self._list_batch, *args, batch_id)
 
     async def served_oldest_due_seconds(
         self, conn: asyncpg.Connection, orphaned_tasks: Sequence[str]

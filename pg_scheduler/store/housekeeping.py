@@ -15,7 +15,8 @@ from datetime import datetime
 
 import asyncpg
 
-from ..enums import FINAL_STATUSES
+from ..enums import FINAL_STATUSES, JobStatus
+from .batches import PRUNE_BATCHES
 from .event_sql import events_cte
 from .keys import PRUNE_KEY_STARTS
 from .names import DEFAULT_SCHEMA, JOBS_CHANNEL, Qualifier, lock_key_for
@@ -24,6 +25,8 @@ from .timing import PRUNE_THROTTLES
 
 # The final statuses as the text the statements compare with.
 _FINAL_STATUS_VALUES = sorted(s.value for s in FINAL_STATUSES)
+# Every status but running (scheduled_jobs_dashboard_idx's rows).
+_NOT_RUNNING = sorted(s.value for s in JobStatus if s is not JobStatus.RUNNING)
 #: Statuses an operator may put back to pending with ``retry``.
 RETRYABLE_STATUSES = ("failed", "cancelled", "expired")
 
@@ -109,6 +112,7 @@ class VacuumStore:
         self._totals = q(_VACUUM_TOTALS)
         self._prune_key_starts = q(PRUNE_KEY_STARTS)
         self._prune_throttles = q(PRUNE_THROTTLES)
+        self._prune_batches = q(PRUNE_BATCHES)
 
     async def try_lock(self, conn: asyncpg.Connection) -> bool:
         """The session lock: held across the round's transactions (direct connections)."""
@@ -128,6 +132,11 @@ class VacuumStore:
     async def prune_throttles(self, conn: asyncpg.Connection) -> int:
         """Drop throttle periods that ended over a minute ago (migration 0019)."""
         return _count(await conn.execute(self._prune_throttles))
+
+    async def prune_batches(self, conn: asyncpg.Connection, batch_size: int) -> int:
+        """Drop at most ``batch_size`` rows of batches that started before the
+        oldest job left (migration 0020): they name no job that still exists."""
+        return _count(await conn.execute(self._prune_batches, batch_size, _NOT_RUNNING))
 
     async def delete_older_than(
         self, conn: asyncpg.Connection, status: str, batch_size: int, seconds: float

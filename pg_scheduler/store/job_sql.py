@@ -12,6 +12,7 @@ always the database's ``now()``, never the worker's clock.
 from __future__ import annotations
 
 from ..enums import FINAL_STATUS_VALUES
+from .batches import BATCH_OF_JOB
 from .event_sql import events_cte
 from .queues import seeds_from, served_groups
 
@@ -441,8 +442,10 @@ SELECT {_JOB_COLUMNS}, progress, progress_message, progress_at,
                    'attempt', a.attempt, 'worker_id', a.worker_id, 'started_at', a.started_at,
                    'finished_at', a.finished_at, 'outcome', a.outcome, 'error', a.error,
                    'traceback', a.traceback) ORDER BY a.attempt_id)::text
-          FROM job_attempts a WHERE a.job_id = j.job_id) AS attempt_history
-  FROM scheduled_jobs j WHERE j.job_id = $1
+          FROM job_attempts a WHERE a.job_id = j.job_id) AS attempt_history,
+       bm.batch_id, bm.batch_size
+  FROM scheduled_jobs j{BATCH_OF_JOB}
+ WHERE j.job_id = $1
 """
 # The event is the one the transition means (a pending row forced from running
 # is handed back; from a final state, scheduled again). started_before (0013):

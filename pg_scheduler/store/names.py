@@ -41,6 +41,7 @@ TABLES = (
     "job_dependencies",
     "scheduler_key_starts",
     "scheduler_throttles",
+    "scheduler_batches",
 )
 # Functions the statements call by name (migration 0015), qualified like tables.
 FUNCTIONS = ("pg_scheduler_dependencies_completed", "pg_scheduler_dependency_ended")

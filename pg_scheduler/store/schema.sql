@@ -1,4 +1,4 @@
--- The pg_scheduler schema as its migrations leave it (migrations/, 0001 to 0019),
+-- The pg_scheduler schema as its migrations leave it (migrations/, 0001 to 0020),
 -- in schema public: tables, indexes, triggers and functions as PostgreSQL 16
 -- prints them from the catalog of a freshly migrated database.
 --
@@ -223,6 +223,24 @@ CREATE TRIGGER scheduled_jobs_workflow_replaced AFTER UPDATE OF created_at ON pu
 
 -- [trigger] scheduled_jobs_workflow_truncate on scheduled_jobs
 CREATE TRIGGER scheduled_jobs_workflow_truncate AFTER TRUNCATE ON public.scheduled_jobs FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_workflow_forget();
+
+-- [table] scheduler_batches
+CREATE TABLE public.scheduler_batches (
+    batch_id uuid NOT NULL,
+    task_name text NOT NULL,
+    queue text NOT NULL,
+    worker_id text,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    batch_size integer NOT NULL,
+    job_ids text[] NOT NULL,
+    CONSTRAINT scheduler_batches_pkey PRIMARY KEY (batch_id)
+);
+
+-- [index] scheduler_batches_jobs_idx on scheduler_batches
+CREATE INDEX scheduler_batches_jobs_idx ON public.scheduler_batches USING gin (job_ids) WITH (fastupdate='on');
+
+-- [index] scheduler_batches_started_idx on scheduler_batches
+CREATE INDEX scheduler_batches_started_idx ON public.scheduler_batches USING btree (started_at);
 
 -- [table] scheduler_event_flags
 CREATE TABLE public.scheduler_event_flags (

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from pg_scheduler import BatchItem, JobPriority, JobSpec, RetryPolicy, Scheduler
 from pg_scheduler.tasks import TaskOptions, TaskRegistry
@@ -303,6 +304,251 @@ async def test_plain_jobs_beside_a_batch_task(make_scheduler, pool):
     assert await statuses(pool) == {"completed": 10}
     # The plain jobs ran one at a time (their function takes one argument).
     assert [(await scheduler.get_job(i)).result for i in ids[:5]] == list(range(5))  # type: ignore[union-attr]
+
+
+# -- the batch marker (migration 0020) ------------------------------------------------
+
+
+async def marks(pool: Any) -> dict[str, tuple[str | None, int | None]]:
+    """job id -> (batch_id, batch_size) of the latest batch naming it, as stored
+    (scheduler_batches); (None, None) for a job in none."""
+    rows = await pool.fetch(
+        "SELECT j.job_id, b.batch_id::text AS batch_id, b.batch_size FROM scheduled_jobs j"
+        " LEFT JOIN LATERAL (SELECT batch_id, batch_size FROM scheduler_batches"
+        "  WHERE job_ids @> ARRAY[j.job_id] ORDER BY started_at DESC LIMIT 1) b ON true"
+    )
+    return {r["job_id"]: (r["batch_id"], r["batch_size"]) for r in rows}
+
+
+async def test_jobs_of_one_batch_share_its_id_and_size(make_scheduler, pool):
+    scheduler: Scheduler = await make_scheduler(start=False)
+    calls: list[dict[str, tuple[str | None, int | None]]] = []
+
+    @scheduler.task(batch_size=10, batch_timeout=0.1)
+    async def square(batch: list[BatchItem]) -> list[int]:
+        # Marked before the handler is called: the rows already say so.
+        stored = await marks(pool)
+        calls.append({item.job_id: stored[item.job_id] for item in batch})
+        return [item.arg * item.arg for item in batch]
+
+    @scheduler.task
+    async def plain(n: int) -> int:
+        return n
+
+    now = datetime.now(UTC)
+    ids = await scheduler.schedule_bulk([JobSpec(square, now, (n,)) for n in range(25)])
+    plain_id = await scheduler.schedule(plain, args=(1,))
+    await scheduler.start()
+    await all_settled(pool, 26)
+    assert sorted(len(c) for c in calls) == [5, 10, 10]
+    final = await marks(pool)
+    batch_ids = set()
+    for call in calls:
+        [(batch_id, size)] = set(call.values())  # one id and size per call
+        assert size == len(call)
+        assert batch_id is not None and batch_id not in batch_ids
+        batch_ids.add(batch_id)
+        assert {final[job_id] for job_id in call} == {(batch_id, size)}
+    assert sorted(job_id for call in calls for job_id in call) == sorted(ids)
+    job = await scheduler.get_job(ids[0])
+    assert job is not None and (job.batch_id, job.batch_size) == final[ids[0]]
+    plain_job = await scheduler.get_job(plain_id)
+    assert plain_job is not None and plain_job.status.value == "completed"
+    assert (plain_job.batch_id, plain_job.batch_size) == (None, None)
+
+
+async def test_a_retried_job_carries_the_batch_it_ran_in_last(make_scheduler, pool):
+    scheduler: Scheduler = await make_scheduler(start=False)
+    seen: list[dict[str, str | None]] = []
+
+    @scheduler.task(batch_size=10, batch_timeout=0.1)
+    async def deliver(batch: list[BatchItem]) -> list[Any]:
+        stored = await marks(pool)
+        seen.append({item.job_id: stored[item.job_id][0] for item in batch})
+        return [
+            ValueError("bounced") if item.arg == "retry" and item.attempt == 1 else item.arg
+            for item in batch
+        ]
+
+    now = datetime.now(UTC)
+    ok, retried = await scheduler.schedule_bulk(
+        [
+            JobSpec(deliver, now, ("ok",)),
+            JobSpec(deliver, now, ("retry",), max_retries=1, retry_policy=NO_WAIT),
+        ]
+    )
+    await scheduler.start()
+    await all_settled(pool, 2)
+    first, second = seen
+    assert set(first) == {ok, retried} and set(second) == {retried}
+    assert first[ok] == first[retried] != second[retried]
+    final = await marks(pool)
+    assert final[ok] == (first[ok], 2)
+    assert final[retried] == (second[retried], 1)
+    job = await scheduler.get_job(retried)
+    assert job is not None and (job.attempts, job.batch_id, job.batch_size) == (
+        2,
+        second[retried],
+        1,
+    )
+
+
+async def test_a_mark_that_cannot_be_written_leaves_the_batch_running(make_scheduler, pool):
+    """The marker's statement fails (a trigger refuses it): the batch runs and
+    completes, unmarked, and the worker says why at WARNING."""
+    await pool.execute(
+        """
+        CREATE FUNCTION refuse_batch_mark() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'no batch marks here'; END $$;
+        CREATE TRIGGER refuse_batch_mark BEFORE INSERT ON scheduler_batches
+            FOR EACH ROW EXECUTE FUNCTION refuse_batch_mark();
+        """
+    )
+    try:
+        scheduler: Scheduler = await make_scheduler(start=False)
+
+        @scheduler.task(batch_size=3, batch_timeout=0.1)
+        async def echo(batch: list[BatchItem]) -> list[Any]:
+            return [item.arg for item in batch]
+
+        now = datetime.now(UTC)
+        ids = await scheduler.schedule_bulk([JobSpec(echo, now, (n,)) for n in range(3)])
+        with capture_logs() as logs:
+            await scheduler.start()
+            await all_settled(pool, 3)
+        assert await statuses(pool) == {"completed": 3}
+        assert set((await marks(pool)).values()) == {(None, None)}
+        [warning] = [e for e in logs if e["event"].startswith("batch not marked")]
+        assert warning["log_level"] == "warning" and warning["jobs"] == 3
+        assert "no batch marks here" in warning["error"]
+        assert [(await scheduler.get_job(i)).result for i in ids] == [0, 1, 2]  # type: ignore[union-attr]
+    finally:
+        await pool.execute(
+            "DROP TRIGGER refuse_batch_mark ON scheduler_batches; DROP FUNCTION refuse_batch_mark()"
+        )
+
+
+async def test_a_batch_is_one_row_naming_its_jobs(make_scheduler, pool):
+    """The mark is one row of scheduler_batches per call of the handler: its
+    task, queue, worker, size and the ids of the jobs it was given."""
+    scheduler: Scheduler = await make_scheduler(start=False)
+
+    @scheduler.task(batch_size=4, batch_timeout=0.1)
+    async def echo(batch: list[BatchItem]) -> list[Any]:
+        return [item.arg for item in batch]
+
+    now = datetime.now(UTC)
+    ids = await scheduler.schedule_bulk([JobSpec(echo, now, (n,), queue="q1") for n in range(4)])
+    await scheduler.start()
+    await all_settled(pool, 4)
+    [row] = await pool.fetch("SELECT * FROM scheduler_batches")
+    task_name = await pool.fetchval("SELECT DISTINCT task_name FROM scheduled_jobs")
+    assert (row["task_name"], row["queue"], row["batch_size"]) == (task_name, "q1", 4)
+    assert row["worker_id"] == scheduler.worker_id
+    assert sorted(row["job_ids"]) == sorted(ids)
+
+
+async def test_the_mark_is_fenced_on_the_lease(pool):
+    """Written only while the batch's first job is still this worker's attempt
+    (a worker that lost its jobs writes nothing); it names every job the
+    handler is given, one cancelled since included."""
+    from pg_scheduler.store.batches import BatchStore
+    from pg_scheduler.store.names import Qualifier
+
+    await pool.execute(
+        "INSERT INTO scheduled_jobs (job_id, job_name, task_name, execution_time, status,"
+        " worker_id, attempts) VALUES"
+        " ('a', 't', 't', now(), 'running', 'w1', 1),"
+        " ('b', 't', 't', now(), 'cancelled', 'w1', 1),"
+        " ('c', 't', 't', now(), 'running', 'w2', 2)"
+    )
+    store = BatchStore(pool, Qualifier())
+    batch = "6f0d9a52-4c57-4f43-9b56-7d7a7f0e0c01"
+    assert await store.mark(batch, "t", "q", [("a", 1), ("b", 1)], worker_id="w1") == 2
+    row = await pool.fetchrow("SELECT * FROM scheduler_batches")
+    assert (row["batch_size"], row["job_ids"], row["worker_id"]) == (2, ["a", "b"], "w1")
+    assert (row["task_name"], row["queue"]) == ("t", "q")
+    # 'c' was claimed anew (attempt 2, by w2): w1's late mark of attempt 1 is
+    # not written, nor is a mark by a worker that does not hold it.
+    late = "6f0d9a52-4c57-4f43-9b56-7d7a7f0e0c02"
+    assert await store.mark(late, "t", "q", [("c", 1)], worker_id="w1") == 0
+    assert await store.mark(late, "t", "q", [("c", 2)], worker_id="w1") == 0
+    assert await store.mark(late, "t", "q", [("gone", 1)], worker_id="w1") == 0
+    assert await pool.fetchval("SELECT count(*) FROM scheduler_batches") == 1
+
+
+async def test_the_vacuum_drops_batches_older_than_every_job_left(make_scheduler, pool):
+    """Batches that started before the oldest job still in scheduled_jobs (of
+    any status) go, in statements of at most the vacuum's batch_size; the
+    others stay, and a job's batch is still found."""
+    from pg_scheduler import VacuumConfig, VacuumPolicy
+
+    config = VacuumConfig(completed=VacuumPolicy.after_days(1), batch_size=2)
+    scheduler: Scheduler = await make_scheduler(start=False, vacuum_config=config)
+    await pool.execute(
+        "INSERT INTO scheduled_jobs (job_id, job_name, task_name, execution_time, status,"
+        " created_at, finished_at) VALUES"
+        " ('old', 't', 't', now(), 'completed', now() - interval '3 days',"
+        "  now() - interval '3 days'),"
+        " ('kept', 't', 't', now(), 'completed', now() - interval '10 hours',"
+        "  now() - interval '9 hours'),"
+        " ('later', 't', 't', now(), 'pending', now() - interval '1 hour', NULL)"
+    )
+    # Five batches of jobs gone (started 3 days to 11 hours ago), one of 'kept'
+    # and 'old' (started 9 hours ago), one of 'later'.
+    await pool.execute(
+        "INSERT INTO scheduler_batches (batch_id, task_name, queue, started_at, batch_size,"
+        " job_ids)"
+        " SELECT gen_random_uuid(), 't', 'default', now() - make_interval(hours => h), 1,"
+        "        ARRAY['gone' || h]"
+        "   FROM unnest(ARRAY[72, 48, 30, 20, 11]) AS h;"
+        "INSERT INTO scheduler_batches (batch_id, task_name, queue, started_at, batch_size,"
+        " job_ids) VALUES"
+        " ('00000000-0000-0000-0000-000000000009', 't', 'default',"
+        "  now() - interval '9 hours', 2, ARRAY['kept', 'old']),"
+        " ('00000000-0000-0000-0000-000000000001', 't', 'default',"
+        "  now() - interval '50 minutes', 1, ARRAY['later'])"
+    )
+    counts = await scheduler.run_vacuum()
+    assert counts["completed"] == 1  # 'old': the oldest job left is now 'kept'
+    left = await pool.fetch("SELECT job_ids FROM scheduler_batches ORDER BY started_at")
+    assert [r["job_ids"] for r in left] == [["kept", "old"], ["later"]]
+    job = await scheduler.get_job("kept")
+    assert job is not None and (job.batch_id, job.batch_size) == (
+        "00000000-0000-0000-0000-000000000009",
+        2,
+    )
+    # No job left at all: every batch goes.
+    await pool.execute("DELETE FROM scheduled_jobs")
+    await scheduler.run_vacuum()
+    assert await pool.fetchval("SELECT count(*) FROM scheduler_batches") == 0
+
+
+async def test_the_prune_is_bounded_and_uses_the_indexes(pool):
+    from pg_scheduler.store.batches import PRUNE_BATCHES
+    from pg_scheduler.store.housekeeping import _NOT_RUNNING, VacuumStore
+
+    await pool.execute(
+        "INSERT INTO scheduler_batches (batch_id, task_name, queue, started_at, batch_size,"
+        " job_ids) SELECT gen_random_uuid(), 't', 'default', now() - make_interval(hours => n),"
+        " 1, ARRAY['x' || n] FROM generate_series(1, 7) n"
+    )
+    store = VacuumStore(pool)
+    async with pool.acquire() as conn:
+        assert [await store.prune_batches(conn, 3) for _ in range(4)] == [3, 3, 1, 0]
+        await conn.execute("SET enable_seqscan = off")
+        try:
+            plan = "\n".join(
+                r[0]
+                for r in await conn.fetch(
+                    "EXPLAIN " + PRUNE_BATCHES.replace("$1", "3").replace("$2", "$1"),
+                    _NOT_RUNNING,
+                )
+            )
+        finally:
+            await conn.execute("RESET enable_seqscan")
+    assert "Seq Scan on scheduled_jobs" not in plan, plan
+    assert "scheduled_jobs_dashboard_idx" in plan and "scheduled_jobs_running_idx" in plan, plan
 
 
 # -- bad input ----------------------------------------------------------------------

@@ -189,6 +189,63 @@ async def test_jobs_show_one_with_error_and_traceback(pool, dsn):
     assert data["job_id"] == job_id and data["traceback"] == trace and data["args"] == [1, 2]
 
 
+async def test_jobs_show_the_batch_a_job_ran_in(pool, dsn):
+    batch = str(uuid.uuid4())
+    first, second = [await add_job(pool, "completed") for _ in range(2)]
+    plain = await add_job(pool, "completed")
+    alone = await add_job(pool, "failed", error="ValueError: bounced")
+    await pool.execute(
+        "INSERT INTO scheduler_batches (batch_id, task_name, queue, batch_size, job_ids)"
+        " VALUES ($1, 't', 'default', 2, $2::text[])",
+        batch,
+        [first, second],
+    )
+    await pool.execute(
+        "INSERT INTO scheduler_batches (batch_id, task_name, queue, batch_size, job_ids)"
+        " VALUES (gen_random_uuid(), 't', 'default', 1, ARRAY[$1])",
+        alone,
+    )
+    shown = await cli(dsn, "jobs", first)
+    assert shown.code == 0, shown.err
+    [line] = [row for row in shown.out.splitlines() if row.split()[:1] == ["batch"]]
+    assert line.split(maxsplit=1)[1].strip() == f"{batch} (2 jobs)"
+    single = await cli(dsn, "jobs", alone)
+    assert single.code == 0 and "(1 job)" in single.out
+    unmarked = await cli(dsn, "jobs", plain)
+    assert unmarked.code == 0 and not any(
+        row.split()[:1] == ["batch"] for row in unmarked.out.splitlines()
+    )
+
+    data = (await cli(dsn, "jobs", first, "--json")).json()
+    assert (data["batch_id"], data["batch_size"]) == (batch, 2)
+    data = (await cli(dsn, "jobs", plain, "--json")).json()
+    assert (data["batch_id"], data["batch_size"]) == (None, None)
+    # The jobs of one batch, listed.
+    listed = (await cli(dsn, "jobs", "--batch", batch, "--json")).json()
+    assert sorted(j["job_id"] for j in listed) == sorted([first, second])
+    assert {(j["batch_id"], j["batch_size"]) for j in listed} == {(batch, 2)}
+    other = (await cli(dsn, "jobs", "--batch", str(uuid.uuid4()), "--json")).json()
+    assert other == []
+    bad = await cli(dsn, "jobs", "--batch", "nope")
+    assert bad.code == 2 and "not a batch id" in bad.err
+    both = await cli(dsn, "jobs", first, "--batch", batch)
+    assert both.code == 2 and "cannot be combined" in both.err
+    # The first job retried in a later batch: that batch is its own now.
+    later = str(uuid.uuid4())
+    await pool.execute(
+        "INSERT INTO scheduler_batches (batch_id, task_name, queue, started_at, batch_size,"
+        " job_ids) VALUES ($1, 't', 'default', now() + interval '1 second', 1, ARRAY[$2])",
+        later,
+        first,
+    )
+    data = (await cli(dsn, "jobs", first, "--json")).json()
+    assert (data["batch_id"], data["batch_size"]) == (later, 1)
+    listed = (await cli(dsn, "jobs", "--batch", batch, "--json")).json()
+    assert [j["job_id"] for j in listed] == [second]
+    listed = (await cli(dsn, "jobs", "--batch", later, "--json")).json()
+    assert [(j["job_id"], j["batch_id"]) for j in listed] == [(first, later)]
+
+
 async def test_jobs_bad_arguments(dsn):
     unknown = await cli(dsn, "jobs", "no-such-job")
     assert unknown.code == 1 and "no job with id 'no-such-job'" in unknown.err

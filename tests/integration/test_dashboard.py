@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from datetime import UTC, datetime
 
 import asyncpg
@@ -12,6 +13,8 @@ import pytest
 
 from pg_scheduler import RetryPolicy
 from pg_scheduler.dashboard import dashboard_app
+from pg_scheduler.store.dashboard import Catalog, DashboardStore
+from pg_scheduler.store.jobs import Store
 from pg_scheduler.store.migrate import migrate
 from tests.support import dashboard_tasks
 from tests.support.common import wait_for_status, wait_until
@@ -174,6 +177,72 @@ async def test_filters_status_task_time_and_search(client, pool):
         response = await client.get(f"/api/jobs?{bad}")
         assert response.status_code == 400, bad
         assert response.json()["error"]
+
+
+async def test_the_batch_a_job_ran_in_and_the_jobs_of_a_batch(client, pool):
+    await add_jobs(pool, 4, status="completed")
+    batch = str(uuid.uuid4())
+    await pool.execute(
+        "INSERT INTO scheduler_batches (batch_id, task_name, queue, batch_size, job_ids)"
+        " VALUES ($1, 'dash.echo', 'default', 3, ARRAY['dash.echo-completed-1',"
+        " 'dash.echo-completed-2', 'dash.echo-completed-3'])",
+        batch,
+    )
+    data = (await client.get("/api/job?id=dash.echo-completed-2")).json()
+    assert (data["batch_id"], data["batch_size"]) == (batch, 3)
+    plain = (await client.get("/api/job?id=dash.echo-completed-4")).json()
+    assert (plain["batch_id"], plain["batch_size"]) == (None, None)
+    listed = (await client.get(f"/api/jobs?batch={batch}")).json()["jobs"]
+    assert [j["job_id"] for j in listed] == [f"dash.echo-completed-{n}" for n in (1, 2, 3)]
+    assert {(j["batch_id"], j["batch_size"]) for j in listed} == {(batch, 3)}
+    # With the other filters, and a page at a time.
+    page = (await client.get(f"/api/jobs?batch={batch}&status=completed&limit=2")).json()
+    assert len(page["jobs"]) == 2 and page["next"]
+    rest = (await client.get(f"/api/jobs?batch={batch}&limit=2&after={page['next']}")).json()
+    assert [j["job_id"] for j in rest["jobs"]] == ["dash.echo-completed-3"]
+    assert (await client.get(f"/api/jobs?batch={uuid.uuid4()}")).json()["jobs"] == []
+    assert (await client.get(f"/api/jobs?batch={batch}&status=failed")).json()["jobs"] == []
+    bad = await client.get("/api/jobs?batch=nope")
+    assert bad.status_code == 400 and "batch" in bad.json()["error"]
+    # The list uses the indexes: the batch's row by its key, then each of its
+    # jobs by the primary key (no scan of scheduled_jobs); a job's batch, the
+    # GIN index on job_ids. With enough rows for the planner to choose them.
+    await pool.execute(
+        "INSERT INTO scheduled_jobs (job_id, job_name, task_name, execution_time, status,"
+        " finished_at) SELECT 'filler-' || n, 'f', 'f', now(), 'completed', now()"
+        " FROM generate_series(1, 5000) n;"
+        "INSERT INTO scheduler_batches (batch_id, task_name, queue, batch_size, job_ids)"
+        " SELECT gen_random_uuid(), 'f', 'default', 1, ARRAY['filler-' || n % 5000]"
+        " FROM generate_series(1, 20000) n;"
+        "ANALYZE scheduled_jobs, scheduler_batches"
+    )
+    store = await DashboardStore.open(pool)
+    assert store._list_batch is not None
+    plan_args = (["completed"], None, None, None, None, None, 50, None, batch)
+    plan = "\n".join(r[0] for r in await pool.fetch("EXPLAIN " + store._list_batch, *plan_args))
+    assert "Seq Scan on scheduled_jobs" not in plan and "scheduled_jobs_pkey" in plan, plan
+    # A job's batch: the batches naming it, by the GIN index, never a walk of
+    # the newest batches (scheduler_batches_started_idx).
+    for sql, args in (
+        (store._list_batch, plan_args),
+        (Store(pool)._get_job, ("dash.echo-completed-2",)),
+    ):
+        plan = "\n".join(r[0] for r in await pool.fetch("EXPLAIN " + sql, *args))
+        assert "scheduler_batches_jobs_idx" in plan, plan
+        assert "scheduler_batches_started_idx" not in plan and "Seq Scan" not in plan, plan
+    data = (await client.get("/api/job?id=dash.echo-completed-2")).json()
+    assert (data["batch_id"], data["batch_size"]) == (batch, 3)
+    assert [j["job_id"] for j in (await client.get(f"/api/jobs?batch={batch}")).json()["jobs"]] == [
+        f"dash.echo-completed-{n}" for n in (1, 2, 3)
+    ]
+    await pool.execute(
+        "DELETE FROM scheduled_jobs WHERE job_id LIKE 'filler-%';"
+        "DELETE FROM scheduler_batches WHERE task_name = 'f'"
+    )
+    # A schema without the batch table (before migration 0020): no job is of a batch.
+    store = DashboardStore(pool, catalog=Catalog(True, True, True, has_batches=False))
+    assert [r["batch_id"] for r in await store.list_jobs()] == [None] * 4
+    assert await store.list_jobs(batch_id=batch) == []
 
 
 async def test_job_detail_attempts_timeline_and_escaping(client, pool, make_scheduler):

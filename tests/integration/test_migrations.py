@@ -354,3 +354,50 @@ async def test_pending_jobs_stay_in_the_plain_claim_across_0018(fresh_db):
             await conn.execute("UPDATE scheduled_jobs SET fair_share_weight = 0")
     finally:
         await conn.close()
+
+
+async def test_0020_adds_the_batch_table_and_leaves_scheduled_jobs_alone(fresh_db):
+    """A database as 0019 left it, with jobs: 0020 creates scheduler_batches
+    (a GIN index on job_ids) and changes nothing of scheduled_jobs: same file,
+    same columns, same rows."""
+    conn = await asyncpg.connect(fresh_db)
+    try:
+        await migrate(conn)
+        await conn.execute(
+            "DROP TABLE scheduler_batches; DELETE FROM pg_scheduler_migrations WHERE version = 20"
+        )
+        await conn.execute(
+            "INSERT INTO scheduled_jobs (job_id, job_name, task_name, execution_time, status)"
+            " SELECT 'j' || n, 'f', 'f', now(), 'completed' FROM generate_series(1, 5) n"
+        )
+        before = await conn.fetch("SELECT * FROM scheduled_jobs ORDER BY job_id")
+        file_of = "SELECT pg_relation_filenode('scheduled_jobs')"
+        filenode = await conn.fetchval(file_of)
+        assert await migrate(conn) == [20]
+        assert await conn.fetchval(file_of) == filenode
+        after = await conn.fetch("SELECT * FROM scheduled_jobs ORDER BY job_id")
+        assert [dict(r) for r in before] == [dict(r) for r in after]
+        columns = await conn.fetch(
+            "SELECT attname, format_type(atttypid, atttypmod) AS type, attnotnull"
+            " FROM pg_attribute WHERE attrelid = 'scheduler_batches'::regclass AND attnum > 0"
+            " AND NOT attisdropped ORDER BY attnum"
+        )
+        assert [tuple(c) for c in columns] == [
+            ("batch_id", "uuid", True),
+            ("task_name", "text", True),
+            ("queue", "text", True),
+            ("worker_id", "text", False),
+            ("started_at", "timestamp with time zone", True),
+            ("batch_size", "integer", True),
+            ("job_ids", "text[]", True),
+        ]
+        indexes = await conn.fetch(
+            "SELECT indexdef FROM pg_indexes WHERE tablename = 'scheduler_batches' ORDER BY 1"
+        )
+        defs = [r["indexdef"] for r in indexes]
+        assert any("USING gin (job_ids)" in d and "fastupdate" in d for d in defs), defs
+        # Idempotent, as every migration: applied again, nothing changes.
+        await conn.execute("DELETE FROM pg_scheduler_migrations WHERE version = 20")
+        assert await migrate(conn) == [20]
+    finally:
+        await conn.close()

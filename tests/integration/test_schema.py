@@ -38,6 +38,7 @@ GRANT SELECT, INSERT, UPDATE ON {schema}.workflow_signals TO {role};
 GRANT SELECT, INSERT, UPDATE ON {schema}.workflow_waits TO {role};
 GRANT SELECT, INSERT, DELETE ON {schema}.scheduler_key_starts TO {role};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.scheduler_fair_share_starts TO {role};
+GRANT SELECT, INSERT, DELETE ON {schema}.scheduler_batches TO {role};
 """
 
 

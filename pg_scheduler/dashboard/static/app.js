@@ -286,6 +286,7 @@ function filterForm(params) {
     field("q", "search (id or text in arguments)", { size: 30 }),
     field("since", "created since (30m, 2h, ISO)", { size: 12 }),
     field("until", "created before", { size: 12 }),
+    field("batch", "batch id", { size: 24 }),
     el("button", { type: "submit" }, "filter"),
     el("a", { href: `${BASE}/jobs` }, "clear"));
 }
@@ -415,6 +416,11 @@ async function job() {
   }
   if (w && w.deadline) fields.push(["deadline", at(w.deadline)]);
   if (j.in_graph) fields.push(["graph", link("graph", { id: j.job_id }, "view its graph")]);
+  // A batch task's job: the batch its latest batch attempt ran in, linked to its jobs.
+  if (j.batch_id) {
+    fields.push(["batch", el("span", {}, link("jobs", { batch: j.batch_id }, j.batch_id),
+      ` (${j.batch_size} job${j.batch_size === 1 ? "" : "s"})`)]);
+  }
   if (w && w.parent) {
     fields.push(["parent", el("span", {}, link("job", { id: w.parent.job_id }, w.parent.job_id),
       ` (${w.parent.task_name || "deleted"}${w.parent.status ? ", " + w.parent.status : ""}; step ${w.parent.seq})`)]);
