@@ -9,8 +9,9 @@ its item ``cancelled`` and leaves the handler running for the others; once
 every member is cancelled (or lost, or handed back), the handler is.
 
 As the handler is called, one statement records the batch and the jobs it
-is given (a row of ``scheduler_batches``: migration 0020); a mark that cannot
-be written is logged and the batch runs all the same.
+is given (a row of ``scheduler_batches``: migration 0020), written beside the
+handler and waited for before the outcomes; a mark that cannot be written is
+logged and the batch runs all the same.
 
 Outcomes: a result is a completion through the completer (one group commit
 for the whole batch); an exception object in the results, or an exception
@@ -175,11 +176,10 @@ class BatchRun:
         started = time.perf_counter()
         timer = None
         holder = SimpleNamespace(stopped=False, linger=None, job=next(iter(self.jobs.values())))
+        # Written beside the handler (it delays no batch); waited for before
+        # the outcomes are, so a finished job's batch is always on record.
+        marking = asyncio.ensure_future(self._mark_jobs(items))
         try:
-            # In the try: a cancel while the mark is written is handled as one
-            # of the handler (a shutdown hands the jobs back).
-            await self._mark_jobs(items)
-            started = time.perf_counter()
             if self.kind == "thread":
                 call = self._run_thread(holder, self.func, (items,), {})
                 if timeout is None:
@@ -195,10 +195,12 @@ class BatchRun:
         except asyncio.CancelledError:
             reason = self.cancel_reason
             if reason is None and current.cancelling():
+                marking.cancel()
                 raise  # the worker itself is being torn down: its rows are rescued
             if reason is not None:
                 current.uncancel()  # our own cancel, handled here
             self.duration = time.perf_counter() - started
+            await marking
             await self._wait_thread(holder)
             if reason is None:
                 message = "CancelledError: raised inside the batch handler (not a cancel_job())"
@@ -208,6 +210,7 @@ class BatchRun:
             return
         except BaseException as exc:
             self.duration = time.perf_counter() - started
+            await marking
             await self._wait_thread(holder)
             if timer is not None and timer.expired():
                 message = f"timed out after {timeout:g} s"
@@ -219,6 +222,7 @@ class BatchRun:
             return
         self.duration = time.perf_counter() - started
         self._free_slot()
+        await marking
         await self._record(items, result)
 
     async def _mark_jobs(self, items: list[BatchItem]) -> None:

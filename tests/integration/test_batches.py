@@ -322,13 +322,11 @@ async def marks(pool: Any) -> dict[str, tuple[str | None, int | None]]:
 
 async def test_jobs_of_one_batch_share_its_id_and_size(make_scheduler, pool):
     scheduler: Scheduler = await make_scheduler(start=False)
-    calls: list[dict[str, tuple[str | None, int | None]]] = []
+    calls: list[list[str]] = []
 
     @scheduler.task(batch_size=10, batch_timeout=0.1)
     async def square(batch: list[BatchItem]) -> list[int]:
-        # Marked before the handler is called: the rows already say so.
-        stored = await marks(pool)
-        calls.append({item.job_id: stored[item.job_id] for item in batch})
+        calls.append([item.job_id for item in batch])
         return [item.arg * item.arg for item in batch]
 
     @scheduler.task
@@ -344,11 +342,11 @@ async def test_jobs_of_one_batch_share_its_id_and_size(make_scheduler, pool):
     final = await marks(pool)
     batch_ids = set()
     for call in calls:
-        [(batch_id, size)] = set(call.values())  # one id and size per call
+        # One id and size per call of the handler, on record once its jobs ended.
+        [(batch_id, size)] = {final[job_id] for job_id in call}
         assert size == len(call)
         assert batch_id is not None and batch_id not in batch_ids
         batch_ids.add(batch_id)
-        assert {final[job_id] for job_id in call} == {(batch_id, size)}
     assert sorted(job_id for call in calls for job_id in call) == sorted(ids)
     job = await scheduler.get_job(ids[0])
     assert job is not None and (job.batch_id, job.batch_size) == final[ids[0]]
@@ -359,12 +357,11 @@ async def test_jobs_of_one_batch_share_its_id_and_size(make_scheduler, pool):
 
 async def test_a_retried_job_carries_the_batch_it_ran_in_last(make_scheduler, pool):
     scheduler: Scheduler = await make_scheduler(start=False)
-    seen: list[dict[str, str | None]] = []
+    seen: list[set[str]] = []
 
     @scheduler.task(batch_size=10, batch_timeout=0.1)
     async def deliver(batch: list[BatchItem]) -> list[Any]:
-        stored = await marks(pool)
-        seen.append({item.job_id: stored[item.job_id][0] for item in batch})
+        seen.append({item.job_id for item in batch})
         return [
             ValueError("bounced") if item.arg == "retry" and item.attempt == 1 else item.arg
             for item in batch
@@ -379,18 +376,22 @@ async def test_a_retried_job_carries_the_batch_it_ran_in_last(make_scheduler, po
     )
     await scheduler.start()
     await all_settled(pool, 2)
-    first, second = seen
-    assert set(first) == {ok, retried} and set(second) == {retried}
-    assert first[ok] == first[retried] != second[retried]
-    final = await marks(pool)
-    assert final[ok] == (first[ok], 2)
-    assert final[retried] == (second[retried], 1)
-    job = await scheduler.get_job(retried)
-    assert job is not None and (job.attempts, job.batch_id, job.batch_size) == (
-        2,
-        second[retried],
-        1,
+    assert seen == [{ok, retried}, {retried}]
+    # Both batches are on record; the retried job's latest is the second.
+    recorded = await pool.fetch(
+        "SELECT batch_id::text AS batch_id, batch_size, job_ids FROM scheduler_batches"
+        " ORDER BY started_at"
     )
+    assert [(r["batch_size"], set(r["job_ids"])) for r in recorded] == [
+        (2, {ok, retried}),
+        (1, {retried}),
+    ]
+    first, second = (r["batch_id"] for r in recorded)
+    final = await marks(pool)
+    assert final[ok] == (first, 2)
+    assert final[retried] == (second, 1)
+    job = await scheduler.get_job(retried)
+    assert job is not None and (job.attempts, job.batch_id, job.batch_size) == (2, second, 1)
 
 
 async def test_a_mark_that_cannot_be_written_leaves_the_batch_running(make_scheduler, pool):
