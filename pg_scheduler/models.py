@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict
 
 from .config import RetryPolicy
 from .enums import JobPriority, JobStatus
+from .limits import RateLimit
 from .support.codec import decode_json, decode_task_data
 
 
@@ -42,6 +43,13 @@ def _attempt_history(row: Any, status: JobStatus) -> list[Attempt]:
             )
         )
     return history
+
+
+def _rate(count: int | None, period: float | None) -> str | None:
+    """A key's stored rate as written (``"5/s"``), or None."""
+    if count is None or period is None:
+        return None
+    return str(RateLimit(count, period))
 
 
 def _waiting(row: Any) -> dict[str, Any]:
@@ -103,6 +111,17 @@ class Job(BaseModel):
     wake_at: datetime | None = None
     #: The workflow that spawned this job (``ctx.spawn``), or None.
     parent_job_id: str | None = None
+    #: Its concurrency key and per-key limits (docs/keys.md): at most
+    #: ``max_running_per_key`` of the key's jobs run at once, at most
+    #: ``rate_limit_per_key`` start per window (``"5/s"``), ``ordered``: one
+    #: at a time in enqueue order. None / False without a key.
+    concurrency_key: str | None = None
+    max_running_per_key: int | None = None
+    rate_limit_per_key: str | None = None
+    ordered: bool = False
+    #: Its fair share key and weight (docs/fair-share.md), or None.
+    fair_share_key: str | None = None
+    fair_share_weight: float | None = None
     #: A batch task's job: the batch its latest batch attempt ran in (one id
     #: per call of the handler) and how many jobs that call was given. None
     #: for a job that never ran in a batch.
@@ -155,6 +174,12 @@ class Job(BaseModel):
             dedupe_key=row.get("dedupe_key"),
             dedupe_scope=row.get("dedupe_scope"),
             parent_job_id=row.get("parent_job_id"),
+            concurrency_key=row.get("concurrency_key"),
+            max_running_per_key=row.get("max_running_per_key"),
+            rate_limit_per_key=_rate(row.get("rate_count_per_key"), row.get("rate_period_per_key")),
+            ordered=bool(row.get("key_ordered")),
+            fair_share_key=row.get("fair_share_key"),
+            fair_share_weight=row.get("fair_share_weight"),
             batch_id=row.get("batch_id"),
             batch_size=row.get("batch_size"),
             **(_waiting(row) if status is JobStatus.WAITING else {}),

@@ -499,6 +499,29 @@ def describe_key(job: Job) -> str | None:
     return f"{job.dedupe_key} (scope {job.dedupe_scope})"
 
 
+def describe_concurrency_key(job: Job) -> str | None:
+    """A job's concurrency key and its limits (docs/keys.md)."""
+    if job.concurrency_key is None:
+        return None
+    limits = [
+        "ordered" if job.ordered else None,
+        None
+        if job.max_running_per_key is None or job.ordered
+        else f"{job.max_running_per_key} at once",
+        job.rate_limit_per_key,
+    ]
+    shown = ", ".join(x for x in limits if x)
+    return f"{job.concurrency_key} ({shown})" if shown else job.concurrency_key
+
+
+def describe_fair_share(job: Job) -> str | None:
+    """A job's fair share key and weight (docs/fair-share.md)."""
+    if job.fair_share_key is None:
+        return None
+    weight = 1.0 if job.fair_share_weight is None else job.fair_share_weight
+    return f"{job.fair_share_key} (weight {weight:g})"
+
+
 def describe_batch(job: Job) -> str | None:
     """The batch a batch task's job last ran in, and how many jobs it held."""
     if job.batch_id is None:
@@ -534,6 +557,8 @@ def render_job(
         ("rescues", job.rescue_count),
         ("worker", job.worker_id),
         ("batch", describe_batch(job)),
+        ("concurrency key", describe_concurrency_key(job)),
+        ("fair share key", describe_fair_share(job)),
         ("dedupe key", describe_key(job)),
         ("next retry", when(job.next_retry_at) if job.next_retry_at else None),
         ("args", json.dumps(job.args, default=str)),
@@ -542,7 +567,7 @@ def render_job(
         ("error", job.error),
     ]
     # The workflow lines only where they say something.
-    optional = ("waits for", "deadline", "parent", "batch")
+    optional = ("waits for", "deadline", "parent", "batch", "concurrency key", "fair share key")
     fields = [(k, v) for k, v in fields if k not in optional or (v is not None and v != "-")]
     out = console()
     out.print(table(None, ("field", "value"), fields, header=False))

@@ -431,7 +431,8 @@ _JOB_COLUMNS = """
     max_retries, rescue_count, worker_id, misfire_grace_time, timeout,
     retry_policy::text AS retry_policy, task_data::text AS task_data,
     result::text AS result, error_message, error_traceback, dedupe_key, dedupe_scope,
-    parent_job_id, wait_kind, wait_for, wake_at
+    parent_job_id, wait_kind, wait_for, wake_at, concurrency_key, max_running_per_key,
+    rate_count_per_key, rate_period_per_key, key_ordered, fair_share_key, fair_share_weight
 """
 
 _EXISTING_IDS = "SELECT job_id FROM scheduled_jobs WHERE job_id = ANY($1::text[])"

@@ -243,3 +243,72 @@ async def test_a_bad_key_on_a_spawn_fails_the_workflow_and_writes_no_child(pool,
         await pool.fetchval("SELECT count(*) FROM scheduled_jobs WHERE parent_job_id = $1", job_id)
         == 0
     )
+
+
+# -- seeing a job's keys --------------------------------------------------------------
+
+
+async def test_get_job_the_cli_and_the_dashboard_show_a_jobs_keys(pool, dsn, make_scheduler):
+    import httpx
+
+    from pg_scheduler.dashboard import dashboard_app
+    from tests.integration.test_cli_ops import cli
+
+    queue_keys("qf", fair_share_key=tenant, fair_share_weight=2)
+    scheduler = await make_scheduler(start=False)
+    await scheduler.initialize_db()
+    keyed = await scheduler.schedule(
+        key_tasks.step,
+        args=("a", 0),
+        concurrency_key="acct-7",
+        max_running_per_key=3,
+        rate_limit_per_key="10/m",
+    )
+    ordered = await scheduler.schedule(
+        key_tasks.step, args=("a", 1), concurrency_key="acct-8", ordered=True
+    )
+    fair = await scheduler.schedule(key_tasks.step, args=("b", 2), queue="qf")
+    plain = await scheduler.schedule(key_tasks.step, args=("c", 3))
+
+    job = await scheduler.get_job(keyed)
+    assert job is not None
+    assert (job.concurrency_key, job.max_running_per_key, job.rate_limit_per_key) == (
+        "acct-7",
+        3,
+        "10/m",
+    )
+    assert not job.ordered and job.fair_share_key is None
+    job = await scheduler.get_job(ordered)
+    assert job is not None and (job.concurrency_key, job.ordered, job.max_running_per_key) == (
+        "acct-8",
+        True,
+        1,
+    )
+    job = await scheduler.get_job(fair)
+    assert job is not None and (job.fair_share_key, job.fair_share_weight) == ("tenant-b", 2.0)
+    assert job.concurrency_key is None
+    job = await scheduler.get_job(plain)
+    assert job is not None and (job.concurrency_key, job.fair_share_key) == (None, None)
+
+    def line(out: str, field: str) -> str | None:
+        found = [r for r in out.splitlines() if r.strip().startswith(field)]
+        return found[0].strip()[len(field) :].strip() if found else None
+
+    shown = (await cli(dsn, "jobs", keyed)).out
+    assert line(shown, "concurrency key") == "acct-7 (3 at once, 10/m)"
+    assert line((await cli(dsn, "jobs", ordered)).out, "concurrency key") == "acct-8 (ordered)"
+    assert line((await cli(dsn, "jobs", fair)).out, "fair share key") == "tenant-b (weight 2)"
+    unkeyed = (await cli(dsn, "jobs", plain)).out
+    assert line(unkeyed, "concurrency key") is None and line(unkeyed, "fair share key") is None
+    data = (await cli(dsn, "jobs", keyed, "--json")).json()
+    assert (data["concurrency_key"], data["rate_limit_per_key"]) == ("acct-7", "10/m")
+
+    app = dashboard_app(pool)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://dash"
+    ) as client:
+        data = (await client.get(f"/api/job?id={keyed}")).json()
+        assert (data["concurrency_key"], data["max_running_per_key"]) == ("acct-7", 3)
+        data = (await client.get(f"/api/job?id={fair}")).json()
+        assert (data["fair_share_key"], data["fair_share_weight"]) == ("tenant-b", 2.0)
+    await app.state.dashboard.close()

@@ -421,6 +421,16 @@ async function job() {
     fields.push(["batch", el("span", {}, link("jobs", { batch: j.batch_id }, j.batch_id),
       ` (${j.batch_size} job${j.batch_size === 1 ? "" : "s"})`)]);
   }
+  // Its concurrency key and limits, or its fair share key and weight.
+  if (j.concurrency_key) {
+    const limits = [j.ordered ? "ordered" : null,
+      j.max_running_per_key && !j.ordered ? `${j.max_running_per_key} at once` : null,
+      j.rate_limit_per_key].filter((x) => x);
+    fields.push(["concurrency key", `${j.concurrency_key}${limits.length ? ` (${limits.join(", ")})` : ""}`]);
+  }
+  if (j.fair_share_key) {
+    fields.push(["fair share key", `${j.fair_share_key} (weight ${j.fair_share_weight ?? 1})`]);
+  }
   if (w && w.parent) {
     fields.push(["parent", el("span", {}, link("job", { id: w.parent.job_id }, w.parent.job_id),
       ` (${w.parent.task_name || "deleted"}${w.parent.status ? ", " + w.parent.status : ""}; step ${w.parent.seq})`)]);
