@@ -8,6 +8,7 @@ from typing import Any
 
 import asyncpg
 
+from ..batching import batch_options_of
 from ..observe.stats import QueueStats, collect_stats
 from ..services import RescuerService, VacuumService
 from ..store import Store
@@ -103,15 +104,18 @@ class Operations:
         # key (and deletes decayed ones); weights per key are granted to PUBLIC.
         needed["scheduler_fair_share_starts"] = "SELECT,INSERT,UPDATE,DELETE"
         needed["scheduler_fair_share_weights"] = "SELECT"
-        # Migration 0020: a batch records itself as it starts (its row names
-        # its jobs: SELECT for what the insert returns); the vacuum drops old ones.
-        needed["scheduler_batches"] = "SELECT,INSERT" + (",DELETE" if vacuum else "")
+        # Migration 0020: a worker with batch tasks records each batch (its
+        # row names its jobs: SELECT for what the insert returns). The vacuum
+        # drops old ones where it may (without DELETE it keeps them, said once).
+        names = self.registry.names()
+        if any(batch_options_of(self.registry.resolve(name)) for name in names):
+            needed["scheduler_batches"] = "SELECT,INSERT"
         if settings.run_periodic_jobs:
             needed["periodic_jobs"] = "SELECT,INSERT,UPDATE"
         if vacuum and settings.vacuum_config.track_metrics:
             needed["vacuum_stats"] = "SELECT,INSERT,UPDATE"
         # Migration 0014: a worker that runs workflows writes their records.
-        if any(is_workflow(self.registry.resolve(name)) for name in self.registry.names()):
+        if any(is_workflow(self.registry.resolve(name)) for name in names):
             needed["workflow_steps"] = "SELECT,INSERT,UPDATE,DELETE"
             needed["workflow_signals"] = "SELECT,INSERT,UPDATE"
             # Migration 0016: a spawning workflow's count of children.

@@ -436,16 +436,24 @@ _JOB_COLUMNS = """
 """
 
 _EXISTING_IDS = "SELECT job_id FROM scheduled_jobs WHERE job_id = ANY($1::text[])"
-# With its progress and the attempts that did not complete (job_attempts), in one read.
-_GET_JOB = f"""
-SELECT {_JOB_COLUMNS}, progress, progress_message, progress_at,
+# With its progress, the attempts that did not complete (job_attempts) and
+# its batch (scheduler_batches), in one read.
+_GET_JOB_COLUMNS = f"""{_JOB_COLUMNS}, progress, progress_message, progress_at,
        (SELECT json_agg(json_build_object(
                    'attempt', a.attempt, 'worker_id', a.worker_id, 'started_at', a.started_at,
                    'finished_at', a.finished_at, 'outcome', a.outcome, 'error', a.error,
                    'traceback', a.traceback) ORDER BY a.attempt_id)::text
-          FROM job_attempts a WHERE a.job_id = j.job_id) AS attempt_history,
-       bm.batch_id, bm.batch_size
+          FROM job_attempts a WHERE a.job_id = j.job_id) AS attempt_history"""
+_GET_JOB = f"""
+SELECT {_GET_JOB_COLUMNS}, bm.batch_id, bm.batch_size
   FROM scheduled_jobs j{BATCH_OF_JOB}
+ WHERE j.job_id = $1
+"""
+# The same for a role that may not read scheduler_batches (a waiter granted
+# SELECT on the job tables before migration 0020): no batch.
+_GET_JOB_UNBATCHED = f"""
+SELECT {_GET_JOB_COLUMNS}, NULL::text AS batch_id, NULL::int AS batch_size
+  FROM scheduled_jobs j
  WHERE j.job_id = $1
 """
 # The event is the one the transition means (a pending row forced from running

@@ -26,6 +26,7 @@ from .job_sql import (
     _EXISTING_IDS,
     _FAIL,
     _GET_JOB,
+    _GET_JOB_UNBATCHED,
     _INSERT_FROM_ARRAYS,
     _INSERT_ONE,
     _INSERT_RUNNING,
@@ -154,6 +155,9 @@ class Store(WorkerStatements):
         self._unregister = q(_UNREGISTER)
         self._live_workers = q(_LIVE_WORKERS)
         self._get_job = q(_GET_JOB)
+        self._get_job_unbatched = q(_GET_JOB_UNBATCHED)
+        #: Whether this role may read scheduler_batches (get_job's batch).
+        self._batches_readable = True
         self._set_status = q(_SET_STATUS)
         self._missing_privileges = q(_MISSING_PRIVILEGES)
         self.limits = LimitStore(pool, q)
@@ -383,7 +387,15 @@ class Store(WorkerStatements):
         return await self.pool.fetchval(self._cancel, job_id) is not None
 
     async def get_job(self, job_id: str) -> asyncpg.Record | None:
-        return await self.pool.fetchrow(self._get_job, job_id)
+        if self._batches_readable:
+            try:
+                return await self.pool.fetchrow(self._get_job, job_id)
+            except asyncpg.InsufficientPrivilegeError:
+                # No SELECT on scheduler_batches: the job without its batch
+                # from now on (a role that may not read the job either gets
+                # the same error again, below).
+                self._batches_readable = False
+        return await self.pool.fetchrow(self._get_job_unbatched, job_id)
 
     async def set_status(self, job_id: str, status: str) -> bool:
         """Force a status (the 0.2.x ``update_job_status``); final states get finished_at."""

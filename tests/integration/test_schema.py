@@ -11,6 +11,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -216,6 +217,35 @@ async def test_a_missing_grant_fails_start_before_the_worker_registers(owner, db
             await scheduler.start()
         assert not scheduler.is_running
         assert await owner.fetchval(f"SELECT count(*) FROM {A}.scheduler_workers") == 0
+    finally:
+        await pool.close()
+
+
+async def test_only_a_worker_with_batch_tasks_needs_scheduler_batches(owner, db, role):
+    await owner.execute(WORKER_GRANTS.format(schema=A, role=role))
+    await owner.execute(f"REVOKE ALL ON {A}.scheduler_batches FROM {role}")
+    pool = await asyncpg.create_pool(as_role(db, role), min_size=1, max_size=10)
+    try:
+        # No batch task: it starts, and get_job leaves the batch out.
+        scheduler = Scheduler(pool, schema=A, **FAST)
+        scheduler.register_task(app_tasks.add)
+        await scheduler.start()
+        try:
+            job = await scheduler.schedule(app_tasks.add, args=(2, 3), job_id="nobatch-1")
+            await wait_until(lambda: _status(owner, A, job, "completed"))
+            found = await scheduler.get_job(job)
+            assert found is not None and (found.result, found.batch_id) == (5, None)
+        finally:
+            await scheduler.shutdown(grace_period=1.0)
+        # A batch task: its batches are recorded, so the grant is checked at start.
+        batched = Scheduler(pool, schema=A, **FAST)
+
+        @batched.task(name="schema.batched", batch_size=10)
+        async def batched_task(batch: list[Any]) -> list[Any]:
+            return [None for _ in batch]
+
+        with pytest.raises(PermissionError, match="scheduler_batches"):
+            await batched.start()
     finally:
         await pool.close()
 
