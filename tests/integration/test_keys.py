@@ -18,11 +18,9 @@ from tests.support.common import wait_until
 async def runs(pool, dsn, monkeypatch) -> AsyncIterator[None]:
     monkeypatch.setenv("PG_SCHEDULER_DSN", dsn)
     await key_tasks.make_table(pool)
-    key_tasks._pool = None
+    await key_tasks.close()
     yield
-    if key_tasks._pool is not None:
-        await key_tasks._pool.close()
-        key_tasks._pool = None
+    await key_tasks.close()
 
 
 def max_overlap(spans: list[tuple[float, float]]) -> int:

@@ -33,11 +33,9 @@ def _no_declarations() -> Iterator[None]:
 async def runs(pool, dsn, monkeypatch) -> AsyncIterator[None]:
     monkeypatch.setenv("PG_SCHEDULER_DSN", dsn)
     await key_tasks.make_table(pool)
-    key_tasks._pool = None
+    await key_tasks.close()
     yield
-    if key_tasks._pool is not None:
-        await key_tasks._pool.close()
-        key_tasks._pool = None
+    await key_tasks.close()
 
 
 async def columns(pool, job_id: str) -> tuple[Any, ...]:

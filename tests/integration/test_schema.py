@@ -19,6 +19,7 @@ import pytest
 
 from pg_scheduler import Scheduler
 from pg_scheduler.store.migrate import MigrationError, migrate
+from pg_scheduler.tasks import TaskRegistry
 from tests.support import app_tasks
 from tests.support.common import FAST, wait_until, with_database
 
@@ -226,8 +227,9 @@ async def test_only_a_worker_with_batch_tasks_needs_scheduler_batches(owner, db,
     await owner.execute(f"REVOKE ALL ON {A}.scheduler_batches FROM {role}")
     pool = await asyncpg.create_pool(as_role(db, role), min_size=1, max_size=10)
     try:
-        # No batch task: it starts, and get_job leaves the batch out.
-        scheduler = Scheduler(pool, schema=A, **FAST)
+        # No batch task (its own registry: none of other modules'): it
+        # starts, and get_job leaves the batch out.
+        scheduler = Scheduler(pool, schema=A, tasks=TaskRegistry(), **FAST)
         scheduler.register_task(app_tasks.add)
         await scheduler.start()
         try:
@@ -238,7 +240,7 @@ async def test_only_a_worker_with_batch_tasks_needs_scheduler_batches(owner, db,
         finally:
             await scheduler.shutdown(grace_period=1.0)
         # A batch task: its batches are recorded, so the grant is checked at start.
-        batched = Scheduler(pool, schema=A, **FAST)
+        batched = Scheduler(pool, schema=A, tasks=TaskRegistry(), **FAST)
 
         @batched.task(name="schema.batched", batch_size=10)
         async def batched_task(batch: list[Any]) -> list[Any]:

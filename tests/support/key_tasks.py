@@ -12,16 +12,37 @@ import asyncpg
 from pg_scheduler import task
 
 _pool: asyncpg.Pool | None = None
+_making: asyncio.Future[asyncpg.Pool] | None = None
+
+
+async def pool() -> asyncpg.Pool:
+    """The pool runs are written through: one per worker process (jobs that
+    start together wait for the same one; the tests close it)."""
+    global _pool, _making
+    if _pool is None:
+        if _making is None or _making.done():
+            _making = asyncio.ensure_future(
+                asyncpg.create_pool(os.environ["PG_SCHEDULER_DSN"], min_size=1, max_size=4)
+            )
+        made = await asyncio.shield(_making)
+        if _pool is None:
+            _pool = made
+    return _pool
+
+
+async def close() -> None:
+    """Close this process's pool (the tests' teardown); the next run makes another."""
+    global _pool, _making
+    made, _pool, _making = _pool, None, None
+    if made is not None:
+        await made.close()
 
 
 async def record(key: str, n: int, started: float, hold: float, fail: bool = False) -> None:
     """Hold ``hold`` seconds, then write the run (``fail``: then raise)."""
-    global _pool
     await asyncio.sleep(hold)
     ended = time.time()
-    if _pool is None:  # one per worker process
-        _pool = await asyncpg.create_pool(os.environ["PG_SCHEDULER_DSN"], min_size=1, max_size=4)
-    await _pool.execute(
+    await (await pool()).execute(
         "INSERT INTO key_runs (key, n, pid, started, ended, failed)"
         " VALUES ($1, $2, $3, $4, $5, $6)",
         key,
@@ -46,8 +67,8 @@ async def step(key: str, n: int, hold: float = 0.0, fail_first: int = 0) -> int:
     """Fails its first ``fail_first`` attempts (counted in key_runs)."""
     started = time.time()
     failed = 0
-    if fail_first and _pool is not None:
-        failed = await _pool.fetchval(
+    if fail_first:
+        failed = await (await pool()).fetchval(
             "SELECT count(*) FROM key_runs WHERE key = $1 AND n = $2 AND failed", key, n
         )
     await record(key, n, started, hold, fail=failed < fail_first)
