@@ -356,7 +356,15 @@ class Run:
                 "SELECT max(greatest(age(backend_xmin), age(backend_xid))) FROM pg_stat_activity"
             )
             row["depth"] = await conn.fetchval(self.describe["depth_sql"])
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
+        except (
+            OSError,
+            asyncpg.PostgresError,
+            asyncpg.InterfaceError,
+            # A connection left mid-operation (its server restarted under it):
+            # dropped, and a fresh one for the next sample.
+            asyncpg.InternalClientError,
+            TimeoutError,
+        ) as exc:
             row["db_error"] = type(exc).__name__
             if self.sampler_conn is not None:
                 self.sampler_conn.terminate()
