@@ -18,6 +18,7 @@ import asyncpg
 import pytest
 
 from pg_scheduler import Scheduler
+from pg_scheduler.batching import batch_options_of
 from pg_scheduler.store.migrate import MigrationError, migrate
 from pg_scheduler.tasks import TaskRegistry
 from tests.support import app_tasks
@@ -230,10 +231,17 @@ async def test_only_a_worker_with_batch_tasks_needs_scheduler_batches(owner, db,
         # No batch task (its own registry: none of other modules'): it
         # starts, and get_job leaves the batch out.
         scheduler = Scheduler(pool, schema=A, tasks=TaskRegistry(), **FAST)
-        scheduler.register_task(app_tasks.add)
+
+        @scheduler.task(name="schema.plain")
+        async def add(a: int, b: int) -> int:  # a function no other test made a batch task
+            return a + b
+
+        registry = scheduler.registry
+        batched_names = [n for n in registry.names() if batch_options_of(registry.resolve(n))]
+        assert batched_names == []
         await scheduler.start()
         try:
-            job = await scheduler.schedule(app_tasks.add, args=(2, 3), job_id="nobatch-1")
+            job = await scheduler.schedule(add, args=(2, 3), job_id="nobatch-1")
             await wait_until(lambda: _status(owner, A, job, "completed"))
             found = await scheduler.get_job(job)
             assert found is not None and (found.result, found.batch_id) == (5, None)
