@@ -151,7 +151,8 @@ class Scheduler:
             default_lease_duration=self.LEASE_DURATION,
         )
         self.worker_id = uuid.uuid4().hex[: self.WORKER_ID_LENGTH]
-        self.registry = TaskRegistry(parent=tasks or default_registry)
+        # An empty TaskRegistry is falsy (it has a length): only None means the default.
+        self.registry = TaskRegistry(parent=default_registry if tasks is None else tasks)
         parts = build(settings, self.worker_id, self.registry)
         self.store = parts.store
         self.queue_store = parts.queue_store

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pg_scheduler
 from pg_scheduler.tasks import TaskRegistry, task_name_of
-from tests.support import mail_tasks, sms_tasks
+from tests.support import key_tasks, mail_tasks, sms_tasks
 from tests.support.common import job_status, wait_for_status, wait_until
 
 
@@ -28,6 +28,19 @@ async def test_same_function_name_in_two_modules_never_collides(pool, make_sched
     assert {r["job_name"] for r in await pool.fetch("SELECT job_name FROM scheduled_jobs")} == {
         "send"
     }
+
+
+async def test_a_scheduler_given_an_empty_registry_runs_only_its_own_tasks(make_scheduler):
+    own = TaskRegistry()
+    scheduler = await make_scheduler(start=False, tasks=own)
+    # A task decorated with @task in this process is the default registry's,
+    # not this scheduler's.
+    assert key_tasks.step.__name__ == "step"
+    assert "keys.step" in pg_scheduler.tasks.default_registry.names()
+    assert scheduler.registry.names() == []
+    scheduler.register_task(mail_tasks.send)
+    assert task_name_of(mail_tasks.send) in scheduler.registry.names()
+    assert len(own) == 0  # registering on the scheduler leaves the given one alone
 
 
 async def test_job_nobody_can_run_waits_visibly_until_someone_registers(pool, make_scheduler):
