@@ -46,13 +46,11 @@ from .conflicts import (
 )
 from .dedupe import resolve as resolve_dedupe
 from .dependencies import Graph, GraphWriter, plan
-from .fair import check_one_key
-from .fair import resolve as resolve_fair
 from .fields import JobFields, JobOptions, check_job, row_of
 from .ids import new_job_id
 from .keyed import KeyedWriter, KeyRace, check_batch_keys, is_dedupe_violation
 from .keys import resolve as resolve_keys
-from .queue_keys import fair_given
+from .queue_keys import fair_given, fair_of
 from .rows import COPY_THRESHOLD, spec_rows, spec_tuples, streamable
 from .timed import TimedWriter
 from .timing import check_timed_call, timing_of
@@ -153,16 +151,7 @@ class Producer:
         if timing is not None:
             check_timed_call(timing, key, execution_time, options)
             scope = timing.kind
-        fair = resolve_fair(
-            func,
-            options.fair_share_key,
-            options.fair_share_weight,
-            args,
-            kwargs,
-            defaults,
-            keys.concurrency_key is not None,
-        )
-        check_one_key(keys.concurrency_key, fair[0])
+        fair = fair_of(func, options, args, kwargs, defaults, keys)
         aware = when_of(execution_time, options.delay)
         return JobFields(
             func.__name__,
@@ -198,16 +187,7 @@ class Producer:
         if func is not None:
             check_arguments(func, args, kwargs)
         check_job(execution_time, options)
-        fair = resolve_fair(
-            func,
-            options.fair_share_key,
-            options.fair_share_weight,
-            args,
-            kwargs,
-            defaults,
-            keys.concurrency_key is not None,
-        )
-        check_one_key(keys.concurrency_key, fair[0])
+        fair = fair_of(func, options, args, kwargs, defaults, keys)
         aware = when_of(execution_time, options.delay)
         return JobFields(
             job_name, job_name, aware, encoded, options, key, scope, queue, keys, None, *fair

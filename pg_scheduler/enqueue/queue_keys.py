@@ -17,8 +17,10 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from ..support.validation import check_queue
-from .fair import check_fair_share_key, check_fair_share_weight, has_task_key
+from .fair import check_fair_share_key, check_fair_share_weight, check_one_key, has_task_key
+from .fair import resolve as resolve_fair
 from .keys import (
+    KeyFields,
     check_concurrency_key,
     check_max_running_per_key,
     check_ordered,
@@ -103,6 +105,25 @@ def fair_given(defaults: QueueKeys | None, options: Any, func: Any) -> bool:
     if defaults is None:
         return False
     return options.fair_share_key is not None or (func is not None and has_task_key(func))
+
+
+def fair_of(
+    func: Any, options: Any, args: Any, kwargs: Any, defaults: QueueKeys | None, keys: KeyFields
+) -> tuple[str | None, float | None]:
+    """A job's fair share (key, weight): the call's (``options``), else its
+    task's, else its queue's (``defaults``) when ``keys`` (its resolved
+    concurrency key) has none; ValueError if it ends with both kinds."""
+    fair = resolve_fair(
+        func,
+        options.fair_share_key,
+        options.fair_share_weight,
+        args,
+        kwargs,
+        defaults,
+        keys.concurrency_key is not None,
+    )
+    check_one_key(keys.concurrency_key, fair[0])
+    return fair
 
 
 def declared_queues() -> dict[str, QueueKeys]:

@@ -37,9 +37,7 @@ from .checks import (
 )
 from .dedupe import has_task_key
 from .dedupe import resolve as resolve_dedupe
-from .fair import check_one_key
 from .fair import has_task_key as has_fair_key
-from .fair import resolve as resolve_fair
 from .ids import new_job_ids
 from .keys import NO_KEY, wants_keys
 from .keys import resolve as resolve_keys
@@ -225,16 +223,9 @@ def _rows(
             or spec.fair_share_key is not None
             or spec.fair_share_weight is not None
         ):
-            fair_key, fair_weight = resolve_fair(
-                func,
-                spec.fair_share_key,
-                spec.fair_share_weight,
-                spec.args,
-                spec.kwargs,
-                defaults,
-                keys.concurrency_key is not None,
+            fair_key, fair_weight = queue_keys.fair_of(
+                func, spec, spec.args, spec.kwargs, defaults, keys
             )
-            check_one_key(keys.concurrency_key, fair_key)
         if inject is not None:  # a workflow without a current span: a trace of its own
             task_data = inject(task_data, f"schedule {task_name}" if is_workflow(func) else None)
         row = (

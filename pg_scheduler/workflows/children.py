@@ -32,13 +32,11 @@ import pg_scheduler.observe.instrument as instrument
 
 from ..enqueue import queue_keys
 from ..enqueue.checks import check_max_retries, check_priority, check_retry_policy, check_timeout
-from ..enqueue.fair import check_one_key
 from ..enqueue.fair import has_task_key as has_fair_key
-from ..enqueue.fair import resolve as resolve_fair
 from ..enqueue.fields import JobOptions
 from ..enqueue.keys import NO_KEY, wants_keys
 from ..enqueue.keys import resolve as resolve_keys
-from ..enqueue.queue_keys import fair_given
+from ..enqueue.queue_keys import fair_given, fair_of
 from ..enums import PRIORITY_DB_VALUE_OF, JobStatus
 from ..models import Job
 from ..store.workflows import Spawned
@@ -136,16 +134,7 @@ def spawn(
         or options.fair_share_weight is not None
         or has_fair_key(func)
     ):
-        fair = resolve_fair(
-            func,
-            options.fair_share_key,
-            options.fair_share_weight,
-            args,
-            kwargs,
-            defaults,
-            keys.concurrency_key is not None,
-        )
-        check_one_key(keys.concurrency_key, fair[0])
+        fair = fair_of(func, options, args, kwargs, defaults, keys)
     run.registry.register(func)  # this worker can run it, as schedule() does
     task_name = task_name_of(func)
     task_data = encode_task_data(args, kwargs, task_name)
