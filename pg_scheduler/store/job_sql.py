@@ -224,6 +224,22 @@ _NEXT_DUE_SEEDED = (
 
 _LEASE_GUARD = "job_id = $1 AND worker_id = $2 AND attempts = $3 AND status = 'running'"
 
+# What a completion statement does beside its rows (``done``): their
+# dependents released (migration 0015) and their parents counted down
+# (migration 0021), one set-based call each for the rows that have any. The
+# statement's WHERE calls pg_scheduler_completing() first, so that the row
+# triggers leave these rows to the calls.
+_FOLLOW_UPS = """released AS (
+    SELECT count(pg_scheduler_dependencies_completed(x.ids)) AS n
+      FROM (SELECT array_agg(d.job_id) AS ids FROM done d WHERE d.has_dependents) x
+     WHERE x.ids IS NOT NULL
+), counted AS (
+    SELECT count(pg_scheduler_children_completed(x.parents, x.seqs)) AS n
+      FROM (SELECT array_agg(d.parent_job_id) AS parents, array_agg(d.parent_seq) AS seqs
+              FROM done d WHERE d.parent_job_id IS NOT NULL) x
+     WHERE x.parents IS NOT NULL
+)"""
+
 # Completions: one pkey probe per id, and no join. $2 maps each id to
 # [attempt, result] in one jsonb object (its key lookup is a binary search);
 # the guard is wrapped in IS TRUE so that scheduled_jobs_running_idx is not a
@@ -239,18 +255,15 @@ WITH done AS (
      WHERE j.job_id = ANY($1::text[])
        AND j.attempts = ($2::jsonb -> j.job_id ->> 0)::int
        AND (j.worker_id = $3 AND j.status = 'running') IS TRUE
-    RETURNING j.job_id, j.task_name, j.attempts, j.queue, j.has_dependents
-), released AS (
-    -- Their dependents (migration 0015), one call for the statement's rows that have any.
-    SELECT count(pg_scheduler_dependencies_completed(x.ids)) AS n
-      FROM (SELECT array_agg(d.job_id) AS ids FROM done d WHERE d.has_dependents) x
-     WHERE x.ids IS NOT NULL
-), {
+       AND (SELECT pg_scheduler_completing())
+    RETURNING j.job_id, j.task_name, j.attempts, j.queue, j.has_dependents,
+              j.parent_job_id, j.parent_seq
+), {_FOLLOW_UPS}, {
     events_cte(
         "SELECT 'completed', job_id, task_name, attempts, $3::text, NULL::float8, queue FROM done"
     )
 }
-SELECT d.job_id FROM done d, sent, released
+SELECT d.job_id FROM done d, sent, released, counted
 """
 _COMPLETE_AND_DELETE = """
 DELETE FROM scheduled_jobs j
@@ -290,18 +303,15 @@ WITH {_MINE}, done AS (
      WHERE j.job_id = ANY((SELECT array_agg(m.job_id) FROM mine m)::text[])
        AND j.attempts = ($2::jsonb -> j.job_id ->> 0)::int
        AND (j.worker_id = $3 AND j.status = 'running') IS TRUE
-    RETURNING j.job_id, j.task_name, j.attempts, j.queue, j.has_dependents
-), released AS (
-    -- Their dependents (migration 0015), one call for the statement's rows that have any.
-    SELECT count(pg_scheduler_dependencies_completed(x.ids)) AS n
-      FROM (SELECT array_agg(d.job_id) AS ids FROM done d WHERE d.has_dependents) x
-     WHERE x.ids IS NOT NULL
-), {
+       AND (SELECT pg_scheduler_completing())
+    RETURNING j.job_id, j.task_name, j.attempts, j.queue, j.has_dependents,
+              j.parent_job_id, j.parent_seq
+), {_FOLLOW_UPS}, {
     events_cte(
         "SELECT 'completed', job_id, task_name, attempts, $3::text, NULL::float8, queue FROM done"
     )
 }
-SELECT d.job_id, true AS written FROM done d, sent, released
+SELECT d.job_id, true AS written FROM done d, sent, released, counted
 UNION ALL{_HELD_ELSEWHERE}"""
 _COMPLETE_AND_DELETE_UNLOCKED = f"""
 WITH {_MINE}, done AS (

@@ -43,8 +43,13 @@ TABLES = (
     "scheduler_throttles",
     "scheduler_batches",
 )
-# Functions the statements call by name (migration 0015), qualified like tables.
-FUNCTIONS = ("pg_scheduler_dependencies_completed", "pg_scheduler_dependency_ended")
+# Functions the statements call by name (migrations 0015, 0021), qualified like tables.
+FUNCTIONS = (
+    "pg_scheduler_children_completed",
+    "pg_scheduler_completing",
+    "pg_scheduler_dependencies_completed",
+    "pg_scheduler_dependency_ended",
+)
 _TABLE_RE = re.compile(r'(?<![."\w])(' + "|".join(TABLES + FUNCTIONS) + r")\b")
 _CHANNEL_RE = re.compile(rf"'({JOBS_CHANNEL}|{CANCEL_CHANNEL}|{QUEUES_CHANNEL}|{EVENTS_CHANNEL})'")
 

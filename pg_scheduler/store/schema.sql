@@ -1,4 +1,4 @@
--- The pg_scheduler schema as its migrations leave it (migrations/, 0001 to 0020),
+-- The pg_scheduler schema as its migrations leave it (migrations/, 0001 to 0021),
 -- in schema public: tables, indexes, triggers and functions as PostgreSQL 16
 -- prints them from the catalog of a freshly migrated database.
 --
@@ -189,7 +189,7 @@ CREATE TRIGGER scheduled_jobs_dependencies_truncate AFTER TRUNCATE ON public.sch
 CREATE TRIGGER scheduled_jobs_dependency_deleted AFTER DELETE ON public.scheduled_jobs FOR EACH ROW WHEN ((old.has_dependents AND (old.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])))) EXECUTE FUNCTION pg_scheduler_dependency_done();
 
 -- [trigger] scheduled_jobs_dependency_done on scheduled_jobs
-CREATE TRIGGER scheduled_jobs_dependency_done AFTER UPDATE OF status ON public.scheduled_jobs FOR EACH ROW WHEN ((new.has_dependents AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])) AND (old.status IS DISTINCT FROM new.status) AND (NOT ((old.status = 'running'::text) AND (new.status = 'completed'::text) AND (current_setting('pg_scheduler.dependencies_released'::text, true) = 'on'::text))))) EXECUTE FUNCTION pg_scheduler_dependency_done();
+CREATE TRIGGER scheduled_jobs_dependency_done AFTER UPDATE OF status ON public.scheduled_jobs FOR EACH ROW WHEN ((new.has_dependents AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])) AND (old.status IS DISTINCT FROM new.status) AND (NOT ((old.status = 'running'::text) AND (new.status = 'completed'::text) AND (COALESCE(current_setting('pg_scheduler.dependencies_released'::text, true), ''::text) = 'on'::text))))) EXECUTE FUNCTION pg_scheduler_dependency_done();
 
 -- [trigger] scheduled_jobs_events_delete on scheduled_jobs
 CREATE TRIGGER scheduled_jobs_events_delete AFTER DELETE ON public.scheduled_jobs REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_job_events();
@@ -210,7 +210,7 @@ CREATE TRIGGER scheduled_jobs_truncate_attempts AFTER TRUNCATE ON public.schedul
 CREATE TRIGGER scheduled_jobs_workflow_deleted AFTER DELETE ON public.scheduled_jobs FOR EACH ROW WHEN (((old.parent_job_id IS NOT NULL) OR (old.has_children AND (old.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text]))))) EXECUTE FUNCTION pg_scheduler_workflow_job_done();
 
 -- [trigger] scheduled_jobs_workflow_done on scheduled_jobs
-CREATE TRIGGER scheduled_jobs_workflow_done AFTER UPDATE OF status ON public.scheduled_jobs FOR EACH ROW WHEN ((((new.parent_job_id IS NOT NULL) OR new.has_children) AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])) AND (old.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])))) EXECUTE FUNCTION pg_scheduler_workflow_job_done();
+CREATE TRIGGER scheduled_jobs_workflow_done AFTER UPDATE OF status ON public.scheduled_jobs FOR EACH ROW WHEN (((new.has_children OR ((new.parent_job_id IS NOT NULL) AND (NOT ((old.status = 'running'::text) AND (new.status = 'completed'::text) AND (COALESCE(current_setting('pg_scheduler.children_counted'::text, true), ''::text) = 'on'::text))))) AND (new.status = ANY (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])) AND (old.status <> ALL (ARRAY['completed'::text, 'failed'::text, 'cancelled'::text, 'expired'::text])))) EXECUTE FUNCTION pg_scheduler_workflow_job_done();
 
 -- [trigger] scheduled_jobs_workflow_forget on scheduled_jobs
 CREATE TRIGGER scheduled_jobs_workflow_forget AFTER DELETE ON public.scheduled_jobs REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION pg_scheduler_workflow_forget();
@@ -391,6 +391,38 @@ WITH (
     fillfactor=30
 );
 
+-- [function] pg_scheduler_children_completed(parents text[], seqs integer[])
+CREATE OR REPLACE FUNCTION public.pg_scheduler_children_completed(parents text[], seqs integer[])
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public'
+AS $function$
+DECLARE
+    parent TEXT;
+    its_seqs INTEGER[];
+    n INTEGER := 0;
+BEGIN
+    PERFORM set_config('pg_scheduler.children_counted', 'on', true);
+    FOR parent, its_seqs IN
+        SELECT e.parent, array_agg(e.seq) FROM unnest(parents, seqs) AS e(parent, seq)
+         GROUP BY e.parent ORDER BY e.parent
+    LOOP
+        PERFORM pg_scheduler_workflow_children_ended(parent, its_seqs);
+        n := n + 1;
+    END LOOP;
+    RETURN n;
+END $function$;
+
+-- [function] pg_scheduler_completing()
+CREATE OR REPLACE FUNCTION public.pg_scheduler_completing()
+ RETURNS boolean
+ LANGUAGE sql
+AS $function$
+    SELECT set_config('pg_scheduler.dependencies_released', 'on', true) = 'on'
+       AND set_config('pg_scheduler.children_counted', 'on', true) = 'on'
+$function$;
+
 -- [function] pg_scheduler_dependencies_completed(ids text[])
 CREATE OR REPLACE FUNCTION public.pg_scheduler_dependencies_completed(ids text[])
  RETURNS integer
@@ -405,16 +437,17 @@ DECLARE
     counts INTEGER[];
     n INTEGER;
 BEGIN
-    -- The row trigger below leaves this transaction's running -> completed
-    -- rows to this function (a statement of an earlier version, which does
-    -- not call it, still has them released by the trigger).
+    -- The row trigger leaves this transaction's running -> completed rows to
+    -- this function (pg_scheduler_completing() marked it before they were
+    -- written; a statement of an earlier version, which does not, still has
+    -- them released by the trigger).
     PERFORM set_config('pg_scheduler.dependencies_released', 'on', true);
     WITH marked AS (
         UPDATE job_dependencies e
            SET status = 'completed', met = true, result = s.result
-          FROM unnest(ids) AS d(job_id)
-          JOIN scheduled_jobs s ON s.job_id = d.job_id
-         WHERE e.depends_on = d.job_id AND NOT e.met
+          FROM scheduled_jobs s
+         WHERE e.depends_on = ANY(ids) AND NOT e.met
+           AND s.job_id = e.depends_on
            -- IS TRUE: no index led by status (scheduled_jobs_dashboard_idx) is
            -- a candidate; each row is found by its primary key.
            AND (s.status = 'completed') IS TRUE
@@ -747,6 +780,46 @@ BEGIN
     RETURN n;
 END $function$;
 
+-- [function] pg_scheduler_workflow_children_ended(parent text, seqs integer[])
+CREATE OR REPLACE FUNCTION public.pg_scheduler_workflow_children_ended(parent text, seqs integer[])
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public'
+AS $function$
+DECLARE
+    counted INTEGER;
+    left_now INTEGER;
+    parent_queue TEXT;
+BEGIN
+    UPDATE workflow_waits w
+       SET wait_left = w.wait_left - (SELECT count(*) FROM unnest(seqs) AS s(seq)
+                                       WHERE s.seq >= w.wait_from AND s.seq < w.wait_to)
+     WHERE w.job_id = parent
+    RETURNING w.wait_left,
+              (SELECT count(*) FROM unnest(seqs) AS s(seq)
+                WHERE s.seq >= w.wait_from AND s.seq < w.wait_to)
+         INTO left_now, counted;
+    IF counted > 0 AND left_now <= 0 THEN
+        UPDATE workflow_waits
+           SET wait_from = NULL, wait_to = NULL, wait_left = NULL
+         WHERE job_id = parent;
+        -- Pending too: a parent parked with its deadline near is pending, due then.
+        UPDATE scheduled_jobs
+           SET status = 'pending', execution_time = now(), wait_kind = NULL,
+               wait_for = NULL, wake_at = NULL, wait_seq = NULL, wait_children = NULL
+         WHERE job_id = parent AND status IN ('waiting', 'pending')
+           AND wait_kind = 'children'
+        RETURNING queue INTO parent_queue;
+        IF FOUND THEN
+            PERFORM pg_notify(
+                CASE WHEN current_schema() = 'public' THEN 'pg_scheduler_jobs'
+                     ELSE 'pg_scheduler_jobs:' || current_schema() END,
+                CASE WHEN parent_queue = 'default' THEN '' ELSE parent_queue END);
+        END IF;
+    END IF;
+END $function$;
+
 -- [function] pg_scheduler_workflow_forget()
 CREATE OR REPLACE FUNCTION public.pg_scheduler_workflow_forget()
  RETURNS trigger
@@ -784,9 +857,6 @@ AS $function$
 DECLARE
     child RECORD;
     was_final BOOLEAN := OLD.status IN ('completed', 'failed', 'cancelled', 'expired');
-    counted BOOLEAN;
-    left_now INTEGER;
-    parent_queue TEXT;
     outcome JSONB;
 BEGIN
     IF TG_OP = 'DELETE' THEN
@@ -803,35 +873,12 @@ BEGIN
     IF child.parent_job_id IS NULL THEN
         RETURN NULL;
     END IF;
-    IF NOT was_final THEN
-        -- Its end: the parent's row locked (see above), counted if the
-        -- parent is parked on it.
-        UPDATE workflow_waits w
-           SET wait_left = CASE WHEN child.parent_seq >= w.wait_from
-                                     AND child.parent_seq < w.wait_to
-                                THEN w.wait_left - 1 ELSE w.wait_left END
-         WHERE w.job_id = child.parent_job_id
-        RETURNING w.wait_left,
-                  child.parent_seq >= w.wait_from AND child.parent_seq < w.wait_to
-             INTO left_now, counted;
-        IF counted AND left_now <= 0 THEN
-            UPDATE workflow_waits
-               SET wait_from = NULL, wait_to = NULL, wait_left = NULL
-             WHERE job_id = child.parent_job_id;
-            -- Pending too: a parent parked with its deadline near is pending, due then.
-            UPDATE scheduled_jobs
-               SET status = 'pending', execution_time = now(), wait_kind = NULL,
-                   wait_for = NULL, wake_at = NULL, wait_seq = NULL, wait_children = NULL
-             WHERE job_id = child.parent_job_id AND status IN ('waiting', 'pending')
-               AND wait_kind = 'children'
-            RETURNING queue INTO parent_queue;
-            IF FOUND THEN
-                PERFORM pg_notify(
-                    CASE WHEN current_schema() = 'public' THEN 'pg_scheduler_jobs'
-                         ELSE 'pg_scheduler_jobs:' || current_schema() END,
-                    CASE WHEN parent_queue = 'default' THEN '' ELSE parent_queue END);
-            END IF;
-        END IF;
+    IF NOT was_final
+       AND NOT (TG_OP = 'UPDATE' AND OLD.status = 'running' AND NEW.status = 'completed'
+                AND coalesce(current_setting('pg_scheduler.children_counted', true), '') = 'on')
+    THEN
+        PERFORM pg_scheduler_workflow_children_ended(child.parent_job_id,
+                                                     ARRAY[child.parent_seq]);
     END IF;
     IF TG_OP = 'DELETE' OR was_final THEN
         -- The row loses its outcome: keep it on the spawn step (the first one

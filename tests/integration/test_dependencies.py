@@ -169,7 +169,7 @@ async def test_the_dependent_is_pending_in_the_completion_transaction_and_wakes_
 @pytest.mark.parametrize(
     "how", ["complete", "complete_unlocked", "update_job_status", "earlier_version"]
 )
-async def test_every_statement_that_completes_a_running_job_releases_its_dependents(pool, how):
+async def test_every_statement_that_completes_a_running_job_releases_its_dependents(pool, how, dsn):
     """The completer's statement, the one it writes a batch apart with, a
     forced status (0.2.x's update_job_status), and a completion as a worker of
     an earlier version writes it (a plain UPDATE: the trigger releases);
@@ -192,11 +192,18 @@ async def test_every_statement_that_completes_a_running_job_releases_its_depende
     elif how == "complete_unlocked":
         assert await store.complete_unlocked("w1", done, False) == ({firsts[0]}, set())
     elif how == "earlier_version":
-        await pool.execute(
-            "UPDATE scheduled_jobs SET status = 'completed', result = '\"one\"'::jsonb,"
-            " finished_at = now() WHERE job_id = $1 AND status = 'running'",
-            firsts[0],
-        )
+        # On a connection of its own: one where no statement of this version
+        # ever marked a transaction (the trigger must not take the unset
+        # setting for a mark).
+        fresh = await asyncpg.connect(dsn)
+        try:
+            await fresh.execute(
+                "UPDATE scheduled_jobs SET status = 'completed', result = '\"one\"'::jsonb,"
+                " finished_at = now() WHERE job_id = $1 AND status = 'running'",
+                firsts[0],
+            )
+        finally:
+            await fresh.close()
     else:
         assert await producer.update_job_status(firsts[0], "completed")
     assert await job_status(pool, single) == "pending"

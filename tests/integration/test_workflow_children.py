@@ -10,6 +10,7 @@ from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
+import asyncpg
 import pytest
 
 from pg_scheduler import (
@@ -23,6 +24,7 @@ from pg_scheduler import (
     task,
     workflow,
 )
+from pg_scheduler.store import Completion, Store
 from tests.support.common import wait_for_status, wait_until
 
 FAST_RETRY = RetryPolicy(base_delay=0.01, factor=1.0, max_delay=0.01, jitter=0.0)
@@ -334,3 +336,59 @@ async def test_a_parent_parked_near_its_deadline_is_woken_by_its_child(pool, mak
     )
     assert job.status is JobStatus.COMPLETED, job.error
     assert job.result == "brief"
+
+
+@workflow
+async def fan_elsewhere(ctx: WorkflowContext, n: int) -> Any:
+    return await ctx.gather(*[ctx.spawn(score, x, queue="elsewhere") for x in range(n)])
+
+
+@pytest.mark.parametrize("last", ["complete", "complete_unlocked", "earlier_version"])
+async def test_every_statement_that_completes_children_counts_their_parent_down(
+    pool, make_scheduler, dsn, last
+):
+    """The completer's statement counts a batch of children down at once (one
+    update of the parent's count, not one per child); the statement that
+    writes a batch apart does too; a completion as a worker of an earlier
+    version writes it (a plain UPDATE, on a connection that never ran this
+    version's statements) is counted by the row trigger."""
+    scheduler = await make_scheduler(queues=["default"])  # the children stay unclaimed
+    job_id = await scheduler.schedule(fan_elsewhere, execution_time=datetime.now(UTC), args=(4,))
+    await wait_for_status(pool, job_id, "waiting")
+    children = [
+        r["job_id"]
+        for r in await pool.fetch(
+            "SELECT job_id FROM scheduled_jobs WHERE parent_job_id = $1 ORDER BY parent_seq",
+            job_id,
+        )
+    ]
+    assert len(children) == 4
+    await pool.execute(
+        "UPDATE scheduled_jobs SET status = 'running', worker_id = 'w1', attempts = 1,"
+        " started_at = now() WHERE job_id = ANY($1::text[])",
+        children,
+    )
+    store = Store(pool)
+    first = [Completion(c, 1, str(x * x)) for x, c in enumerate(children[:3])]
+    assert await store.complete("w1", first, False) == set(children[:3])
+    left = "SELECT wait_left FROM workflow_waits WHERE job_id = $1"
+    assert await pool.fetchval(left, job_id) == 1
+    assert (await scheduler.get_job(job_id)).status is JobStatus.WAITING
+    if last == "complete":
+        assert await store.complete("w1", [Completion(children[3], 1, "9")], False) == {children[3]}
+    elif last == "complete_unlocked":
+        written = await store.complete_unlocked("w1", [Completion(children[3], 1, "9")], False)
+        assert written == ({children[3]}, set())
+    else:
+        fresh = await asyncpg.connect(dsn)
+        try:
+            await fresh.execute(
+                "UPDATE scheduled_jobs SET status = 'completed', result = '9'::jsonb,"
+                " finished_at = now() WHERE job_id = $1 AND status = 'running'",
+                children[3],
+            )
+        finally:
+            await fresh.close()
+    job = await scheduler.wait_for(job_id, timeout=10)
+    assert job.status is JobStatus.COMPLETED, job.error
+    assert job.result == [0, 1, 4, 9]
