@@ -111,3 +111,18 @@ async def make_scheduler(
     yield factory
     for scheduler in reversed(started):
         await scheduler.shutdown(grace_period=1.0)
+
+
+@pytest.fixture
+async def runs(
+    pool: asyncpg.Pool, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[None]:
+    """A fresh ``key_runs`` table for the per-key tasks (tests.support.key_tasks),
+    which write through their own pool: closed before and after the test."""
+    from tests.support import key_tasks
+
+    monkeypatch.setenv("PG_SCHEDULER_DSN", dsn)
+    await key_tasks.make_table(pool)
+    await key_tasks.close()
+    yield
+    await key_tasks.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -12,54 +11,7 @@ from pg_scheduler import JobPriority, JobSpec, RetryPolicy, task
 from pg_scheduler.sync_client import SyncClient
 from tests.support import key_tasks
 from tests.support.common import wait_until
-
-
-@pytest.fixture
-async def runs(pool, dsn, monkeypatch) -> AsyncIterator[None]:
-    monkeypatch.setenv("PG_SCHEDULER_DSN", dsn)
-    await key_tasks.make_table(pool)
-    await key_tasks.close()
-    yield
-    await key_tasks.close()
-
-
-def max_overlap(spans: list[tuple[float, float]]) -> int:
-    """The most spans open at one instant (an end before a start at the same time)."""
-    points = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
-    most = now = 0
-    for _, step in points:
-        now += step
-        most = max(most, now)
-    return most
-
-
-def most_starts_in(starts: list[float], window: float) -> int:
-    starts = sorted(starts)
-    most = first = 0
-    for last, t in enumerate(starts):
-        while t - starts[first] >= window:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
-
-
-async def finished(pool, count: int, timeout: float = 30) -> None:
-    async def done() -> bool:
-        return (
-            await pool.fetchval(
-                "SELECT count(*) FROM scheduled_jobs"
-                " WHERE status IN ('completed', 'failed', 'cancelled')"
-            )
-            >= count
-        )
-
-    await wait_until(done, timeout=timeout, interval=0.05, message=f"{count} jobs finished")
-
-
-async def spans(pool, key: str) -> list[tuple[float, float]]:
-    rows = await pool.fetch("SELECT started, ended FROM key_runs WHERE key = $1", key)
-    return [(r["started"], r["ended"]) for r in rows]
-
+from tests.support.key_runs import finished, max_overlap, most_starts_in, spans
 
 # -- concurrency ---------------------------------------------------------------------
 

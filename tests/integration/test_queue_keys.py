@@ -5,7 +5,7 @@ else the queue's, and the keyed claim holds them."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,8 +13,8 @@ import pytest
 from pg_scheduler import JobSpec, JobStatus, WorkflowContext, queue_keys, task, workflow
 from pg_scheduler.enqueue import queue_keys as declared
 from pg_scheduler.sync_client import SyncClient
-from tests.integration.test_keys import finished, max_overlap, spans
 from tests.support import key_tasks
+from tests.support.key_runs import finished, max_overlap, spans
 
 KEY_COLUMNS = (
     "SELECT concurrency_key, max_running_per_key, rate_count_per_key, rate_period_per_key,"
@@ -27,15 +27,6 @@ def _no_declarations() -> Iterator[None]:
     declared.DECLARED.clear()
     yield
     declared.DECLARED.clear()
-
-
-@pytest.fixture
-async def runs(pool, dsn, monkeypatch) -> AsyncIterator[None]:
-    monkeypatch.setenv("PG_SCHEDULER_DSN", dsn)
-    await key_tasks.make_table(pool)
-    await key_tasks.close()
-    yield
-    await key_tasks.close()
 
 
 async def columns(pool, job_id: str) -> tuple[Any, ...]:

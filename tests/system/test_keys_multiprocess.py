@@ -13,19 +13,11 @@ import pytest
 from pg_scheduler import JobSpec, Scheduler
 from tests.support import key_tasks
 from tests.support.common import start_cli_worker, wait_until
+from tests.support.key_runs import max_overlap
 
 ORDERED = 40
 CAPPED_KEYS = 4
 PER_KEY = 20
-
-
-def max_overlap(spans: list[tuple[float, float]]) -> int:
-    points = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
-    most = now = 0
-    for _, step in points:
-        now += step
-        most = max(most, now)
-    return most
 
 
 async def stop(workers: list[asyncio.subprocess.Process]) -> None:
