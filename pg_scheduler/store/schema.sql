@@ -35,6 +35,9 @@ CREATE TABLE public.job_dependencies (
     result jsonb,
     CONSTRAINT job_dependencies_pkey PRIMARY KEY (depends_on, job_id),
     CONSTRAINT job_dependencies_on_failure_check CHECK ((on_failure = ANY (ARRAY['cancel'::text, 'run'::text, 'wait'::text])))
+)
+WITH (
+    fillfactor=50
 );
 
 -- [index] job_dependencies_job_idx on job_dependencies

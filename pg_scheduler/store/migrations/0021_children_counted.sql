@@ -1,5 +1,13 @@
--- 0021: a statement that completes children counts their parents down once
--- per parent, not once per child.
+-- 0021: what a completion statement does beside its rows, made cheaper.
+--
+-- * Children: each parent counted down once per statement, not once per child
+--   (below).
+-- * The transaction marked before the rows are written, so that the row
+--   triggers skip what the statement's own calls do (pg_scheduler_completing).
+-- * The triggers' test of that mark no longer reads an unset setting as NULL
+--   (which skipped them on a connection that never ran this version).
+-- * Released dependencies' edges found through their key, not by a scan.
+-- * job_dependencies keeps room on its pages for its one update per edge.
 --
 -- Until now every child's end ran the row trigger of 0016, which updated its
 -- parent's workflow_waits row: a fan-out of 10,000 children made 10,000
@@ -230,3 +238,8 @@ CREATE TRIGGER scheduled_jobs_dependency_done
                    AND coalesce(current_setting('pg_scheduler.dependencies_released', true),
                                 '') = 'on'))
     EXECUTE FUNCTION pg_scheduler_dependency_done();
+
+-- Each edge is updated once, when its dependency ends (met, status, result:
+-- no indexed column). With room left on its page the update is HOT: no new
+-- entry in either index of the table. New pages keep half their room for it.
+ALTER TABLE job_dependencies SET (fillfactor = 50);
