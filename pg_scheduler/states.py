@@ -241,8 +241,9 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(
         (WAITING, PENDING),
         (PENDING,),
-        "function:pg_scheduler_workflow_job_done",
-        "trigger (0016): the last child a parked workflow waits for ended (due now)",
+        "function:pg_scheduler_workflow_children_ended",
+        "a completion statement or trigger (0021): the last child a parked workflow waits for"
+        " ended (due now)",
     ),
     Transition(
         (PENDING, RUNNING, WAITING),

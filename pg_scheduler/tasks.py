@@ -151,6 +151,10 @@ class TaskRegistry:
         limits: Limits | None = None,
         queue: str | None = None,
     ) -> F:
+        if name is None and executor is None and limits is None and queue is None:
+            # Registered already, as it is (a spawn registers its function each time).
+            if self._by_name.get(task_name_of(func)) is func:
+                return func
         kind = _check_executor(func, executor)
         if queue is not None:
             check_queue(queue)

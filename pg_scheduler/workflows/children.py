@@ -20,6 +20,7 @@ on a replay.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Generator, Sequence
 from datetime import timedelta
@@ -55,10 +56,16 @@ def child_job_id(parent: str, incarnation: int, seq: int) -> str:
     the parent's creation, then 42 bits of a hash of the parent, then ``seq``.
     The same for every run of the parent; children of one parent sort
     together, in spawn order."""
+    return f"{_child_id_prefix(parent, incarnation)}{seq & 0xFFFFFFFF:08x}"
+
+
+@functools.lru_cache(maxsize=64)
+def _child_id_prefix(parent: str, incarnation: int) -> str:
+    """Everything of a child's id but its last 8 digits (``seq``): the same for
+    every child of one run of ``parent``."""
     clock = f"{(incarnation // 1000) & 0xFFFFFFFFFFFF:012x}"
     h = hashlib.sha256(f"{parent}\x1f{incarnation}".encode("utf-8", "surrogatepass")).hexdigest()
-    tail = f"{h[7:11]}{seq & 0xFFFFFFFF:08x}"
-    return f"{clock[:8]}-{clock[8:]}-7{h[0:3]}-{_VARIANT[h[3]]}{h[4:7]}-{tail}"
+    return f"{clock[:8]}-{clock[8:]}-7{h[0:3]}-{_VARIANT[h[3]]}{h[4:7]}-{h[7:11]}"
 
 
 class ChildHandle:
@@ -161,7 +168,8 @@ def spawn(
             seq,
             task_name,
             key,
-            encode_json({"job_id": job_id, "detached": detached}),
+            # The spawn step's record: the id is hex digits and dashes only.
+            f'{{"job_id": "{job_id}", "detached": {"true" if detached else "false"}}}',
             *keys,
             *fair,
         )

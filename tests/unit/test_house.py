@@ -440,7 +440,7 @@ def test_every_statement_that_writes_status_is_in_the_transition_table() -> None
     functions = _migration_function_writers()
     # The parsers work: statements, and trigger functions of the migrations.
     assert "job_sql._CLAIM" in writers and "workers._RESCUE" in writers
-    assert "function:pg_scheduler_workflow_job_done" in functions
+    assert "function:pg_scheduler_workflow_children_ended" in functions
     assert "workflow_sql._CHECKPOINT" not in writers  # workflow_steps.status is another column
     writers |= functions
     listed = {t.statement for t in TRANSITIONS}
