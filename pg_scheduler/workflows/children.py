@@ -11,8 +11,8 @@ A child's end (completed, failed, cancelled, expired) stays on its own row;
 the parent reads it from there (the run's load, the wait's fresh read). In
 the transaction that ends it, the database counts down a parent parked
 waiting for it (its ``workflow_waits`` row) and wakes the parent at zero
-(migration 0016's trigger); the
-outcome is copied onto the spawn step only when the child's row is about to
+(a completion statement once per parent for its batch, migration 0021; a
+trigger for any other end, 0016); the outcome is copied onto the spawn step only when the child's row is about to
 lose it (deleted, retried). A wait reads those outcomes: a result, or the
 JobFailed / JobCancelled / JobExpired the results API raises, always the same
 on a replay.
