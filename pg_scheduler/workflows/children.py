@@ -12,10 +12,10 @@ the parent reads it from there (the run's load, the wait's fresh read). In
 the transaction that ends it, the database counts down a parent parked
 waiting for it (its ``workflow_waits`` row) and wakes the parent at zero
 (a completion statement once per parent for its batch, migration 0021; a
-trigger for any other end, 0016); the outcome is copied onto the spawn step only when the child's row is about to
-lose it (deleted, retried). A wait reads those outcomes: a result, or the
-JobFailed / JobCancelled / JobExpired the results API raises, always the same
-on a replay.
+trigger for any other end, 0016); the outcome is copied onto the spawn step
+only when the child's row is about to lose it (deleted, retried). A wait
+reads those outcomes: a result, or the JobFailed / JobCancelled / JobExpired
+the results API raises, always the same on a replay.
 """
 
 from __future__ import annotations
