@@ -219,6 +219,43 @@ async def test_every_statement_that_completes_a_running_job_releases_its_depende
     assert (got["status"], got["dependencies_unmet"], got["wait_kind"]) == ("pending", 0, None)
 
 
+async def test_a_completion_finds_its_dependents_edges_by_key_not_by_a_scan(pool):
+    """The release reads the edges of the jobs it completes through the primary
+    key: with thousands of edges held, a completion batch does not scan
+    job_dependencies (its cost would grow with every graph in the table)."""
+    producer = Scheduler(pool)
+    specs: list[JobSpec] = []
+    for n in range(10_000):
+        specs += chain(JobSpec(t.step, later(), (f"a{n}",)), JobSpec(t.step, later(), (f"b{n}",)))
+    ids = await producer.schedule_bulk(specs)
+    try:
+        firsts = ids[0:100:2]  # a batch of 50
+        await pool.execute(
+            "UPDATE scheduled_jobs SET status = 'running', worker_id = 'w1', attempts = 1,"
+            " started_at = now() WHERE job_id = ANY($1::text[])",
+            firsts,
+        )
+        await pool.execute("ANALYZE job_dependencies")
+        store = Store(pool)
+        # This backend's reads of the table not yet reported (its earlier
+        # transactions' too, until it reports them): read before and after.
+        reads = (
+            "SELECT seq_scan, idx_scan FROM pg_stat_xact_user_tables"
+            " WHERE relname = 'job_dependencies'"
+        )
+        async with pool.acquire() as conn, conn.transaction():
+            before = await conn.fetchrow(reads)
+            done = [Completion(job_id, 1, None) for job_id in firsts]
+            assert await store.complete("w1", done, False, conn) == set(firsts)
+            after = await conn.fetchrow(reads)
+        assert after["seq_scan"] - before["seq_scan"] == 0
+        assert after["idx_scan"] > before["idx_scan"]
+        for second in ids[1:100:2]:
+            assert await job_status(pool, second) == "pending"
+    finally:
+        await pool.execute("DELETE FROM scheduled_jobs WHERE job_id = ANY($1::text[])", ids)
+
+
 async def test_a_join_is_released_once_by_whichever_dependency_completes_last(pool, make_scheduler):
     scheduler = await make_scheduler(max_concurrent_jobs=20, batch_claim_limit=20)
     root = JobSpec(t.step, now(), ("root",))
