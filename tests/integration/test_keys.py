@@ -11,7 +11,8 @@ from pg_scheduler import JobPriority, JobSpec, RetryPolicy, task
 from pg_scheduler.sync_client import SyncClient
 from tests.support import key_tasks
 from tests.support.common import wait_until
-from tests.support.key_runs import finished, max_overlap, most_starts_in, spans
+from tests.support.key_runs import finished, spans
+from tests.support.spans import max_overlap, most_starts_in
 
 # -- concurrency ---------------------------------------------------------------------
 

@@ -14,7 +14,8 @@ from pg_scheduler import JobSpec, JobStatus, WorkflowContext, queue_keys, task, 
 from pg_scheduler.enqueue import queue_keys as declared
 from pg_scheduler.sync_client import SyncClient
 from tests.support import key_tasks
-from tests.support.key_runs import finished, max_overlap, spans
+from tests.support.key_runs import finished, spans
+from tests.support.spans import max_overlap
 
 KEY_COLUMNS = (
     "SELECT concurrency_key, max_running_per_key, rate_count_per_key, rate_period_per_key,"

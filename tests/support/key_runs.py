@@ -1,32 +1,11 @@
 """Reading what the per-key tests' job bodies recorded (``key_tasks``): each
-key's spans, the most of them open at once, the most starts in a window."""
+key's spans (``tests.support.spans`` measures them), and waiting for the jobs."""
 
 from __future__ import annotations
 
 import asyncpg
 
 from tests.support.common import wait_until
-
-
-def max_overlap(spans: list[tuple[float, float]]) -> int:
-    """The most spans open at one instant (an end before a start at the same time)."""
-    points = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
-    most = now = 0
-    for _, step in points:
-        now += step
-        most = max(most, now)
-    return most
-
-
-def most_starts_in(starts: list[float], window: float) -> int:
-    """The most starts within any ``window`` seconds."""
-    starts = sorted(starts)
-    most = first = 0
-    for last, t in enumerate(starts):
-        while t - starts[first] >= window:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
 
 
 async def finished(pool: asyncpg.Pool, count: int, timeout: float = 30) -> None:

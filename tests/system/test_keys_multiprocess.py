@@ -13,7 +13,7 @@ import pytest
 from pg_scheduler import JobSpec, Scheduler
 from tests.support import key_tasks
 from tests.support.common import start_cli_worker, wait_until
-from tests.support.key_runs import max_overlap
+from tests.support.spans import max_overlap
 
 ORDERED = 40
 CAPPED_KEYS = 4

@@ -11,6 +11,7 @@ from pg_scheduler import JobSpec, RateLimit, Scheduler, task
 from pg_scheduler.limits import parse_rate_limit
 from tests.support import limit_tasks
 from tests.support.common import start_cli_worker, wait_until
+from tests.support.spans import max_overlap, most_starts_in
 
 
 async def _runs_table(pool) -> None:
@@ -18,27 +19,6 @@ async def _runs_table(pool) -> None:
         "CREATE TABLE IF NOT EXISTS limit_runs (n int, pid int, started float8, ended float8)"
     )
     await pool.execute("TRUNCATE limit_runs")
-
-
-def _max_overlap(spans: list[tuple[float, float]]) -> int:
-    """The most spans open at one instant (an end before a start at the same time)."""
-    points = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
-    most = now = 0
-    for _, step in points:
-        now += step
-        most = max(most, now)
-    return most
-
-
-def _most_starts_in(starts: list[float], window: float) -> int:
-    starts = sorted(starts)
-    most = 0
-    first = 0
-    for last, t in enumerate(starts):
-        while t - starts[first] >= window:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
 
 
 async def _workers(dsn: str, count: int) -> list[asyncio.subprocess.Process]:
@@ -140,7 +120,7 @@ async def test_max_running_holds_across_schedulers_in_one_process(
 
     await wait_until(all_ran, timeout=60, message="60 runs")
     spans = [(r["started"], r["ended"]) for r in await pool.fetch("SELECT * FROM limit_runs")]
-    assert 2 <= _max_overlap(spans) <= 3
+    assert 2 <= max_overlap(spans) <= 3
 
 
 async def test_a_limit_set_elsewhere_binds_the_next_claim(pool, make_scheduler, dsn, monkeypatch):
@@ -159,7 +139,7 @@ async def test_a_limit_set_elsewhere_binds_the_next_claim(pool, make_scheduler, 
 
     await wait_until(all_ran, timeout=30, message="12 runs")
     starts = [r["started"] for r in await pool.fetch("SELECT started FROM limit_runs")]
-    assert _most_starts_in(starts, 1.0) <= 5
+    assert most_starts_in(starts, 1.0) <= 5
     assert max(starts) - min(starts) >= 2.0  # 12 starts at 5/s need over two windows
 
 
@@ -181,7 +161,7 @@ async def test_max_running_3_across_three_worker_processes(pool, dsn):
         await wait_until(all_ran, timeout=120, interval=0.2, message="500 runs")
         rows = await pool.fetch("SELECT * FROM limit_runs")
         assert len({r["n"] for r in rows}) == 500
-        assert _max_overlap([(r["started"], r["ended"]) for r in rows]) <= 3
+        assert max_overlap([(r["started"], r["ended"]) for r in rows]) <= 3
         assert len({r["pid"] for r in rows}) >= 2  # the limit was shared, not one worker's
     finally:
         await _stop(workers)
@@ -204,7 +184,7 @@ async def test_rate_limit_20_per_second_across_two_worker_processes(pool, dsn):
 
         await wait_until(all_ran, timeout=60, interval=0.2, message="100 runs")
         starts = [r["started"] for r in await pool.fetch("SELECT started FROM limit_runs")]
-        assert _most_starts_in(starts, 1.0) <= 20
+        assert most_starts_in(starts, 1.0) <= 20
         assert max(starts) - min(starts) >= 4.0  # 100 starts at 20/s: at least 4 s
     finally:
         await _stop(workers)
@@ -269,5 +249,5 @@ async def test_queue_limit_binds_every_task_of_the_queue(pool, make_scheduler, d
     await wait_until(all_ran, timeout=60, message="40 runs")
     rows = await pool.fetch("SELECT * FROM limit_runs")
     slow = [(r["started"], r["ended"]) for r in rows if r["n"] < 100]
-    assert _max_overlap(slow) <= 2
+    assert max_overlap(slow) <= 2
     assert len(rows) == 40
