@@ -12,6 +12,7 @@ import asyncpg
 from pg_scheduler import JobPriority, JobSpec, Scheduler
 from tests.support import limited_priority_tasks as lp
 from tests.support.common import start_cli_worker, wait_until
+from tests.support.spans import max_overlap
 
 CRITICAL = JobPriority.CRITICAL
 
@@ -22,16 +23,6 @@ async def _tables(pool) -> None:
         " (kind text, n int, pid int, started float8, ended float8)"
     )
     await pool.execute("TRUNCATE lp_runs")
-
-
-def _max_overlap(spans: list[tuple[float, float]]) -> int:
-    """The most spans open at one instant (an end before a start at the same time)."""
-    points = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
-    most = now = 0
-    for _, step in points:
-        now += step
-        most = max(most, now)
-    return most
 
 
 async def _finished(pool, total: int) -> None:
@@ -121,7 +112,7 @@ async def test_limited_critical_jobs_start_ahead_of_an_unlimited_backlog(pool, d
     # The limit held while the two kinds of work interleaved.
     runs = await pool.fetch("SELECT * FROM lp_runs WHERE kind = 'capped'")
     assert len(runs) == 10
-    assert _max_overlap([(r["started"], r["ended"]) for r in runs]) <= 2
+    assert max_overlap([(r["started"], r["ended"]) for r in runs]) <= 2
     assert sampled and max(sampled) <= 2
     assert len(await pool.fetch("SELECT n FROM lp_runs WHERE kind = 'rated'")) == 10
 
@@ -246,7 +237,7 @@ async def test_a_limit_holds_across_a_worker_killed_mid_job(pool, dsn):
     assert sampled and max(sampled) <= 1
     runs = await pool.fetch("SELECT * FROM lp_runs WHERE kind = 'held'")
     assert sorted(r["n"] for r in runs) == [0, 1, 2]  # the killed run never recorded
-    assert _max_overlap([(r["started"], r["ended"]) for r in runs]) <= 1
+    assert max_overlap([(r["started"], r["ended"]) for r in runs]) <= 1
     # The killed worker's lp.held job held the limit's place until the
     # rescuer gave it back (the heartbeat threshold is 2 s): no run started
     # after its claim started before then.
