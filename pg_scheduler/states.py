@@ -92,7 +92,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(
         (PENDING,),
         (RUNNING, EXPIRED),
-        "keys._CLAIM_KEYS",
+        "key_sql._CLAIM_KEYS",
         "engine/keyed.py: the claim of jobs with a concurrency key",
     ),
     Transition(

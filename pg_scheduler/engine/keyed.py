@@ -14,13 +14,15 @@ a start is stamped when it happens.
 With many keys, visiting every key in each claim to find the most urgent
 ones costs more than the claim itself (about 3 ms for 1,000 keys). A worker
 that sees at least ``LIST_MIN`` keys then reads the list of keys with
-pending work, most urgent first, about once a second, and each claim visits
-the keys of that list from where the previous one stopped (the keys' heads,
-room, limits and locks are still read live, so the limits stay exact).
-What that costs: a key that gets due work after the list was read, or whose
-job ends after the claim went past it, waits for the next list (at most
-``LIST_TTL``, or until the list is used up); the keys with work are served
-in turn.
+pending work, most urgent first, each with its head's limits, about once a
+second (``LIST_TTL``), and each claim visits the keys of that list from
+where the previous one stopped, going round it again from its start when
+it reaches the end. A claim locks the first keys of its stretch whose room
+(estimated from the listed limits) is not gone, then reads their heads,
+room and limits live under the locks, so the limits stay exact. What that
+costs: a key that gets due work after the list was read waits for the next
+list (at most ``LIST_TTL``); a key whose job ends after the claims went past
+it waits for their next round; the keys with work are served in turn.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import cast
 import asyncpg
 
 from ..store.bounded import BoundedPool
-from ..store.keys import KeyStore
+from ..store.keys import KeyStore, ListedKey
 from ..store.names import Executor
 
 #: How long a worker that saw no due keyed work goes without a first look
@@ -43,6 +45,11 @@ REFRESH = 1.0
 LIST_MIN = 100
 LIST_TTL = 1.0
 LIST_SIZE = 10_000
+#: A claim that visits the list locks the keys of its next stretch (at most
+#: ``VISIT_WINDOW`` keys per row it has room for) whose room is not gone, as
+#: many as it has room for rows plus a quarter (at least ``VISIT_MARGIN``).
+VISIT_WINDOW = 4
+VISIT_MARGIN = 8
 
 
 class KeyedClaims:
@@ -55,8 +62,10 @@ class KeyedClaims:
         #: Whether a key another claim held had due work at the last claim.
         self.held = False
         self._looked_at = float("-inf")
-        #: The keys the next claims visit, in order, and when they were read.
-        self._list: list[str] = []
+        #: The list as read, the keys the next claims visit (in order), and when
+        #: the list was read.
+        self._whole: list[ListedKey] = []
+        self._list: list[ListedKey] = []
         self._listed_at = float("-inf")
         #: Whether claims visit the list (it held LIST_MIN keys or more).
         self._listing = False
@@ -98,7 +107,8 @@ class KeyedClaims:
                 )
         conn = cast(asyncpg.Connection, db)
         listed = await self._keys(conn)
-        rows, seen, held = await self.store.claim(
+        window = None if listed is None else listed[: VISIT_WINDOW * room]
+        rows, seen, held, reach = await self.store.claim(
             conn,
             limit=room,
             tasks=names,
@@ -107,25 +117,31 @@ class KeyedClaims:
             lease_seconds=lease_seconds,
             cut=cut,
             start_now=start_now,
-            listed=listed,
+            listed=window,
+            visit=room + max(VISIT_MARGIN, room // 4),
         )
-        if listed is not None:
-            if len(seen) >= room and seen[-1] in listed:
-                # The next claim goes on after the last key this one took.
-                self._list = listed[listed.index(seen[-1]) + 1 :]
-            else:
-                self._list = []  # the rest of the list had no more: read it again
+        if window is not None:
+            gone = reach
+            if len(rows) >= room:
+                # Full: the next claim goes on after the last key this one
+                # took (the keys past it were not read for want of room).
+                taken = {r["claimed_key"] for r in rows}
+                gone = 1 + max(i for i, k in enumerate(window) if k.key in taken)
+            self._list = self._list[max(gone, 1) :]
         self.seen = len(seen)
         self.held = held is not None
         self._looked_at = time.monotonic()
         return rows
 
-    async def _keys(self, conn: asyncpg.Connection) -> list[str] | None:
+    async def _keys(self, conn: asyncpg.Connection) -> list[ListedKey] | None:
         """The keys the next claim visits (None: every key, in the claim itself)."""
         now = time.monotonic()
-        if now - self._listed_at >= LIST_TTL or (self._listing and not self._list):
+        if now - self._listed_at >= LIST_TTL:
             keys = await self.store.key_list(conn, LIST_SIZE)
             self._listed_at = now
             self._listing = len(keys) >= LIST_MIN
-            self._list = keys if self._listing else []
+            self._whole = keys if self._listing else []
+            self._list = self._whole
+        elif self._listing and not self._list:
+            self._list = self._whole  # the list visited to its end: again from its start
         return self._list if self._listing else None

@@ -18,7 +18,7 @@ import asyncpg
 from ..enums import FINAL_STATUSES, JobStatus
 from .batches import PRUNE_BATCHES
 from .event_sql import events_cte
-from .keys import PRUNE_KEY_STARTS
+from .key_sql import PRUNE_KEY_STARTS
 from .names import DEFAULT_SCHEMA, JOBS_CHANNEL, Qualifier, lock_key_for
 from .queues import FAIR_GROUPS, GROUPS, HEADS
 from .timing import PRUNE_THROTTLES
