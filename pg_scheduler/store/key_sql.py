@@ -67,10 +67,11 @@ _ORDERED_HEAD = """(SELECT x.job_id FROM scheduled_jobs x
 # keeps or cuts them.
 _VISITS = """
     SELECT v.k, min(v.p) AS p, min(v.t) AS t, min(v.m) AS m, min(v.rc) AS rc,
-           min(v.rp) AS rp FROM (
-        SELECT u.k, u.p, LEAST(u.t, now()) AS t, u.m, u.rc, u.rp FROM unordered_keys u
+           min(v.rp) AS rp, bool_or(v.o) AS o FROM (
+        SELECT u.k, u.p, LEAST(u.t, now()) AS t, u.m, u.rc, u.rp, false AS o
+          FROM unordered_keys u
         UNION ALL
-        SELECT o.k, -2147483648, '-infinity'::timestamptz, NULL, NULL, NULL
+        SELECT o.k, -2147483648, '-infinity'::timestamptz, NULL, NULL, NULL, true
           FROM ordered_keys o
     ) v
      WHERE {where}
@@ -165,17 +166,18 @@ SELECT o.k, o.n, pg_try_advisory_xact_lock($5::int, hashtext(o.k)) AS locked,
 
 # Every key with pending keyed work, the most urgent first: the visiting
 # order of _LOCK_KEYS, uncut, for _LOCK_LISTED; with the limits of each key's
-# first entry (max_running_per_key and the rate; NULL for an ordered key's).
-# $1 how many at most.
+# first entry (max_running_per_key and the rate; NULL for an ordered key's),
+# and whether it has unfinished ordered jobs. $1 how many at most.
 _KEY_LIST = f"""
 WITH RECURSIVE {_KEYS}
-SELECT x.k, x.m, x.rc, x.rp FROM ({_VISITS.format(where="true")}) x ORDER BY x.p, x.t LIMIT $1
+SELECT x.k, x.m, x.rc, x.rp, x.o FROM ({_VISITS.format(where="true")}) x ORDER BY x.p, x.t LIMIT $1
 """
 
-# The candidate rows of locked key ``b.k``: its unordered pending rows from the
-# head (at most $4), or its ordered head; due, runnable here, locked.
+# The candidate rows of locked key ``b.k`` (of ``{busy}``: the locked keys, or
+# those that may have ordered jobs): its unordered pending rows from the head
+# (at most $4), or its ordered head; due, runnable here, locked.
 _CANDIDATES = """
-SELECT b.k, b.running, c.* FROM busy b
+SELECT b.k, b.running, c.* FROM {busy} b
  CROSS JOIN LATERAL (
     SELECT j.job_id, j.ctid AS tid, j.priority, j.execution_time,
            j.max_running_per_key AS most, j.rate_count_per_key AS rc,
@@ -196,7 +198,8 @@ SELECT b.k, b.running, c.* FROM busy b
 # this many, $5 worker, $6 lease seconds, $7/$8 only rows at least as urgent
 # as this (priority, execution_time; NULL: no cut), $9 the rate window's
 # margin, $10 how many start at once (the rest are claimed ahead), $11 the
-# limit of each key's head if known (parallel to $1; NULL: read it).
+# limit of each key's head if known (parallel to $1; NULL: read it), $12
+# whether each key has unfinished ordered jobs (parallel to $1; NULL: look).
 _CLAIM_KEYS = f"""
 WITH busy AS (
     -- Each locked key's running jobs, and the limit of its head (how many
@@ -206,19 +209,20 @@ WITH busy AS (
     -- The running jobs are counted for every key in one read: a count per key
     -- could be planned on the worker_id index (as cheap with no running rows
     -- in the statistics), which reads every running row for each key.
-    SELECT l.k, coalesce(r.n, 0) AS running,
+    SELECT l.k, l.ordered, coalesce(r.n, 0) AS running,
            coalesce(l.most,
                     (SELECT j.max_running_per_key FROM scheduled_jobs j
                       WHERE j.status = 'pending' AND j.concurrency_key = l.k
                         AND NOT j.key_ordered
                       ORDER BY j.priority, j.execution_time LIMIT 1)) AS head_most
-      FROM unnest($1::text[], $11::int[]) AS l(k, most)
+      FROM unnest($1::text[], $11::int[], $12::bool[]) AS l(k, most, ordered)
       LEFT JOIN (SELECT x.concurrency_key AS k, count(*) AS n FROM scheduled_jobs x
                   WHERE x.status = 'running' AND x.concurrency_key = ANY($1::text[])
                   GROUP BY x.concurrency_key) r ON r.k = l.k
 ), unordered AS (
     {
     _CANDIDATES.format(
+        busy="busy",
         where="j.status = 'pending' AND j.concurrency_key = b.k AND NOT j.key_ordered",
         served=_SERVED_ROW.format(j="j", tasks="$2", queues="$3"),
     )
@@ -226,6 +230,7 @@ WITH busy AS (
 ), ordered AS (
     {
     _CANDIDATES.format(
+        busy="(SELECT * FROM busy WHERE ordered IS NOT FALSE)",
         where=f"j.job_id = {_ORDERED_HEAD.format(k='b.k')} AND j.status = 'pending'",
         served=_SERVED_ROW.format(j="j", tasks="$2", queues="$3"),
     )

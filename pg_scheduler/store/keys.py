@@ -47,6 +47,8 @@ class ListedKey(NamedTuple):
     most: int | None
     rate_count: int | None
     rate_period: float | None
+    #: Whether it had unfinished ordered jobs.
+    ordered: bool
 
 
 class KeyedClaim(NamedTuple):
@@ -109,6 +111,7 @@ class KeyStore:
         queue_list = None if queues is None else list(queues)
         cut_at: tuple[int | None, datetime | None] = (None, None)
         hints: list[int | None] | None = None
+        ordered: list[bool] | None = None
         reach = 0
         async with conn.transaction():
             if listed is None:
@@ -137,9 +140,10 @@ class KeyStore:
                 # The keys the statement went through: all, unless it found
                 # ``visit`` with room before the end.
                 reach = heads[-1]["n"] if len(heads) >= visit else len(listed)
-                most = {k.key: k.most for k in listed}
+                known = {k.key: k for k in listed}
                 locked = [h["k"] for h in heads if h["locked"]]
-                hints = [most[k] for k in locked]
+                hints = [known[k].most for k in locked]
+                ordered = [known[k].ordered for k in locked]
                 seen = [h["k"] for h in heads if not h["locked"]]
                 held = None
                 if heads:
@@ -158,6 +162,7 @@ class KeyStore:
                 self.RATE_MARGIN,
                 limit if start_now is None else start_now,
                 hints,
+                ordered,
             )
         if listed is not None:
             taken = {r["claimed_key"] for r in rows}

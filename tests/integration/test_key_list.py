@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -145,3 +146,37 @@ async def test_claims_visit_the_list_again_from_its_start_until_it_is_read_again
         by_key.setdefault(r["key"], []).append((r["started"], r["ended"]))
     assert len(by_key) == keys and all(len(v) == 3 for v in by_key.values())
     assert max(max_overlap(v) for v in by_key.values()) == 1
+
+
+async def test_a_listed_claim_starts_only_the_oldest_job_of_an_ordered_key(pool, make_scheduler):
+    scheduler = await make_scheduler(start=False)
+    await scheduler.initialize_db()
+    when = datetime.now(UTC) - timedelta(seconds=1)
+    await _keys(scheduler, 110, 1, max_running_per_key=1)
+    # Three ordered keys with three jobs each, the newest the most urgent.
+    await scheduler.schedule_bulk(
+        [
+            JobSpec(
+                key_tasks.step,
+                when - timedelta(milliseconds=n),
+                (f"o{k}", n),
+                concurrency_key=f"o{k}",
+                ordered=True,
+            )
+            for k in range(3)
+            for n in range(3)
+        ]
+    )
+    listed = await scheduler.worker.keyed.store.key_list(pool, 1000)
+    assert {k.key for k in listed if k.ordered} == {"o0", "o1", "o2"}
+    assert not any(k.ordered for k in listed if k.key.startswith("k"))
+    claim = await _claim(pool, scheduler, listed, 50)
+    started = await pool.fetch(
+        "SELECT concurrency_key AS key, task_data FROM scheduled_jobs"
+        " WHERE status = 'running' AND concurrency_key LIKE 'o%' ORDER BY 1"
+    )
+    # One each, the first enqueued (n = 0), not the most urgent.
+    assert [r["key"] for r in started] == ["o0", "o1", "o2"]
+    args = [json.loads(r["task_data"])["args"] for r in started]
+    assert args == [["o0", 0], ["o1", 0], ["o2", 0]]
+    assert len(claim.rows) == 50
