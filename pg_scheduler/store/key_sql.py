@@ -28,16 +28,17 @@ _RUNNING = """(SELECT count(*) FROM scheduled_jobs r
 _KEYS = """
 unordered_keys AS (
     (SELECT j.concurrency_key AS k, j.priority AS p, j.execution_time AS t,
-            j.max_running_per_key AS m, j.rate_count_per_key AS rc, j.rate_period_per_key AS rp
+            j.max_running_per_key AS m, j.rate_count_per_key AS rc, j.rate_period_per_key AS rp,
+            j.task_name AS tn, j.queue AS qn
        FROM scheduled_jobs j
       WHERE j.status = 'pending' AND j.concurrency_key IS NOT NULL AND NOT j.key_ordered
       ORDER BY j.concurrency_key, j.priority, j.execution_time LIMIT 1)
     UNION ALL
-    SELECT n.k, n.p, n.t, n.m, n.rc, n.rp FROM unordered_keys u
+    SELECT n.k, n.p, n.t, n.m, n.rc, n.rp, n.tn, n.qn FROM unordered_keys u
      CROSS JOIN LATERAL (
         SELECT j.concurrency_key AS k, j.priority AS p, j.execution_time AS t,
                j.max_running_per_key AS m, j.rate_count_per_key AS rc,
-               j.rate_period_per_key AS rp
+               j.rate_period_per_key AS rp, j.task_name AS tn, j.queue AS qn
           FROM scheduled_jobs j
          WHERE j.status = 'pending' AND j.concurrency_key IS NOT NULL AND NOT j.key_ordered
            AND j.concurrency_key > u.k
@@ -67,11 +68,11 @@ _ORDERED_HEAD = """(SELECT x.job_id FROM scheduled_jobs x
 # keeps or cuts them.
 _VISITS = """
     SELECT v.k, min(v.p) AS p, min(v.t) AS t, min(v.m) AS m, min(v.rc) AS rc,
-           min(v.rp) AS rp, bool_or(v.o) AS o FROM (
-        SELECT u.k, u.p, LEAST(u.t, now()) AS t, u.m, u.rc, u.rp, false AS o
+           min(v.rp) AS rp, min(v.tn) AS tn, min(v.qn) AS qn, bool_or(v.o) AS o FROM (
+        SELECT u.k, u.p, LEAST(u.t, now()) AS t, u.m, u.rc, u.rp, u.tn, u.qn, false AS o
           FROM unordered_keys u
         UNION ALL
-        SELECT o.k, -2147483648, '-infinity'::timestamptz, NULL, NULL, NULL, true
+        SELECT o.k, -2147483648, '-infinity'::timestamptz, NULL, NULL, NULL, NULL, NULL, true
           FROM ordered_keys o
     ) v
      WHERE {where}
@@ -136,7 +137,8 @@ _LOCK_KEYS = f"""
 # Instead of every key, the keys $3 names, in that order (the next stretch of
 # a list the worker read with _KEY_LIST: the keys with pending work, the most
 # urgent first), each with the limits of its head as the list read them ($6
-# max_running_per_key, $7/$8 the rate): the first $9 of them whose room is not
+# max_running_per_key, $7/$8 the rate, $11 whether it has ordered jobs, $12/$13
+# its task and queue): the first $9 of them this worker runs whose room is not
 # gone (estimated from those limits without a lock: the running keyed jobs
 # counted in one read, the starts in the rate window) are locked, as
 # they come, without reading their heads; _CLAIM_KEYS reads those once, under
@@ -151,11 +153,21 @@ _LOCK_LISTED = f"""
          WHERE r.status = 'running' AND r.concurrency_key IS NOT NULL
          GROUP BY r.concurrency_key) x
 ), roomy AS (
-    SELECT l.k, l.n FROM unnest($3::text[], $6::int[], $7::int[], $8::float8[])
-                         WITH ORDINALITY AS l(k, most, rc, rp, n)
+    SELECT l.k, l.n FROM unnest($3::text[], $6::int[], $7::int[], $8::float8[], $11::bool[],
+                                $12::text[], $13::text[])
+                         WITH ORDINALITY AS l(k, most, rc, rp, o, tn, qn, n)
      WHERE (l.most IS NULL
             OR coalesce(((SELECT c.counts FROM running c) ->> l.k)::int, 0) < l.most)
        AND (l.rc IS NULL OR {_STARTED.format(k="l.k", rp="l.rp", margin="$10")} < l.rc)
+       -- Runnable here: the head as listed is of a task and queue this worker
+       -- serves (or the key has ordered jobs); else a due row of one is
+       -- looked for, as the claim would (a key of other workers' tasks is
+       -- not locked: their claims would pass it over).
+       AND (l.o OR (l.tn = ANY($1::text[]) AND ($2::text[] IS NULL OR l.qn = ANY($2::text[])))
+            OR EXISTS (SELECT 1 FROM scheduled_jobs j
+                        WHERE j.status = 'pending' AND j.concurrency_key = l.k
+                          AND NOT j.key_ordered AND j.execution_time <= now()
+                          AND {_SERVED_ROW.format(j="j", tasks="$1", queues="$2")}))
      LIMIT $9
 )
 SELECT o.k, o.n, pg_try_advisory_xact_lock($5::int, hashtext(o.k)) AS locked,
@@ -166,11 +178,13 @@ SELECT o.k, o.n, pg_try_advisory_xact_lock($5::int, hashtext(o.k)) AS locked,
 
 # Every key with pending keyed work, the most urgent first: the visiting
 # order of _LOCK_KEYS, uncut, for _LOCK_LISTED; with the limits of each key's
-# first entry (max_running_per_key and the rate; NULL for an ordered key's),
-# and whether it has unfinished ordered jobs. $1 how many at most.
+# first entry (max_running_per_key, the rate, its task and queue; NULL for an
+# ordered key's), and whether it has unfinished ordered jobs. $1 how many at most.
 _KEY_LIST = f"""
 WITH RECURSIVE {_KEYS}
-SELECT x.k, x.m, x.rc, x.rp, x.o FROM ({_VISITS.format(where="true")}) x ORDER BY x.p, x.t LIMIT $1
+SELECT x.k, x.m, x.rc, x.rp, x.o, x.tn, x.qn
+  FROM ({_VISITS.format(where="true")}) x
+ ORDER BY x.p, x.t LIMIT $1
 """
 
 # The candidate rows of locked key ``b.k`` (of ``{busy}``: the locked keys, or

@@ -49,6 +49,9 @@ class ListedKey(NamedTuple):
     rate_period: float | None
     #: Whether it had unfinished ordered jobs.
     ordered: bool
+    #: The task and queue of its most urgent pending job (None: an ordered key's).
+    task: str | None
+    queue: str | None
 
 
 class KeyedClaim(NamedTuple):
@@ -136,6 +139,9 @@ class KeyStore:
                     [k.rate_period for k in listed],
                     visit,
                     self.RATE_MARGIN,
+                    [k.ordered for k in listed],
+                    [k.task for k in listed],
+                    [k.queue for k in listed],
                 )
                 # The keys the statement went through: all, unless it found
                 # ``visit`` with room before the end.

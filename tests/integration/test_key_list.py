@@ -180,3 +180,33 @@ async def test_a_listed_claim_starts_only_the_oldest_job_of_an_ordered_key(pool,
     args = [json.loads(r["task_data"])["args"] for r in started]
     assert args == [["o0", 0], ["o1", 0], ["o2", 0]]
     assert len(claim.rows) == 50
+
+
+async def test_a_listed_claim_locks_no_key_of_tasks_it_does_not_run(pool, make_scheduler):
+    """Keys whose work is another worker's tasks are passed over, not locked
+    (that worker's claims would pass them over while they are held); a key
+    with a job of this worker's tasks behind another task's is still served."""
+    scheduler = await make_scheduler(start=False)
+    await scheduler.initialize_db()
+    when = datetime.now(UTC) - timedelta(seconds=1)
+    await _keys(scheduler, 110, 1, max_running_per_key=1)
+    # The 100 most urgent keys hold only jobs of a task this worker does not run.
+    await pool.execute(
+        "UPDATE scheduled_jobs SET task_name = 'elsewhere.task' WHERE concurrency_key < 'k0100'"
+    )
+    # Key k0000 also has one of ours, behind the other task's job.
+    await scheduler.schedule(
+        key_tasks.step,
+        args=("k0000", 1),
+        execution_time=when + timedelta(microseconds=500),
+        concurrency_key="k0000",
+        max_running_per_key=1,
+    )
+    listed = await scheduler.worker.keyed.store.key_list(pool, 1000)
+    assert listed[0].key == "k0000" and listed[0].task == "elsewhere.task"
+    claim = await _claim(pool, scheduler, listed, 5)
+    taken = sorted(r["claimed_key"] for r in claim.rows)
+    assert taken == ["k0000", "k0100", "k0101", "k0102", "k0103"]
+    # It went through the 99 keys of the other task to lock 7 (k0000, k0100 to
+    # k0105): it locked none of them, or it would have stopped at the 7th key.
+    assert claim.reach == 106
