@@ -10,7 +10,7 @@ import asyncpg
 from pg_scheduler import JobSpec
 from pg_scheduler.engine import keyed
 from tests.support import key_tasks
-from tests.support.key_runs import finished
+from tests.support.key_runs import finished, spans_by_key
 from tests.support.spans import max_overlap
 
 STEP = "keys.step"
@@ -140,10 +140,7 @@ async def test_claims_visit_the_list_again_from_its_start_until_it_is_read_again
     await finished(pool, keys * 3, timeout=60)
     # Three rounds of the keys (a job of each key per round) and one read of the list.
     assert lists == 1
-    rows = await pool.fetch("SELECT key, started, ended FROM key_runs")
-    by_key: dict[str, list[tuple[float, float]]] = {}
-    for r in rows:
-        by_key.setdefault(r["key"], []).append((r["started"], r["ended"]))
+    by_key = await spans_by_key(pool)
     assert len(by_key) == keys and all(len(v) == 3 for v in by_key.values())
     assert max(max_overlap(v) for v in by_key.values()) == 1
 

@@ -11,7 +11,7 @@ from pg_scheduler import JobPriority, JobSpec, RetryPolicy, task
 from pg_scheduler.sync_client import SyncClient
 from tests.support import key_tasks
 from tests.support.common import wait_until
-from tests.support.key_runs import finished, spans
+from tests.support.key_runs import finished, spans, spans_by_key
 from tests.support.spans import max_overlap, most_starts_in
 
 # -- concurrency ---------------------------------------------------------------------
@@ -61,10 +61,7 @@ async def test_with_many_keys_claims_visit_a_list_and_hold_every_limit(pool, mak
     await scheduler.start()  # its first look finds the keys
     await finished(pool, keys * 4, timeout=60)
     assert any(visited), "no claim visited a list of keys"
-    rows = await pool.fetch("SELECT key, started, ended FROM key_runs")
-    by_key: dict[str, list[tuple[float, float]]] = {}
-    for r in rows:
-        by_key.setdefault(r["key"], []).append((r["started"], r["ended"]))
+    by_key = await spans_by_key(pool)
     assert len(by_key) == keys and all(len(v) == 4 for v in by_key.values())
     assert max(max_overlap(v) for v in by_key.values()) == 1
 

@@ -27,3 +27,11 @@ async def spans(pool: asyncpg.Pool, key: str) -> list[tuple[float, float]]:
     """(start, end) of every recorded run of ``key``."""
     rows = await pool.fetch("SELECT started, ended FROM key_runs WHERE key = $1", key)
     return [(r["started"], r["ended"]) for r in rows]
+
+
+async def spans_by_key(pool: asyncpg.Pool) -> dict[str, list[tuple[float, float]]]:
+    """(start, end) of every recorded run, by key."""
+    by_key: dict[str, list[tuple[float, float]]] = {}
+    for r in await pool.fetch("SELECT key, started, ended FROM key_runs"):
+        by_key.setdefault(r["key"], []).append((r["started"], r["ended"]))
+    return by_key
