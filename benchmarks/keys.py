@@ -177,6 +177,10 @@ async def rates(dsn: str, keys: int, per_key: int) -> dict[str, Any]:
             "SELECT concurrency_key AS key, EXTRACT(EPOCH FROM started_at)::float8 AS at"
             " FROM scheduled_jobs"
         )
+        # Late starts whose window was full when stamped again (engine/rate_starts.py).
+        handed_back = await pool.fetchval(
+            "SELECT count(*) FROM job_attempts WHERE outcome = 'handed_back'"
+        )
     finally:
         for w in workers:
             if w.returncode is None:
@@ -200,6 +204,7 @@ async def rates(dsn: str, keys: int, per_key: int) -> dict[str, Any]:
         # The same from the claims' own time (started_at: the database's now()).
         "rate_most_claims_per_key_in_1s": max(_most_in_window(v, 1.0) for v in claimed.values()),
         "rate_bodies_run": len(starts),
+        "rate_handed_back": handed_back,
         "rate_aggregate_starts_per_s": round(aggregate, 1),
         "rate_share_of_limit": round(aggregate / (keys * RATE), 3),
     }

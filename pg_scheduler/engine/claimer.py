@@ -127,7 +127,7 @@ class Worker:
         # Global limits: limited tasks and queues are claimed apart (engine/limited.py).
         self.limits = LimitedClaims(store.limits)
         # Jobs with a concurrency key: claimed apart (engine/keyed.py).
-        self.keyed = KeyedClaims(store.keys)
+        self.keyed = KeyedClaims(store.keys, self.executor.rate_starts)
         # The next claim is the plain one even while limits exist (a limited
         # claim just came back short).
         self._plain_next = False

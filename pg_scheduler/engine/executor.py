@@ -32,6 +32,7 @@ from ..workflows.errors import FINAL_ATTR, LeaseLost, Parked
 from ..workflows.runner import run_workflow
 from .job import ClaimedJob, RunningJob
 from .outcome import Outcomes
+from .rate_starts import RateStarts
 from .sync import SyncRunners, default_process_pool_size
 
 __all__ = [
@@ -115,6 +116,9 @@ class Executor:
         self.lingering: dict[str, Any] = {}
         self.sync = SyncRunners(thread_pool_size, process_pool_size or default_process_pool_size())
         self.log_debug = self.log_info = True
+        #: Rate-limited keyed jobs claimed and not started yet (the keyed claim
+        #: fills it): each function starts within the window's margin of its stamp.
+        self.rate_starts = RateStarts()
 
     def check_log_levels(self) -> None:
         # Checked once per claim, not per job.
@@ -141,6 +145,8 @@ class Executor:
                 task=job.task_name,
             )
             await self._release([job.job_id])
+            return False
+        if self.rate_starts.stamped and not await self._admit(job):
             return False
         current = asyncio.current_task()
         assert current is not None
@@ -300,6 +306,50 @@ class Executor:
                     await self._wait_linger(running)
             finally:
                 leave_job(token)
+
+    async def _admit(self, job: ClaimedJob) -> bool:
+        """Whether a rate-limited keyed job may start its function now (see
+        :mod:`.rate_starts`); if not, it is handed back or no longer ours."""
+        try:
+            admitted = await self.rate_starts.admit(job.job_id, job.attempt, self._restamp)
+        except Exception as exc:  # no stamp can be moved: do not start late
+            log.warning(
+                "could not stamp a late rate-limited start again, handing the job back",
+                error=repr(exc),
+                **self._fields(job),
+            )
+            admitted = False
+        if admitted:
+            return True
+        if admitted is None:
+            log.warning(
+                "rate-limited job no longer this worker's before it started; not run",
+                event_type="lease_lost",
+                **self._fields(job),
+            )
+        else:
+            await self._release([job.job_id])
+            if self.log_debug:
+                log.debug(
+                    "rate-limited job handed back: it would start late and its window is full",
+                    event_type="released",
+                    **self._fields(job),
+                )
+        return False
+
+    async def _restamp(
+        self, key: str, job_id: str, attempt: int, most: int, period: float
+    ) -> bool | None:
+        async with self.store.pool.acquire() as conn:
+            return await self.store.keys.restamp(
+                conn,
+                key=key,
+                job_id=job_id,
+                worker_id=self.worker_id,
+                attempt=attempt,
+                most=most,
+                period=period,
+            )
 
     def _slot_done(self, running: RunningJob) -> None:
         # A thread still running keeps its slot: the job's task waits for it

@@ -36,6 +36,7 @@ import asyncpg
 from ..store.bounded import BoundedPool
 from ..store.keys import KeyStore, ListedKey
 from ..store.names import Executor
+from .rate_starts import RateStarts
 
 #: How long a worker that saw no due keyed work goes without a first look
 #: (the plain claim may be busy with a backlog meanwhile).
@@ -55,8 +56,10 @@ VISIT_MARGIN = 8
 class KeyedClaims:
     """Claims keyed jobs; knows whether keyed work was due at the last look."""
 
-    def __init__(self, store: KeyStore) -> None:
+    def __init__(self, store: KeyStore, rate_starts: RateStarts) -> None:
         self.store = store
+        #: Where the claim's send time of each rate-limited row goes.
+        self.rate_starts = rate_starts
         #: Keys with due work and room (as read before their locks) at the last claim.
         self.seen = 0
         #: Whether a key another claim held had due work at the last claim.
@@ -108,6 +111,7 @@ class KeyedClaims:
         conn = cast(asyncpg.Connection, db)
         listed = await self._keys(conn)
         window = None if listed is None else listed[: VISIT_WINDOW * room]
+        sent = time.monotonic()
         rows, seen, held, reach = await self.store.claim(
             conn,
             limit=room,
@@ -120,6 +124,8 @@ class KeyedClaims:
             listed=window,
             visit=room + max(VISIT_MARGIN, room // 4),
         )
+        if rows:
+            self.rate_starts.claimed(rows, sent)
         if window is not None:
             gone = reach
             if len(rows) >= room:

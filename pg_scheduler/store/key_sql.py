@@ -274,10 +274,10 @@ WITH busy AS (
       FROM picked
      WHERE j.ctid = picked.tid
     RETURNING {_CLAIMED_COLUMNS}, j.concurrency_key AS claimed_key,
-              j.rate_count_per_key AS claimed_rate
+              j.rate_count_per_key AS claimed_rate, j.rate_period_per_key AS claimed_period
 ), stamped AS (
-    INSERT INTO scheduler_key_starts (concurrency_key, started_at)
-    SELECT c.claimed_key, clock_timestamp() FROM claimed c
+    INSERT INTO scheduler_key_starts (concurrency_key, started_at, job_id)
+    SELECT c.claimed_key, clock_timestamp(), c.job_id FROM claimed c
      WHERE c.status = 'running' AND c.claimed_rate IS NOT NULL
 ), pruned AS (
     DELETE FROM scheduler_key_starts s
@@ -286,6 +286,40 @@ WITH busy AS (
        AND s.started_at < clock_timestamp() - make_interval(secs => 2 * w.rp + 1)
 )
 SELECT * FROM claimed
+"""
+
+# A rate-limited job about to start later than the window's margin after its
+# claim was sent (see engine/rate_starts.py), under its key's lock (taken by
+# the statement before, so this one's snapshot sees every start committed
+# before the lock was granted): $1 key, $2 job, $3 the worker, $4 the
+# attempt, $5 the rate's count, $6 its period (s), $7 the margin.
+# If the job is still this worker's attempt, its latest stamp is dropped and,
+# when the key's other starts in the window leave room, a new one is stamped
+# now: ``moved`` true; with no room, ``moved`` false (the worker hands the
+# job back). No row: the job is no longer this attempt's, nothing written.
+_RESTAMP = """
+WITH mine AS (
+    SELECT 1 FROM scheduled_jobs
+     WHERE job_id = $2::text AND worker_id = $3::text AND attempts = $4::int
+       AND status = 'running'
+), own AS (
+    SELECT s.ctid AS tid FROM scheduler_key_starts s, mine
+     WHERE s.concurrency_key = $1 AND s.job_id = $2
+     ORDER BY s.started_at DESC LIMIT 1
+), others AS (
+    SELECT (SELECT count(*) FROM scheduler_key_starts s
+             WHERE s.concurrency_key = $1::text
+               AND s.ctid NOT IN (SELECT tid FROM own)
+               AND s.started_at > clock_timestamp() - make_interval(
+                   secs => $6::float8 + $7::float8 * LEAST(0.25, 0.1 * $6::float8))) AS n
+      FROM mine
+), dropped AS (
+    DELETE FROM scheduler_key_starts s USING own WHERE s.ctid = own.tid
+), stamped AS (
+    INSERT INTO scheduler_key_starts (concurrency_key, started_at, job_id)
+    SELECT $1, clock_timestamp(), $2 FROM others WHERE others.n < $5::int
+)
+SELECT others.n < $5::int AS moved FROM others
 """
 
 # Starts older than the longest window a rate may have (7 days) count for

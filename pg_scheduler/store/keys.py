@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import asyncpg
 
-from .key_sql import _BUSIEST, _CLAIM_KEYS, _KEY_LIST, _LOCK_KEYS, _LOCK_LISTED
+from .key_sql import _BUSIEST, _CLAIM_KEYS, _KEY_LIST, _LOCK_KEYS, _LOCK_LISTED, _RESTAMP
 from .names import Executor, Qualifier
 
 
@@ -76,8 +76,12 @@ def lock_class(schema: str) -> int:
 class KeyStore:
     """The keyed claim and the per-key listing of one schema."""
 
-    #: Slack on the rate window (see LimitStore.RATE_MARGIN): the same rule.
-    RATE_MARGIN = 1.0
+    #: Slack on the rate window, as a share of LimitStore's (min(10 % of the
+    #: period, 0.25 s)): starts are counted over the period plus this, and a
+    #: job whose function would start later than this after its claim was
+    #: sent is stamped again first (engine/rate_starts.py). 0.2: 20 ms for a
+    #: rate per second.
+    RATE_MARGIN = 0.2
 
     def __init__(self, q: Qualifier) -> None:
         self._lock = q(_LOCK_KEYS)
@@ -85,7 +89,37 @@ class KeyStore:
         self._key_list = q(_KEY_LIST)
         self._claim = q(_CLAIM_KEYS)
         self._busiest = q(_BUSIEST)
+        self._restamp = q(_RESTAMP)
         self._class = lock_class(q.schema)
+
+    @classmethod
+    def margin(cls, period: float) -> float:
+        """The rate window's margin in seconds for a rate over ``period`` seconds."""
+        return cls.RATE_MARGIN * min(0.25, 0.1 * period)
+
+    async def restamp(
+        self,
+        conn: asyncpg.Connection,
+        *,
+        key: str,
+        job_id: str,
+        worker_id: str,
+        attempt: int,
+        most: int,
+        period: float,
+    ) -> bool | None:
+        """Move the start stamp of ``job_id`` (this worker's ``attempt``) to now,
+        if the key's other starts in the window (at most ``most`` per
+        ``period`` seconds) leave room: True; no room:
+        False, and its stamp is dropped (the caller hands the job back); None:
+        the job is no longer this attempt's (nothing written)."""
+        async with conn.transaction():
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock($1::int, hashtext($2::text))", self._class, key
+            )
+            return await conn.fetchval(
+                self._restamp, key, job_id, worker_id, attempt, most, period, self.RATE_MARGIN
+            )
 
     async def claim(
         self,

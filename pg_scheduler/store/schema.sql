@@ -1,4 +1,4 @@
--- The pg_scheduler schema as its migrations leave it (migrations/, 0001 to 0021),
+-- The pg_scheduler schema as its migrations leave it (migrations/, 0001 to 0022),
 -- in schema public: tables, indexes, triggers and functions as PostgreSQL 16
 -- prints them from the catalog of a freshly migrated database.
 --
@@ -277,7 +277,8 @@ CREATE TABLE public.scheduler_fair_share_weights (
 -- [table] scheduler_key_starts
 CREATE TABLE public.scheduler_key_starts (
     concurrency_key text NOT NULL,
-    started_at timestamp with time zone NOT NULL
+    started_at timestamp with time zone NOT NULL,
+    job_id text
 );
 
 -- [index] scheduler_key_starts_idx on scheduler_key_starts

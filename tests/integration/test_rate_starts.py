@@ -1,0 +1,163 @@
+"""A rate-limited keyed job whose function would start later than the rate
+window's margin after its claim was sent is stamped again first, or handed
+back when its window is full (engine/rate_starts.py)."""
+
+from __future__ import annotations
+
+import time
+
+import asyncpg
+
+from pg_scheduler import JobSpec
+from pg_scheduler.engine import rate_starts
+from tests.support import key_tasks
+from tests.support.key_runs import finished, spans
+from tests.support.spans import most_starts_in
+
+
+async def _claimed_one(pool: asyncpg.Pool, scheduler, rate: str = "5/s"):
+    """One job of key ``r`` claimed by the scheduler's worker (not started)."""
+    await scheduler.schedule(
+        key_tasks.step, args=("r", 0), concurrency_key="r", rate_limit_per_key=rate
+    )
+    worker = scheduler.worker
+    async with pool.acquire() as conn:
+        claim = await worker.keyed.store.claim(
+            conn,
+            limit=1,
+            tasks=["keys.step"],
+            queues=None,
+            worker_id=worker.worker_id,
+            lease_seconds=60,
+            cut=False,
+        )
+    (row,) = claim.rows
+    return row
+
+
+async def _stamps(pool: asyncpg.Pool) -> list[asyncpg.Record]:
+    return await pool.fetch(
+        "SELECT job_id, started_at FROM scheduler_key_starts WHERE concurrency_key = 'r'"
+        " ORDER BY started_at"
+    )
+
+
+async def test_the_claim_stamps_each_start_with_its_job(pool, make_scheduler):
+    scheduler = await make_scheduler(start=False)
+    await scheduler.initialize_db()
+    row = await _claimed_one(pool, scheduler)
+    assert [s["job_id"] for s in await _stamps(pool)] == [row["job_id"]]
+    assert (row["claimed_rate"], row["claimed_period"]) == (5, 1.0)
+
+
+async def test_a_late_start_with_room_moves_its_stamp_to_now(pool, make_scheduler):
+    scheduler = await make_scheduler(start=False)
+    await scheduler.initialize_db()
+    row = await _claimed_one(pool, scheduler)
+    (before,) = await _stamps(pool)
+    keys = scheduler.worker.keyed.store
+    async with pool.acquire() as conn:
+        moved = await keys.restamp(
+            conn,
+            key="r",
+            job_id=row["job_id"],
+            worker_id=scheduler.worker.worker_id,
+            attempt=row["attempts"],
+            most=5,
+            period=1.0,
+        )
+    assert moved is True
+    (after,) = await _stamps(pool)
+    assert after["job_id"] == row["job_id"] and after["started_at"] > before["started_at"]
+
+
+async def test_a_late_start_with_its_window_full_is_handed_back_unrun(pool, make_scheduler, runs):
+    """Five other starts of the key landed in the window meanwhile: the late
+    job's stamp goes, it is pending again with its attempt not spent, and its
+    function never ran."""
+    scheduler = await make_scheduler(start=False)
+    await scheduler.initialize_db()
+    row = await _claimed_one(pool, scheduler)
+    await pool.execute(
+        "INSERT INTO scheduler_key_starts (concurrency_key, started_at, job_id)"
+        " SELECT 'r', clock_timestamp(), 'other-' || n FROM generate_series(1, 5) AS n"
+    )
+    executor = scheduler.worker.executor
+    executor.rate_starts.claimed([row], time.monotonic() - 1.0)  # sent a second ago
+    assert await executor.execute_job(row) is False
+    job = await pool.fetchrow(
+        "SELECT status, attempts, worker_id FROM scheduled_jobs WHERE job_id = $1", row["job_id"]
+    )
+    assert (job["status"], job["attempts"], job["worker_id"]) == ("pending", 0, None)
+    assert sorted(s["job_id"] for s in await _stamps(pool)) == [f"other-{n}" for n in range(1, 6)]
+    assert await pool.fetchval("SELECT count(*) FROM key_runs") == 0
+    assert not executor.rate_starts.stamped
+
+
+async def test_a_late_start_no_longer_this_workers_writes_nothing_and_does_not_run(
+    pool, make_scheduler, runs
+):
+    scheduler = await make_scheduler(start=False)
+    await scheduler.initialize_db()
+    row = await _claimed_one(pool, scheduler)
+    # The lease was lost and another worker took the job meanwhile.
+    await pool.execute(
+        "UPDATE scheduled_jobs SET worker_id = 'elsewhere', attempts = attempts + 1"
+        " WHERE job_id = $1",
+        row["job_id"],
+    )
+    before = await _stamps(pool)
+    executor = scheduler.worker.executor
+    executor.rate_starts.claimed([row], time.monotonic() - 1.0)
+    assert await executor.execute_job(row) is False
+    assert await _stamps(pool) == before
+    job = await pool.fetchrow(
+        "SELECT status, worker_id FROM scheduled_jobs WHERE job_id = $1", row["job_id"]
+    )
+    assert (job["status"], job["worker_id"]) == ("running", "elsewhere")
+    assert await pool.fetchval("SELECT count(*) FROM key_runs") == 0
+
+
+async def test_when_every_start_is_late_the_rate_holds_and_each_job_runs_once(
+    pool, make_scheduler, runs, monkeypatch
+):
+    """A worker whose every function starts late (as if its loop were always
+    busy): every start is stamped again before it runs, some are handed back
+    and claimed again, and the starts of each key, timed by the functions
+    themselves, stay within the rate."""
+    stamped = rate_starts.RateStarts.claimed
+    restamps = 0
+
+    def late(self, rows, sent):
+        stamped(self, rows, sent - 1.0)
+
+    monkeypatch.setattr(rate_starts.RateStarts, "claimed", late)
+    scheduler = await make_scheduler(max_concurrent_jobs=20, batch_claim_limit=20)
+    keys = scheduler.worker.keyed.store
+    real = keys.restamp
+
+    async def counted(*args, **kwargs):
+        nonlocal restamps
+        restamps += 1
+        return await real(*args, **kwargs)
+
+    keys.restamp = counted
+    await scheduler.schedule_bulk(
+        [
+            JobSpec(key_tasks.step, args=(key, n), concurrency_key=key, rate_limit_per_key="4/s")
+            for n in range(10)
+            for key in ("r1", "r2")
+        ]
+    )
+    await finished(pool, 20, timeout=30)
+    assert restamps >= 20
+    for key in ("r1", "r2"):
+        starts = [s for s, _ in await spans(pool, key)]
+        assert len(starts) == 10
+        assert most_starts_in(starts, 1.0) <= 4
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM scheduled_jobs WHERE status = 'completed' AND attempts = 1"
+        )
+        == 20
+    )
