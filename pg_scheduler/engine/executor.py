@@ -17,7 +17,8 @@ import logging
 import time
 import traceback as tb
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 import pg_scheduler.observe.instrument as instrument
 
@@ -32,8 +33,8 @@ from ..workflows.errors import FINAL_ATTR, LeaseLost, Parked
 from ..workflows.runner import run_workflow
 from .job import ClaimedJob, RunningJob
 from .outcome import Outcomes
-from .rate_starts import RateStarts
-from .sync import SyncRunners, default_process_pool_size
+from .rate_starts import RateStarts, Stamped
+from .sync import NotStarted, SyncRunners, default_process_pool_size
 
 __all__ = [
     "BLOCKED_LOOP",
@@ -146,8 +147,14 @@ class Executor:
             )
             await self._release([job.job_id])
             return False
-        if self.rate_starts.stamped and not await self._admit(job):
-            return False
+        # A rate-limited keyed job: its function must start within the rate
+        # window's margin of its stamp (engine/rate_starts.py). A thread or
+        # process job is checked where its function starts (_run_sync).
+        rated = self.rate_starts.take(job.job_id) if self.rate_starts.stamped else None
+        if rated is not None and getattr(func, EXECUTOR_ATTR, None) in (None, WORKFLOW):
+            if not await self._admit(job, rated):
+                return False
+            rated = None
         current = asyncio.current_task()
         assert current is not None
         running = RunningJob(job, current, time.monotonic())
@@ -183,7 +190,9 @@ class Executor:
                             job_timeout=self.job_timeout,
                         )
                     else:
-                        result = await self._run_sync(kind, running, func, args, kwargs, timeout)
+                        result = await self._run_sync(
+                            kind, running, func, args, kwargs, timeout, job, rated
+                        )
                 elif timeout is None:
                     result = await func(*args, **kwargs)
                 else:
@@ -225,6 +234,13 @@ class Executor:
                         duration=duration,
                         **self._fields(job),
                     )
+                return False
+            except NotStarted as exc:
+                # A rate-limited sync job whose start came too late, its window full.
+                self.running.pop(job.job_id, None)
+                self._slot_done(running)
+                outcome = "handed_back"
+                await self._not_admitted(job, cast("bool | None", exc.verdict))
                 return False
             except Exception as exc:
                 self.running.pop(job.job_id, None)
@@ -307,11 +323,11 @@ class Executor:
             finally:
                 leave_job(token)
 
-    async def _admit(self, job: ClaimedJob) -> bool:
+    async def _admit(self, job: ClaimedJob, rated: Stamped) -> bool:
         """Whether a rate-limited keyed job may start its function now (see
         :mod:`.rate_starts`); if not, it is handed back or no longer ours."""
         try:
-            admitted = await self.rate_starts.admit(job.job_id, job.attempt, self._restamp)
+            admitted = await RateStarts.admit(rated, job.job_id, job.attempt, self._restamp)
         except Exception as exc:  # no stamp can be moved: do not start late
             log.warning(
                 "could not stamp a late rate-limited start again, handing the job back",
@@ -321,6 +337,10 @@ class Executor:
             admitted = False
         if admitted:
             return True
+        await self._not_admitted(job, admitted)
+        return False
+
+    async def _not_admitted(self, job: ClaimedJob, admitted: bool | None) -> None:
         if admitted is None:
             log.warning(
                 "rate-limited job no longer this worker's before it started; not run",
@@ -335,7 +355,6 @@ class Executor:
                     event_type="released",
                     **self._fields(job),
                 )
-        return False
 
     async def _restamp(
         self, key: str, job_id: str, attempt: int, most: int, period: float
@@ -365,8 +384,20 @@ class Executor:
         args: Any,
         kwargs: Any,
         timeout: float | None,
+        job: ClaimedJob,
+        rated: Stamped | None,
     ) -> Any:
         running.on_loop = False
+        gate = None
+        if rated is not None:
+            gate = partial(
+                RateStarts.admit_in_thread,
+                rated,
+                job.job_id,
+                job.attempt,
+                self._restamp,
+                asyncio.get_running_loop(),
+            )
         job_id = running.job.job_id
         previous = self.lingering.get(job_id)
         if previous is not None:
@@ -377,9 +408,9 @@ class Executor:
         run = self.sync.run_thread if kind == "thread" else self.sync.run_process
         try:
             if timeout is None:
-                return await run(running, func, args, kwargs)
+                return await run(running, func, args, kwargs, gate)
             async with asyncio.timeout(timeout) as timer:
-                return await run(running, func, args, kwargs)
+                return await run(running, func, args, kwargs, gate)
         except TimeoutError:
             if timer.expired():
                 raise _SyncTimeout(f"timed out after {timeout:g} s") from None

@@ -22,8 +22,9 @@ earlier than the function's own.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ..store.keys import KeyStore
@@ -32,9 +33,11 @@ from ..store.keys import KeyStore
 #: past their deadline, once more than FORGET_PAST are kept.
 FORGET_PAST = 1_000
 FORGET_AFTER = 300.0
+#: Seconds a thread waits for the loop to move a stamp.
+THREAD_WAIT = 10.0
 
 
-class _Stamped(NamedTuple):
+class Stamped(NamedTuple):
     #: Monotonic time by which the function must start (claim sent + margin).
     deadline: float
     key: str
@@ -43,14 +46,14 @@ class _Stamped(NamedTuple):
 
 
 #: Runs ``KeyStore.restamp`` on a connection: (key, job_id, attempt, most, period).
-Restamp = Callable[[str, str, int, int, float], Awaitable["bool | None"]]
+Restamp = Callable[[str, str, int, int, float], Coroutine[Any, Any, "bool | None"]]
 
 
 class RateStarts:
     """The claim's send time of each rate-limited keyed job not started yet."""
 
     def __init__(self) -> None:
-        self.stamped: dict[str, _Stamped] = {}
+        self.stamped: dict[str, Stamped] = {}
 
     def claimed(self, rows: Sequence[Mapping[str, Any]], sent: float) -> None:
         """Rows a keyed claim sent at ``sent`` (monotonic) returned."""
@@ -65,23 +68,51 @@ class RateStarts:
             count = row["claimed_rate"]
             if count is not None and row["status"] == "running":
                 period = float(row["claimed_period"])
-                stamped[row["job_id"]] = _Stamped(
+                stamped[row["job_id"]] = Stamped(
                     sent + KeyStore.margin(period), row["claimed_key"], count, period
                 )
 
-    async def admit(self, job_id: str, attempt: int, restamp: Restamp) -> bool | None:
-        """Called just before the job's function starts: True to run it now;
-        False: the window is full (its stamp dropped: hand it back); None: the
-        job is no longer this attempt's. Jobs without a rate: True at once."""
-        entry = self.stamped.pop(job_id, None)
-        if entry is None:
-            return True
+    def take(self, job_id: str) -> Stamped | None:
+        """The claim's record of a job about to start (None: no rate binds it)."""
+        return self.stamped.pop(job_id, None)
+
+    @staticmethod
+    async def admit(entry: Stamped, job_id: str, attempt: int, restamp: Restamp) -> bool | None:
+        """Called on the loop just before the job's function starts: True to
+        run it now; False: the window is full (its stamp dropped: hand it
+        back); None: the job is no longer this attempt's."""
         deadline = entry.deadline
-        margin = KeyStore.margin(entry.period)
         while time.monotonic() > deadline:
             sent = time.monotonic()
             moved = await restamp(entry.key, job_id, attempt, entry.most, entry.period)
             if not moved:
                 return moved
-            deadline = sent + margin
+            deadline = sent + KeyStore.margin(entry.period)
+        return True
+
+    @staticmethod
+    def admit_in_thread(
+        entry: Stamped,
+        job_id: str,
+        attempt: int,
+        restamp: Restamp,
+        loop: asyncio.AbstractEventLoop,
+    ) -> bool | None:
+        """:meth:`admit` from the thread that starts a thread job's function
+        (or sends a process job its arguments) right after: the stamp is
+        moved on the loop, the thread waits. A stamp that cannot be moved
+        (the loop or the database does not answer in ``THREAD_WAIT`` s):
+        False."""
+        deadline = entry.deadline
+        while time.monotonic() > deadline:
+            sent = time.monotonic()
+            try:
+                moved = asyncio.run_coroutine_threadsafe(
+                    restamp(entry.key, job_id, attempt, entry.most, entry.period), loop
+                ).result(THREAD_WAIT)
+            except Exception:
+                return False
+            if not moved:
+                return moved
+            deadline = sent + KeyStore.margin(entry.period)
         return True

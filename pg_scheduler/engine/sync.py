@@ -71,6 +71,27 @@ class ProcessJobError(Exception):
     """The function raised in its process (the child's traceback is a note)."""
 
 
+class NotStarted(Exception):
+    """The gate a job was given said no, just before its function would start:
+    it did not run. ``verdict``: what the gate returned."""
+
+    def __init__(self, verdict: object) -> None:
+        super().__init__(f"not started: {verdict!r}")
+        self.verdict = verdict
+
+
+#: Called just before a sync job's function starts (in the thread that starts
+#: it): anything but True stops the start (NotStarted).
+Gate = Callable[[], object]
+
+
+def _gated(gate: Gate, func: Any, *args: Any, **kwargs: Any) -> Any:
+    verdict = gate()
+    if verdict is not True:
+        raise NotStarted(verdict)
+    return func(*args, **kwargs)
+
+
 # -- in the child ---------------------------------------------------------------------
 
 
@@ -146,8 +167,11 @@ class _JobProcess:
     thread also takes, so none reaches a process id after its reap.
     """
 
-    def __init__(self, job_id: str, func: Any, args: Any, kwargs: Any) -> None:
+    def __init__(
+        self, job_id: str, func: Any, args: Any, kwargs: Any, gate: Gate | None = None
+    ) -> None:
         self.job_id = job_id
+        self.gate = gate
         self.module: str = func.__module__
         self.qualname: str = func.__qualname__
         self.arguments = (args, kwargs)
@@ -198,9 +222,14 @@ class _JobProcess:
             self._adopt(proc)
             on_start(self)
             try:
-                message = self._exchange(ours)
-                if message is not None:
-                    self._let_exit()
+                verdict = True if self.gate is None else self.gate()
+                if verdict is not True:
+                    ours.close()  # no arguments: the child's wait for them ends, it exits
+                    message = ("not started", verdict)
+                else:
+                    message = self._exchange(ours)
+                    if message is not None:
+                        self._let_exit()
             finally:
                 self._reap(proc)
             return message, proc.exitcode
@@ -282,12 +311,17 @@ class SyncRunners:
         #: pid of each live child, by job id (tests and logs look here).
         self.pids: dict[str, int] = {}
 
-    async def run_thread(self, running: Any, func: Any, args: Any, kwargs: Any) -> Any:
+    async def run_thread(
+        self, running: Any, func: Any, args: Any, kwargs: Any, gate: Gate | None = None
+    ) -> Any:
+        """Run ``func`` in the pool (``gate``: asked in the thread first)."""
         if self._threads is None:
             self._threads = ThreadPoolExecutor(
                 self.thread_pool_size, thread_name_prefix="pg_scheduler-job"
             )
         # The copy carries current_job() into the thread.
+        if gate is not None:
+            args, func = (gate, func, *args), _gated
         call = functools.partial(contextvars.copy_context().run, func, *args, **kwargs)
         future: Future[Any] = self._threads.submit(call)
         try:
@@ -298,7 +332,11 @@ class SyncRunners:
                 running.linger = future  # still running: its slot stays taken
             raise
 
-    async def run_process(self, running: Any, func: Any, args: Any, kwargs: Any) -> Any:
+    async def run_process(
+        self, running: Any, func: Any, args: Any, kwargs: Any, gate: Gate | None = None
+    ) -> Any:
+        """Run ``func`` in a process of its own (``gate``: asked in the thread
+        that owns it, once it is started, before it gets the arguments)."""
         if self._processes is None or self._waiters is None:
             self._processes = asyncio.Semaphore(self.process_pool_size)
             # One thread per live process: each owns its process until the reap.
@@ -307,7 +345,7 @@ class SyncRunners:
             )
         processes, waiters = self._processes, self._waiters
         await processes.acquire()
-        child = _JobProcess(running.job.job_id, func, args, kwargs)
+        child = _JobProcess(running.job.job_id, func, args, kwargs, gate)
         try:
             future = asyncio.get_running_loop().run_in_executor(waiters, child.run, self._started)
         except BaseException:
@@ -327,6 +365,8 @@ class SyncRunners:
             raise ProcessJobError(f"the job's process exited with code {exitcode} and no result")
         if message[0] == "ok":
             return message[1]
+        if message[0] == "not started":
+            raise NotStarted(message[1])
         error = ProcessJobError(message[1])
         error.add_note(f"in process {child.pid}:\n{message[2]}")
         raise error

@@ -5,27 +5,29 @@ back when its window is full (engine/rate_starts.py)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import asyncpg
+import pytest
 
 from pg_scheduler import JobSpec
 from pg_scheduler.engine import rate_starts
-from tests.support import key_tasks
+from tests.support import key_tasks, sync_tasks
 from tests.support.key_runs import finished, spans
 from tests.support.spans import most_starts_in
 
 
-async def _claimed_one(pool: asyncpg.Pool, scheduler, rate: str = "5/s"):
-    """One job of key ``r`` claimed by the scheduler's worker (not started)."""
-    await scheduler.schedule(
-        key_tasks.step, args=("r", 0), concurrency_key="r", rate_limit_per_key=rate
-    )
+async def _claimed_one(
+    pool: asyncpg.Pool, scheduler, func=key_tasks.step, args=("r", 0), name: str = "keys.step"
+):
+    """One job of key ``r`` at 5/s claimed by the scheduler's worker (not started)."""
+    await scheduler.schedule(func, args=args, concurrency_key="r", rate_limit_per_key="5/s")
     worker = scheduler.worker
     async with pool.acquire() as conn:
         claim = await worker.keyed.store.claim(
             conn,
             limit=1,
-            tasks=["keys.step"],
+            tasks=[name],
             queues=None,
             worker_id=worker.worker_id,
             lease_seconds=60,
@@ -161,3 +163,55 @@ async def test_when_every_start_is_late_the_rate_holds_and_each_job_runs_once(
         )
         == 20
     )
+
+
+async def _fill_window(pool: asyncpg.Pool) -> None:
+    """Five other starts of key ``r`` in its window, as other workers' claims."""
+    await pool.execute(
+        "INSERT INTO scheduler_key_starts (concurrency_key, started_at, job_id)"
+        " SELECT 'r', clock_timestamp(), 'other-' || n FROM generate_series(1, 5) AS n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("func", "name"),
+    [(sync_tasks.mark_thread, "sync.mark_thread"), (sync_tasks.mark_process, "sync.mark_process")],
+)
+@pytest.mark.parametrize("full", [False, True])
+async def test_a_late_thread_or_process_job_is_checked_where_its_function_starts(
+    pool, make_scheduler, tmp_path: Path, func, name, full
+):
+    """The check runs in the thread that calls the function (a thread job) or
+    that owns the process (before it sends the arguments): room, the stamp
+    moves and the function runs; a full window, the function never runs and
+    the job is pending again (a process job's child is reaped)."""
+    scheduler = await make_scheduler(start=False)
+    await scheduler.initialize_db()
+    mark = tmp_path / "ran"
+    row = await _claimed_one(pool, scheduler, func, (str(mark),), name)
+    (before,) = await _stamps(pool)
+    if full:
+        await _fill_window(pool)
+    executor = scheduler.worker.executor
+    executor.rate_starts.claimed([row], time.monotonic() - 1.0)
+    try:
+        result = await executor.execute_job(row)
+    finally:
+        # The completion's connection (a started worker lets go of it at shutdown).
+        await scheduler.worker.completer.connection.release()
+    job = await pool.fetchrow(
+        "SELECT status, attempts FROM scheduled_jobs WHERE job_id = $1", row["job_id"]
+    )
+    mine = [s for s in await _stamps(pool) if s["job_id"] == row["job_id"]]
+    if full:
+        assert result is False and not mark.exists()
+        assert (job["status"], job["attempts"]) == ("pending", 0)
+        assert mine == []
+    else:
+        assert mark.exists()
+        (after,) = mine
+        assert after["started_at"] > before["started_at"]
+        # The function started after its new stamp.
+        assert float(mark.read_text()) >= after["started_at"].timestamp()
+        assert (job["status"], job["attempts"]) == ("completed", 1)
+    assert executor.sync.pids == {}

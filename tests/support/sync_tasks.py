@@ -115,3 +115,19 @@ def progress_steps(steps: int) -> list[str]:
         refused.append(type(exc).__name__)
     progress_end_gate.wait(30)
     return refused
+
+
+@task(name="sync.mark_thread", executor="thread")
+def mark_thread(path: str) -> int:
+    """Leaves a file at ``path`` (its start, for the rate tests); returns its thread's id."""
+    with open(path, "w") as out:
+        out.write(str(time.time()))
+    return threading.get_ident()
+
+
+@task(name="sync.mark_process", executor="process")
+def mark_process(path: str) -> int:
+    """Leaves a file at ``path`` from its own process; returns that process's id."""
+    with open(path, "w") as out:
+        out.write(str(time.time()))
+    return os.getpid()
