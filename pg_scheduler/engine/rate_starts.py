@@ -5,10 +5,11 @@ The keyed claim stamps a start for each rate-limited job it takes
 (``scheduler_key_starts``, the database's clock as the statement runs) and
 counts the key's starts over the period plus a margin
 (:meth:`KeyStore.margin <pg_scheduler.store.keys.KeyStore.margin>`). That
-holds the function starts to the rate, timed by any clock, as long as each
-function starts within the margin of its stamp: then any span of one period
-holds the functions of stamps within one period plus the margin, which the
-claims keep to the rate's count.
+holds the functions' starts to the rate, as the functions' own clocks time
+them, as long as each function starts within the margin after its stamp:
+then the functions that start in any span of one period have their stamps
+within one period plus the margin, and the claims keep such a span to the
+rate's count.
 
 The stamp comes after the claim was sent, so the worker bounds the gap on its
 own monotonic clock: a job whose function would start later than the margin

@@ -85,7 +85,7 @@ class NotStarted(Exception):
 Gate = Callable[[], object]
 
 
-def _gated(gate: Gate, func: Any, *args: Any, **kwargs: Any) -> Any:
+def _gated(gate: Gate, func: Any, /, *args: Any, **kwargs: Any) -> Any:
     verdict = gate()
     if verdict is not True:
         raise NotStarted(verdict)
