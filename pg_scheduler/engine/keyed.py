@@ -62,8 +62,6 @@ class KeyedClaims:
         self.rate_starts = rate_starts
         #: Keys with due work and room (as read before their locks) at the last claim.
         self.seen = 0
-        #: Whether a key another claim held had due work at the last claim.
-        self.held = False
         self._looked_at = float("-inf")
         #: The list as read, the keys the next claims visit (in order), and when
         #: the list was read.
@@ -112,7 +110,7 @@ class KeyedClaims:
         listed = await self._keys(conn)
         window = None if listed is None else listed[: VISIT_WINDOW * room]
         sent = time.monotonic()
-        rows, seen, held, reach = await self.store.claim(
+        rows, seen, _, reach = await self.store.claim(
             conn,
             limit=room,
             tasks=names,
@@ -135,7 +133,6 @@ class KeyedClaims:
                 gone = 1 + max(i for i, k in enumerate(window) if k.key in taken)
             self._list = self._list[max(gone, 1) :]
         self.seen = len(seen)
-        self.held = held is not None
         self._looked_at = time.monotonic()
         return rows
 
