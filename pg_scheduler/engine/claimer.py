@@ -125,7 +125,7 @@ class Worker:
         # on the server connection and reaches other clients.
         self.connection = HeldConnection(store.pool, asynchronous_commit=asynchronous_commit)
         # Global limits: limited tasks and queues are claimed apart (engine/limited.py).
-        self.limits = LimitedClaims(store.limits)
+        self.limits = LimitedClaims(store.limits, self.executor.rate_starts)
         # Jobs with a concurrency key: claimed apart (engine/keyed.py).
         self.keyed = KeyedClaims(store.keys, self.executor.rate_starts)
         # The next claim is the plain one even while limits exist (a limited

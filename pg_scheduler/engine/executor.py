@@ -117,9 +117,9 @@ class Executor:
         self.lingering: dict[str, Any] = {}
         self.sync = SyncRunners(thread_pool_size, process_pool_size or default_process_pool_size())
         self.log_debug = self.log_info = True
-        #: Rate-limited keyed jobs claimed and not started yet (the keyed claim
-        #: fills it): each function starts within the window's margin of its stamp.
-        self.rate_starts = RateStarts()
+        #: Rate-limited jobs claimed and not started yet (the keyed and the
+        #: limited claims fill it): each function starts within the window's margin of its stamp.
+        self.rate_starts = RateStarts(store, worker_id)
 
     def check_log_levels(self) -> None:
         # Checked once per claim, not per job.
@@ -327,7 +327,7 @@ class Executor:
         """Whether a rate-limited keyed job may start its function now (see
         :mod:`.rate_starts`); if not, it is handed back or no longer ours."""
         try:
-            admitted = await RateStarts.admit(rated, job.job_id, job.attempt, self._restamp)
+            admitted = await self.rate_starts.admit(rated, job.job_id, job.attempt)
         except Exception as exc:  # no stamp can be moved: do not start late
             log.warning(
                 "could not stamp a late rate-limited start again, handing the job back",
@@ -356,20 +356,6 @@ class Executor:
                     **self._fields(job),
                 )
 
-    async def _restamp(
-        self, key: str, job_id: str, attempt: int, most: int, period: float
-    ) -> bool | None:
-        async with self.store.pool.acquire() as conn:
-            return await self.store.keys.restamp(
-                conn,
-                key=key,
-                job_id=job_id,
-                worker_id=self.worker_id,
-                attempt=attempt,
-                most=most,
-                period=period,
-            )
-
     def _slot_done(self, running: RunningJob) -> None:
         # A thread still running keeps its slot: the job's task waits for it
         # (see _wait_linger) and the claimer frees the slot when the task ends.
@@ -391,11 +377,10 @@ class Executor:
         gate = None
         if rated is not None:
             gate = partial(
-                RateStarts.admit_in_thread,
+                self.rate_starts.admit_in_thread,
                 rated,
                 job.job_id,
                 job.attempt,
-                self._restamp,
                 asyncio.get_running_loop(),
             )
         job_id = running.job.job_id

@@ -26,6 +26,7 @@ import asyncpg
 from ..store.bounded import BoundedPool
 from ..store.limits import LimitStore
 from ..store.names import Executor
+from .rate_starts import RateStarts
 
 #: How stale the set of limited tasks and queues may get.
 REFRESH = 1.0
@@ -50,8 +51,10 @@ class LimitedClaims:
     every binding limit it holds), so a stale view here can delay a limited
     job by up to ``REFRESH`` but never start one past its limit."""
 
-    def __init__(self, store: LimitStore) -> None:
+    def __init__(self, store: LimitStore, rate_starts: RateStarts) -> None:
         self.store = store
+        #: Where the claim's send time of each rate-limited row goes.
+        self.rate_starts = rate_starts
         self.tasks: frozenset[str] = frozenset()
         self.queues: frozenset[str] = frozenset()
         self._loaded_at = float("-inf")
@@ -167,7 +170,8 @@ class LimitedClaims:
         if isinstance(db, asyncpg.Pool | BoundedPool):  # the transaction needs one connection
             async with db.acquire() as conn:
                 return await self._claim_group(conn, group, room, worker_id, lease_seconds, cut)
-        return await self.store.claim(
+        sent = time.monotonic()
+        rows = await self.store.claim(
             cast(asyncpg.Connection, db),
             group.keys,
             limit=room,
@@ -178,3 +182,5 @@ class LimitedClaims:
             lease_seconds=lease_seconds,
             cut=cut,
         )
+        self.rate_starts.claimed_limited(rows, sent)
+        return rows

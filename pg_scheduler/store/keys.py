@@ -76,11 +76,7 @@ def lock_class(schema: str) -> int:
 class KeyStore:
     """The keyed claim and the per-key listing of one schema."""
 
-    #: Slack on the rate window, as a share of LimitStore's (min(10 % of the
-    #: period, 0.25 s)): starts are counted over the period plus this, and a
-    #: job whose function would start later than this after its claim was
-    #: sent is stamped again first (engine/rate_starts.py). 0.2: 20 ms for a
-    #: rate per second.
+    #: Slack on the rate window, as for global limits (LimitStore.RATE_MARGIN).
     RATE_MARGIN = 0.2
 
     def __init__(self, q: Qualifier) -> None:

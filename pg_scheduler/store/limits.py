@@ -89,10 +89,13 @@ _LIMITED_CLAIM = f"""
     )
 },
 lim AS (
-    SELECT l.scope, l.name, l.max_running, l.rate_count,
+    SELECT l.scope, l.name, l.max_running, l.rate_count, l.rate_period,
            {_IN_WINDOW.format(margin="$8")} AS recent
       FROM scheduler_limits l
       JOIN unnest($1::text[], $2::text[]) AS k(scope, name) USING (scope, name)
+), stamp AS (
+    -- One stamp for every start of this claim, on every rate-limited row.
+    SELECT clock_timestamp() AS at
 ), room AS (
     SELECT GREATEST(0, LEAST($3::int, min(LEAST(
                lim.max_running - (SELECT count(*) FROM scheduled_jobs r
@@ -110,12 +113,66 @@ lim AS (
 ), stamped AS (
     UPDATE scheduler_limits l
        SET recent_starts = lim.recent || array_fill(
-               clock_timestamp(),
+               (SELECT at FROM stamp),
                ARRAY[(SELECT count(*) FROM claimed WHERE claimed.status = 'running')::int])
       FROM lim
      WHERE l.scope = lim.scope AND l.name = lim.name AND lim.rate_count IS NOT NULL
 )
-SELECT * FROM claimed
+-- limit_stamp: the claim's stamp, and limit_margin: the least margin of the
+-- rates that bound it (NULL: no rate did), for the worker's check that each
+-- function starts within that margin of its stamp (engine/rate_starts.py).
+SELECT c.*, (SELECT at FROM stamp) AS limit_stamp,
+       (SELECT min($8::float8 * LEAST(0.25, 0.1 * lim.rate_period)) FROM lim
+         WHERE lim.rate_count IS NOT NULL) AS limit_margin
+  FROM claimed c
+"""
+
+# A late start of a job a limited claim took (see engine/rate_starts.py),
+# under the locks of the limit rows binding its task ($4) and queue ($5)
+# (taken by the statement before, so this one's snapshot sees every start
+# committed before they were granted): $1 job, $2 worker, $3 attempt, $6 the
+# claim's stamp, $7 the rate window's margin (as a share). If the job is
+# still this attempt's, one copy of the stamp goes from each rate-limited
+# row and, where every such row's other starts in its window leave room, a
+# stamp of now is added to each: ``moved`` true; no room: ``moved`` false
+# (the worker hands the job back). No row: no longer this attempt's.
+_RESTAMP = f"""
+WITH mine AS (
+    SELECT 1 FROM scheduled_jobs
+     WHERE job_id = $1::text AND worker_id = $2::text AND attempts = $3::int
+       AND status = 'running'
+), lim AS (
+    SELECT l.scope, l.name, l.rate_count, l.rate_period,
+           array_position(l.recent_starts, $6::timestamptz) AS at, l.recent_starts
+      FROM scheduler_limits l, mine
+     WHERE ((l.scope = 'task' AND l.name = $4::text) OR (l.scope = 'queue' AND l.name = $5::text))
+       AND l.rate_count IS NOT NULL
+), kept AS (
+    SELECT x.scope, x.name, x.rate_count, x.rate_period,
+           CASE WHEN x.at IS NULL THEN x.recent_starts
+                ELSE x.recent_starts[:x.at - 1] || x.recent_starts[x.at + 1:] END AS recent_starts
+      FROM lim x
+), room AS (
+    SELECT coalesce(bool_and(
+               cardinality({_IN_WINDOW.format(margin="$7::float8")}) < l.rate_count), true) AS ok
+      FROM kept l
+), moved AS (
+    UPDATE scheduler_limits l
+       SET recent_starts = k.recent_starts
+                           || CASE WHEN room.ok THEN ARRAY[clock_timestamp()]
+                                   ELSE '{{}}'::timestamptz[] END
+      FROM kept k, room
+     WHERE l.scope = k.scope AND l.name = k.name
+)
+SELECT room.ok AS moved FROM room, mine
+"""
+# The limit rows that bind a task ($1) and a queue ($2), locked in key order
+# (as the limited claim's _LOCK orders them), waiting for a claim holding one.
+_LOCK_FOR_RESTAMP = """
+SELECT 1 FROM scheduler_limits l
+ WHERE (l.scope = 'task' AND l.name = $1::text) OR (l.scope = 'queue' AND l.name = $2::text)
+ ORDER BY l.scope, l.name
+   FOR UPDATE
 """
 
 # A limit row ``l`` that binds the group ``r``, and whether it has no room now
@@ -190,11 +247,13 @@ UNION ALL
 class LimitStore:
     """Reads and writes ``scheduler_limits``; runs the limited claim."""
 
-    #: Slack on the rate window for the gap between a claim and the job's own
-    #: start stamp: starts are counted over ``period`` plus min(10 % of it,
-    #: 0.25 s), so no window of ``period`` holds more than ``count`` starts
-    #: even when one job starts late. 0 turns the slack off.
-    RATE_MARGIN = 1.0
+    #: Slack on the rate window for the gap between a claim's stamp and the
+    #: job's own start, as a share of min(10 % of the period, 0.25 s): starts
+    #: are counted over ``period`` plus the slack, and a job whose function
+    #: would start later than the slack after its claim was sent is stamped
+    #: again first (engine/rate_starts.py), so no span of ``period`` holds
+    #: more than ``count`` function starts. 0.2: 20 ms for a rate per second.
+    RATE_MARGIN = 0.2
 
     def __init__(self, pool: asyncpg.Pool, qualify: Qualifier) -> None:
         self.pool = pool
@@ -206,6 +265,35 @@ class LimitStore:
         self._claim = qualify(_LIMITED_CLAIM)
         self._claim_beside = qualify(_CLAIM_BESIDE_LIMITS)
         self._due = qualify(_LIMITED_DUE)
+        self._restamp = qualify(_RESTAMP)
+        self._lock_for_restamp = qualify(_LOCK_FOR_RESTAMP)
+
+    @classmethod
+    def margin(cls, period: float) -> float:
+        """The rate window's margin in seconds for a limit over ``period`` seconds."""
+        return cls.RATE_MARGIN * min(0.25, 0.1 * period)
+
+    async def restamp(
+        self,
+        conn: asyncpg.Connection,
+        *,
+        job_id: str,
+        worker_id: str,
+        attempt: int,
+        task: str,
+        queue: str,
+        stamp: datetime,
+    ) -> bool | None:
+        """Move the start of ``job_id`` (this worker's ``attempt``), stamped
+        ``stamp`` by its limited claim, to now on each rate limit binding
+        ``task`` and ``queue``, if every one has room: True; no room: False,
+        and its stamp is dropped (the caller hands the job back); None: the
+        job is no longer this attempt's (nothing written)."""
+        async with conn.transaction():
+            await conn.execute(self._lock_for_restamp, task, queue)
+            return await conn.fetchval(
+                self._restamp, job_id, worker_id, attempt, task, queue, stamp, self.RATE_MARGIN
+            )
 
     async def set(
         self,

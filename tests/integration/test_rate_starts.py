@@ -1,6 +1,7 @@
-"""A rate-limited keyed job whose function would start later than the rate
-window's margin after its claim was sent is stamped again first, or handed
-back when its window is full (engine/rate_starts.py)."""
+"""A rate-limited job (a per-key rate, or a task's or queue's global rate
+limit) whose function would start later than the rate window's margin after
+its claim was sent is stamped again first, or handed back when its window is
+full (engine/rate_starts.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import pytest
 
 from pg_scheduler import JobSpec
 from pg_scheduler.engine import rate_starts
-from tests.support import key_tasks, sync_tasks
+from pg_scheduler.store.limits import LimitStore
+from tests.support import key_tasks, limit_tasks, sync_tasks
+from tests.support.common import wait_until
 from tests.support.key_runs import finished, spans
 from tests.support.spans import most_starts_in
 
@@ -215,3 +218,112 @@ async def test_a_late_thread_or_process_job_is_checked_where_its_function_starts
         assert float(mark.read_text()) >= after["started_at"].timestamp()
         assert (job["status"], job["attempts"]) == ("completed", 1)
     assert executor.sync.pids == {}
+
+
+# -- global rate limits (scheduler_limits) --------------------------------------------
+
+
+async def _limit_runs(pool: asyncpg.Pool) -> None:
+    await pool.execute(
+        "CREATE TABLE IF NOT EXISTS limit_runs (n int, pid int, started float8, ended float8)"
+    )
+    await pool.execute("TRUNCATE limit_runs")
+
+
+async def _limited_one(pool: asyncpg.Pool, scheduler):
+    """One job of ``limits.rated`` (5/s) claimed by the worker's limited claim (not started)."""
+    await scheduler.configure_task("limits.rated", rate_limit="5/s")
+    await scheduler.schedule(limit_tasks.rated, args=(0,))
+    worker = scheduler.worker
+    async with pool.acquire() as conn:
+        rows = await worker.limits.store.claim(
+            conn,
+            [("task", "limits.rated")],
+            limit=1,
+            tasks=["limits.rated"],
+            queues=None,
+            caps=None,
+            worker_id=worker.worker_id,
+            lease_seconds=60,
+        )
+    (row,) = rows
+    return row
+
+
+async def _limit_starts(pool: asyncpg.Pool) -> list:
+    return list(
+        await pool.fetchval(
+            "SELECT recent_starts FROM scheduler_limits"
+            " WHERE scope = 'task' AND name = 'limits.rated'"
+        )
+    )
+
+
+async def test_a_limited_claim_returns_its_stamp_and_the_rates_margin(pool, make_scheduler):
+    scheduler = await make_scheduler(start=False)
+    await scheduler.initialize_db()
+    row = await _limited_one(pool, scheduler)
+    assert await _limit_starts(pool) == [row["limit_stamp"]]
+    assert row["limit_margin"] == pytest.approx(LimitStore.margin(1.0))
+
+
+@pytest.mark.parametrize("full", [False, True])
+async def test_a_late_start_of_a_limited_job_moves_its_stamp_or_is_handed_back(
+    pool, make_scheduler, dsn, monkeypatch, full
+):
+    monkeypatch.setenv("PG_SCHEDULER_DSN", dsn)
+    await _limit_runs(pool)
+    scheduler = await make_scheduler(start=False)
+    await scheduler.initialize_db()
+    row = await _limited_one(pool, scheduler)
+    if full:  # five starts of other workers' claims landed meanwhile
+        await pool.execute(
+            "UPDATE scheduler_limits SET recent_starts = recent_starts"
+            " || array_fill(clock_timestamp(), ARRAY[5]) WHERE name = 'limits.rated'"
+        )
+    others = [s for s in await _limit_starts(pool) if s != row["limit_stamp"]]
+    executor = scheduler.worker.executor
+    executor.rate_starts.claimed_limited([row], time.monotonic() - 1.0)
+    try:
+        await executor.execute_job(row)
+    finally:
+        await scheduler.worker.completer.connection.release()
+    job = await pool.fetchrow(
+        "SELECT status, attempts FROM scheduled_jobs WHERE job_id = $1", row["job_id"]
+    )
+    starts = await _limit_starts(pool)
+    ran = await pool.fetch("SELECT started FROM limit_runs")
+    if full:
+        assert (job["status"], job["attempts"]) == ("pending", 0)
+        assert starts == others and ran == []
+    else:
+        assert (job["status"], job["attempts"]) == ("completed", 1)
+        (moved,) = starts
+        assert moved > row["limit_stamp"]
+        (run,) = ran
+        assert run["started"] >= moved.timestamp()
+
+
+async def test_when_every_limited_start_is_late_the_global_rate_holds(
+    pool, make_scheduler, dsn, monkeypatch
+):
+    monkeypatch.setenv("PG_SCHEDULER_DSN", dsn)
+    await _limit_runs(pool)
+    stamped = rate_starts.RateStarts.claimed_limited
+
+    def late(self, rows, sent):
+        stamped(self, rows, sent - 1.0)
+
+    monkeypatch.setattr(rate_starts.RateStarts, "claimed_limited", late)
+    scheduler = await make_scheduler(max_concurrent_jobs=20, batch_claim_limit=20)
+    await scheduler.configure_task("limits.rated", rate_limit="4/s")
+    await scheduler.schedule_bulk([JobSpec(limit_tasks.rated, args=(n,)) for n in range(12)])
+
+    async def all_ran() -> bool:
+        return await pool.fetchval("SELECT count(*) FROM limit_runs") == 12
+
+    await wait_until(all_ran, timeout=30, message="12 runs")
+    starts = [r["started"] for r in await pool.fetch("SELECT started FROM limit_runs")]
+    assert most_starts_in(starts, 1.0) <= 4
+    assert max(starts) - min(starts) >= 2.0  # 12 starts at 4/s need three windows
+    assert sorted(r["n"] for r in await pool.fetch("SELECT n FROM limit_runs")) == list(range(12))
