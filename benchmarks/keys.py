@@ -17,6 +17,11 @@ for each part:
   1 s window (must be <= 5), and the aggregate start rate as a share of
   ``rate_keys x 5/s`` (the starts over the first start to the last plus one
   second: a key at its limit starts 5, then 5 more a second later, ...).
+  ``--rates-only --global-rate``: the same jobs under one global
+  ``rate_limit`` of ``rate_keys x 5/s`` on their task instead.
+
+For an A/B run, start it from outside both checkouts with ``PYTHONPATH`` set
+to the one to measure: the workers import the library this script imported.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import asyncpg
 import structlog
 from checkouts import admin, database_dsn, server_dsn  # benchmarks/, next to this script
 
+import pg_scheduler
 from pg_scheduler import JobSpec, Scheduler, task
 
 structlog.configure(
@@ -75,6 +81,12 @@ async def rated(key: str, i: int) -> None:
     if _stamps is None:  # one per worker process
         _stamps = await asyncpg.create_pool(os.environ["PG_SCHEDULER_DSN"], min_size=1, max_size=2)
     await _stamps.execute("INSERT INTO key_starts_seen (key, at) VALUES ($1, $2)", key, started)
+
+
+@task(name="bench.keys.global_rated")
+async def global_rated(key: str, i: int) -> None:
+    """The same stamp, for a task under a global ``rate_limit`` (``--global-rate``)."""
+    await rated(key, i)
 
 
 async def _fresh(dsn: str) -> tuple[asyncpg.Pool, str, str]:
@@ -136,13 +148,18 @@ def _most_in_window(starts: list[float], window: float) -> int:
     return most
 
 
-async def rates(dsn: str, keys: int, per_key: int) -> dict[str, Any]:
+async def rates(dsn: str, keys: int, per_key: int, global_rate: bool = False) -> dict[str, Any]:
+    """``global_rate``: the same jobs under one global ``rate_limit`` of their
+    task (``keys`` x 5/s) instead of a rate per key."""
     pool, name, url = await _fresh(dsn)
     here = HERE
+    library = str(Path(pg_scheduler.__file__).parents[1])
     env = {
         **os.environ,
         "PG_SCHEDULER_DSN": url,
-        "PYTHONPATH": os.pathsep.join([str(here), str(here.parent)]),
+        # The workers import the library this script imported (a checkout
+        # given by PYTHONPATH, for an A/B run).
+        "PYTHONPATH": os.pathsep.join([str(here), library]),
     }
     workers: list[asyncio.subprocess.Process] = []
     try:
@@ -158,6 +175,7 @@ async def rates(dsn: str, keys: int, per_key: int) -> dict[str, Any]:
                     "worker",
                     "keys:SETTINGS",
                     env=env,
+                    cwd=library,  # ``-m`` puts the working directory first on the path
                 )
             )
         deadline = time.monotonic() + 60
@@ -165,7 +183,13 @@ async def rates(dsn: str, keys: int, per_key: int) -> dict[str, Any]:
             assert time.monotonic() < deadline, "3 workers did not register"
             await asyncio.sleep(0.1)
         when = datetime.now(UTC) - timedelta(seconds=1)
-        specs = [JobSpec(rated, when, (f"r{k}", i)) for i in range(per_key) for k in range(keys)]
+        func = rated
+        if global_rate:
+            func = global_rated
+            await Scheduler(pool).configure_task(
+                "bench.keys.global_rated", rate_limit=f"{keys * RATE}/s"
+            )
+        specs = [JobSpec(func, when, (f"r{k}", i)) for i in range(per_key) for k in range(keys)]
         await Scheduler(pool).schedule_bulk(specs)
         total = len(specs)
         deadline = time.monotonic() + 60 + 2 * per_key / RATE
@@ -190,7 +214,7 @@ async def rates(dsn: str, keys: int, per_key: int) -> dict[str, Any]:
         await _drop(dsn, pool, name)
     by_key: dict[str, list[float]] = {}
     for r in rows:
-        by_key.setdefault(r["key"], []).append(r["at"])
+        by_key.setdefault("all" if global_rate else r["key"], []).append(r["at"])
     starts = [r["at"] for r in rows]
     # At the limit each key starts 5 at once, then 5 more a second later, ...:
     # its last start comes (per_key / 5 - 1) s after its first. The aggregate
@@ -198,7 +222,7 @@ async def rates(dsn: str, keys: int, per_key: int) -> dict[str, Any]:
     aggregate = len(starts) / (max(starts) - min(starts) + 1.0)
     claimed: dict[str, list[float]] = {}
     for r in claims:
-        claimed.setdefault(r["key"], []).append(r["at"])
+        claimed.setdefault("all" if global_rate else r["key"], []).append(r["at"])
     return {
         "rate_most_starts_per_key_in_1s": max(_most_in_window(v, 1.0) for v in by_key.values()),
         # The same from the claims' own time (started_at: the database's now()).
@@ -218,11 +242,17 @@ async def main() -> None:
     parser.add_argument("--rate-jobs", type=int, default=30)
     parser.add_argument("--dsn")
     parser.add_argument("--rates-only", action="store_true")
+    parser.add_argument(
+        "--global-rate",
+        action="store_true",
+        help="with --rates-only: one global rate_limit of rate-keys x 5/s on the task instead",
+    )
     args = parser.parse_args()
     dsn = server_dsn(args.dsn, "pgs-keys-")
     figures: dict[str, Any] = {}
     if args.rates_only:
-        print("RESULT " + json.dumps(await rates(dsn, args.rate_keys, args.rate_jobs)))
+        figures = await rates(dsn, args.rate_keys, args.rate_jobs, args.global_rate)
+        print("RESULT " + json.dumps(figures))
         return
     figures["plain_jobs_per_s"] = round(await drain(dsn, args.jobs, None))
     figures["keyed_jobs_per_s"] = round(await drain(dsn, args.jobs, args.keys))
