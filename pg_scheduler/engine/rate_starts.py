@@ -6,8 +6,7 @@ The keyed claim stamps a start for each rate-limited job it takes
 (``scheduler_key_starts``), and the limited claim on each rate-limited limit
 row (``scheduler_limits.recent_starts``), the database's clock as the
 statement runs; both count starts over the period plus a margin
-(:meth:`KeyStore.margin <pg_scheduler.store.keys.KeyStore.margin>`,
-:meth:`LimitStore.margin <pg_scheduler.store.limits.LimitStore.margin>`). That
+(:meth:`LimitStore.margin <pg_scheduler.store.limits.LimitStore.margin>`). That
 holds the functions' starts to the rate, as the functions' own clocks time
 them, as long as each function starts within the margin after its stamp:
 then the functions that start in any span of one period have their stamps
@@ -19,10 +18,15 @@ own monotonic clock: a job whose function would start later than the margin
 after its claim was sent (the loop was busy, the row waited for a slot) is
 stamped again first, under its key's lock (or its limit rows' locks): its old
 stamp goes, and a new one is written now if the other starts in the window
-leave room. With no
-room the job is handed back to pending (its attempt not spent) and a later
-claim takes it when the window has room. Either way no start is ever counted
-earlier than the function's own.
+leave room. With no room the job is handed back to pending (its attempt not
+spent) and a later claim takes it when the window has room. Either way no
+start is ever counted earlier than the function's own.
+
+A thread job is checked in its thread, just before its function is called,
+and a process job in the thread that owns its process, just before the
+arguments are sent (the process waits for them): the process start (about
+0.1 s) comes before the check, so a rate-limited process job is always
+stamped again.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from ..store import Store
-from ..store.keys import KeyStore
+from ..store.limits import LimitStore
 
 #: Entries of rows that never started here are dropped FORGET_AFTER seconds
 #: past their deadline, once more than FORGET_PAST are kept.
@@ -85,7 +89,7 @@ class RateStarts:
             count = row["claimed_rate"]
             if count is not None and row["status"] == "running":
                 period = float(row["claimed_period"])
-                margin = KeyStore.margin(period)
+                margin = LimitStore.margin(period)
                 self.stamped[row["job_id"]] = Stamped(
                     sent + margin, margin, row["claimed_key"], count, period
                 )

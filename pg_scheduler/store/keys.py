@@ -37,6 +37,7 @@ from typing import NamedTuple
 import asyncpg
 
 from .key_sql import _BUSIEST, _CLAIM_KEYS, _KEY_LIST, _LOCK_KEYS, _LOCK_LISTED, _RESTAMP
+from .limits import LimitStore
 from .names import Executor, Qualifier
 
 
@@ -76,8 +77,8 @@ def lock_class(schema: str) -> int:
 class KeyStore:
     """The keyed claim and the per-key listing of one schema."""
 
-    #: Slack on the rate window, as for global limits (LimitStore.RATE_MARGIN).
-    RATE_MARGIN = 0.2
+    #: Slack on the rate window: the global limits' (LimitStore.RATE_MARGIN).
+    RATE_MARGIN = LimitStore.RATE_MARGIN
 
     def __init__(self, q: Qualifier) -> None:
         self._lock = q(_LOCK_KEYS)
@@ -87,11 +88,6 @@ class KeyStore:
         self._busiest = q(_BUSIEST)
         self._restamp = q(_RESTAMP)
         self._class = lock_class(q.schema)
-
-    @classmethod
-    def margin(cls, period: float) -> float:
-        """The rate window's margin in seconds for a rate over ``period`` seconds."""
-        return cls.RATE_MARGIN * min(0.25, 0.1 * period)
 
     async def restamp(
         self,
