@@ -75,6 +75,13 @@ async def step(key: str, n: int, hold: float = 0.0, fail_first: int = 0) -> int:
     return n
 
 
+@task(name="keys.block_loop")
+async def block_loop(seconds: float) -> None:
+    """Holds the worker's event loop (no await) for ``seconds``: the jobs it
+    claimed meanwhile start late."""
+    time.sleep(seconds)  # noqa: ASYNC251 (the point: a blocked loop)
+
+
 SETTINGS = {
     "max_concurrent_jobs": 10,
     "batch_claim_limit": 10,

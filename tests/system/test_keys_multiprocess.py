@@ -1,11 +1,13 @@
 """Concurrency keys across three worker processes, one killed with SIGKILL
-midway: an ordered key's jobs run one at a time in enqueue order, and no key
-ever runs more than its max_running_per_key (spans recorded by the job bodies)."""
+midway: an ordered key's jobs run one at a time in enqueue order, no key
+ever runs more than its max_running_per_key, and no key starts more than
+its rate allows (spans recorded by the job bodies)."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
@@ -13,7 +15,7 @@ import pytest
 from pg_scheduler import JobSpec, Scheduler
 from tests.support import key_tasks
 from tests.support.common import start_cli_worker, wait_until
-from tests.support.spans import max_overlap
+from tests.support.spans import max_overlap, most_starts_in
 
 ORDERED = 40
 CAPPED_KEYS = 4
@@ -86,3 +88,70 @@ async def test_keys_hold_across_processes_and_a_killed_worker(pool: asyncpg.Pool
         assert len({*range(PER_KEY)}) == PER_KEY
         assert max_overlap([(r["started"], r["ended"]) for r in spans]) <= 2
     assert await pool.fetchval("SELECT count(DISTINCT pid) FROM key_runs") >= 2
+
+
+RATED_KEYS = 4
+RATED_PER_KEY = 16
+
+
+@pytest.mark.slow
+async def test_per_key_rates_hold_by_body_time_with_stalled_loops_and_a_killed_worker(
+    pool: asyncpg.Pool, dsn: str
+):
+    """Jobs that block their worker's loop make other jobs of that worker
+    start late (each is stamped again or handed back), and a worker is killed
+    midway: every rated job runs, and no key starts more than 4 bodies in any
+    1 s span, as the bodies' own clocks time them."""
+    await key_tasks.make_table(pool)
+    workers = [await start_cli_worker(dsn, "tests.support.key_tasks:SETTINGS") for _ in range(3)]
+    try:
+
+        async def registered() -> bool:
+            return await pool.fetchval("SELECT count(*) FROM scheduler_workers") >= 3
+
+        await wait_until(registered, timeout=60, interval=0.1, message="3 workers")
+        scheduler = Scheduler(pool)  # never started: it only enqueues
+        now = datetime.now(UTC)
+        specs = [
+            JobSpec(
+                key_tasks.step,
+                now,
+                (f"rated{k}", n),
+                concurrency_key=f"rated{k}",
+                rate_limit_per_key="4/s",
+            )
+            for n in range(RATED_PER_KEY)
+            for k in range(RATED_KEYS)
+        ]
+        # Loop stalls of 0.4 s, one every 0.2 s for 4 s, in whichever worker takes them.
+        specs += [
+            JobSpec(key_tasks.block_loop, now + timedelta(seconds=0.2 * i), (0.4,))
+            for i in range(20)
+        ]
+        await scheduler.schedule_bulk(specs)
+
+        async def some_ran() -> bool:
+            return await pool.fetchval("SELECT count(*) FROM key_runs") >= 8
+
+        await wait_until(some_ran, timeout=60, interval=0.02, message="8 runs")
+        workers[0].send_signal(signal.SIGKILL)
+        await workers[0].wait()
+
+        async def all_done() -> bool:
+            return (
+                await pool.fetchval(
+                    "SELECT count(*) FROM scheduled_jobs"
+                    " WHERE status = 'completed' AND task_name = 'keys.step'"
+                )
+                == RATED_KEYS * RATED_PER_KEY
+            )
+
+        await wait_until(all_done, timeout=120, interval=0.1, message="every rated job completed")
+    finally:
+        await stop(workers)
+
+    for k in range(RATED_KEYS):
+        rows = await pool.fetch("SELECT n, started FROM key_runs WHERE key = $1", f"rated{k}")
+        # A run the kill cut short may run again: every run is a start the rate counts.
+        assert {r["n"] for r in rows} == set(range(RATED_PER_KEY))
+        assert most_starts_in([r["started"] for r in rows], 1.0) <= 4
