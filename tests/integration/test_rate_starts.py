@@ -47,6 +47,27 @@ async def _stamps(pool: asyncpg.Pool) -> list[asyncpg.Record]:
     )
 
 
+async def _fill_window(pool: asyncpg.Pool) -> None:
+    """Five other starts of key ``r`` in its window, as other workers' claims."""
+    await pool.execute(
+        "INSERT INTO scheduler_key_starts (concurrency_key, started_at, job_id)"
+        " SELECT 'r', clock_timestamp(), 'other-' || n FROM generate_series(1, 5) AS n"
+    )
+
+
+async def _start_late(scheduler, row, limited: bool = False) -> bool:
+    """Run the claimed ``row`` as its worker would, its claim sent a second
+    ago (so its start is late): execute_job's answer."""
+    rate_starts = scheduler.worker.executor.rate_starts
+    record = rate_starts.claimed_limited if limited else rate_starts.claimed
+    record([row], time.monotonic() - 1.0)
+    try:
+        return await scheduler.worker.executor.execute_job(row)
+    finally:
+        # The completion's connection (a started worker lets go of it at shutdown).
+        await scheduler.worker.completer.connection.release()
+
+
 async def test_the_claim_stamps_each_start_with_its_job(pool, make_scheduler):
     scheduler = await make_scheduler(start=False)
     await scheduler.initialize_db()
@@ -83,20 +104,15 @@ async def test_a_late_start_with_its_window_full_is_handed_back_unrun(pool, make
     scheduler = await make_scheduler(start=False)
     await scheduler.initialize_db()
     row = await _claimed_one(pool, scheduler)
-    await pool.execute(
-        "INSERT INTO scheduler_key_starts (concurrency_key, started_at, job_id)"
-        " SELECT 'r', clock_timestamp(), 'other-' || n FROM generate_series(1, 5) AS n"
-    )
-    executor = scheduler.worker.executor
-    executor.rate_starts.claimed([row], time.monotonic() - 1.0)  # sent a second ago
-    assert await executor.execute_job(row) is False
+    await _fill_window(pool)
+    assert await _start_late(scheduler, row) is False
     job = await pool.fetchrow(
         "SELECT status, attempts, worker_id FROM scheduled_jobs WHERE job_id = $1", row["job_id"]
     )
     assert (job["status"], job["attempts"], job["worker_id"]) == ("pending", 0, None)
     assert sorted(s["job_id"] for s in await _stamps(pool)) == [f"other-{n}" for n in range(1, 6)]
     assert await pool.fetchval("SELECT count(*) FROM key_runs") == 0
-    assert not executor.rate_starts.stamped
+    assert not scheduler.worker.executor.rate_starts.stamped
 
 
 async def test_a_late_start_no_longer_this_workers_writes_nothing_and_does_not_run(
@@ -112,9 +128,7 @@ async def test_a_late_start_no_longer_this_workers_writes_nothing_and_does_not_r
         row["job_id"],
     )
     before = await _stamps(pool)
-    executor = scheduler.worker.executor
-    executor.rate_starts.claimed([row], time.monotonic() - 1.0)
-    assert await executor.execute_job(row) is False
+    assert await _start_late(scheduler, row) is False
     assert await _stamps(pool) == before
     job = await pool.fetchrow(
         "SELECT status, worker_id FROM scheduled_jobs WHERE job_id = $1", row["job_id"]
@@ -168,14 +182,6 @@ async def test_when_every_start_is_late_the_rate_holds_and_each_job_runs_once(
     )
 
 
-async def _fill_window(pool: asyncpg.Pool) -> None:
-    """Five other starts of key ``r`` in its window, as other workers' claims."""
-    await pool.execute(
-        "INSERT INTO scheduler_key_starts (concurrency_key, started_at, job_id)"
-        " SELECT 'r', clock_timestamp(), 'other-' || n FROM generate_series(1, 5) AS n"
-    )
-
-
 @pytest.mark.parametrize(
     ("func", "name"),
     [(sync_tasks.mark_thread, "sync.mark_thread"), (sync_tasks.mark_process, "sync.mark_process")],
@@ -195,13 +201,7 @@ async def test_a_late_thread_or_process_job_is_checked_where_its_function_starts
     (before,) = await _stamps(pool)
     if full:
         await _fill_window(pool)
-    executor = scheduler.worker.executor
-    executor.rate_starts.claimed([row], time.monotonic() - 1.0)
-    try:
-        result = await executor.execute_job(row)
-    finally:
-        # The completion's connection (a started worker lets go of it at shutdown).
-        await scheduler.worker.completer.connection.release()
+    result = await _start_late(scheduler, row)
     job = await pool.fetchrow(
         "SELECT status, attempts FROM scheduled_jobs WHERE job_id = $1", row["job_id"]
     )
@@ -217,7 +217,7 @@ async def test_a_late_thread_or_process_job_is_checked_where_its_function_starts
         # The function started after its new stamp.
         assert float(mark.read_text()) >= after["started_at"].timestamp()
         assert (job["status"], job["attempts"]) == ("completed", 1)
-    assert executor.sync.pids == {}
+    assert scheduler.worker.executor.sync.pids == {}
 
 
 # -- global rate limits (scheduler_limits) --------------------------------------------
@@ -282,12 +282,7 @@ async def test_a_late_start_of_a_limited_job_moves_its_stamp_or_is_handed_back(
             " || array_fill(clock_timestamp(), ARRAY[5]) WHERE name = 'limits.rated'"
         )
     others = [s for s in await _limit_starts(pool) if s != row["limit_stamp"]]
-    executor = scheduler.worker.executor
-    executor.rate_starts.claimed_limited([row], time.monotonic() - 1.0)
-    try:
-        await executor.execute_job(row)
-    finally:
-        await scheduler.worker.completer.connection.release()
+    await _start_late(scheduler, row, limited=True)
     job = await pool.fetchrow(
         "SELECT status, attempts FROM scheduled_jobs WHERE job_id = $1", row["job_id"]
     )

@@ -34,8 +34,12 @@ async def stop(workers: list[asyncio.subprocess.Process]) -> None:
             await w.wait()
 
 
-@pytest.mark.slow
-async def test_keys_hold_across_processes_and_a_killed_worker(pool: asyncpg.Pool, dsn: str):
+async def run_with_a_kill(
+    pool: asyncpg.Pool, dsn: str, specs: list[JobSpec], kill_after: int, done: str, expected: int
+) -> None:
+    """Three ``key_tasks`` workers run ``specs``; one is killed with SIGKILL
+    once ``kill_after`` runs are recorded; returns when ``done`` (a count of
+    completed jobs) reaches ``expected``, the workers stopped."""
     await key_tasks.make_table(pool)
     workers = [await start_cli_worker(dsn, "tests.support.key_tasks:SETTINGS") for _ in range(3)]
     try:
@@ -44,37 +48,42 @@ async def test_keys_hold_across_processes_and_a_killed_worker(pool: asyncpg.Pool
             return await pool.fetchval("SELECT count(*) FROM scheduler_workers") >= 3
 
         await wait_until(registered, timeout=60, interval=0.1, message="3 workers")
-        scheduler = Scheduler(pool)  # never started: it only enqueues
-        specs = [
-            JobSpec(key_tasks.step, args=("ordered", n, 0.05), concurrency_key="o", ordered=True)
-            for n in range(ORDERED)
-        ]
-        specs += [
-            JobSpec(key_tasks.hold, args=(f"cap{k}", n, 0.1))  # the task's key, 2 at once
-            for n in range(PER_KEY)
-            for k in range(CAPPED_KEYS)
-        ]
-        await scheduler.schedule_bulk(specs)
-        total = len(specs)
+        await Scheduler(pool).schedule_bulk(specs)  # never started: it only enqueues
 
         async def some_ran() -> bool:
-            return await pool.fetchval("SELECT count(*) FROM key_runs") >= 15
+            return await pool.fetchval("SELECT count(*) FROM key_runs") >= kill_after
 
-        await wait_until(some_ran, timeout=60, interval=0.02, message="15 runs")
+        await wait_until(some_ran, timeout=60, interval=0.02, message=f"{kill_after} runs")
         workers[0].send_signal(signal.SIGKILL)
         await workers[0].wait()
 
         async def all_done() -> bool:
-            return (
-                await pool.fetchval(
-                    "SELECT count(*) FROM scheduled_jobs WHERE status = 'completed'"
-                )
-                == total
-            )
+            return await pool.fetchval(done) == expected
 
         await wait_until(all_done, timeout=120, interval=0.1, message="every job completed")
     finally:
         await stop(workers)
+
+
+@pytest.mark.slow
+async def test_keys_hold_across_processes_and_a_killed_worker(pool: asyncpg.Pool, dsn: str):
+    specs = [
+        JobSpec(key_tasks.step, args=("ordered", n, 0.05), concurrency_key="o", ordered=True)
+        for n in range(ORDERED)
+    ]
+    specs += [
+        JobSpec(key_tasks.hold, args=(f"cap{k}", n, 0.1))  # the task's key, 2 at once
+        for n in range(PER_KEY)
+        for k in range(CAPPED_KEYS)
+    ]
+    await run_with_a_kill(
+        pool,
+        dsn,
+        specs,
+        kill_after=15,
+        done="SELECT count(*) FROM scheduled_jobs WHERE status = 'completed'",
+        expected=len(specs),
+    )
 
     rows = await pool.fetch(
         "SELECT n, started, ended FROM key_runs WHERE key = 'ordered' ORDER BY started"
@@ -102,53 +111,31 @@ async def test_per_key_rates_hold_by_body_time_with_stalled_loops_and_a_killed_w
     start late (each is stamped again or handed back), and a worker is killed
     midway: every rated job runs, and no key starts more than 4 bodies in any
     1 s span, as the bodies' own clocks time them."""
-    await key_tasks.make_table(pool)
-    workers = [await start_cli_worker(dsn, "tests.support.key_tasks:SETTINGS") for _ in range(3)]
-    try:
-
-        async def registered() -> bool:
-            return await pool.fetchval("SELECT count(*) FROM scheduler_workers") >= 3
-
-        await wait_until(registered, timeout=60, interval=0.1, message="3 workers")
-        scheduler = Scheduler(pool)  # never started: it only enqueues
-        now = datetime.now(UTC)
-        specs = [
-            JobSpec(
-                key_tasks.step,
-                now,
-                (f"rated{k}", n),
-                concurrency_key=f"rated{k}",
-                rate_limit_per_key="4/s",
-            )
-            for n in range(RATED_PER_KEY)
-            for k in range(RATED_KEYS)
-        ]
-        # Loop stalls of 0.4 s, one every 0.2 s for 4 s, in whichever worker takes them.
-        specs += [
-            JobSpec(key_tasks.block_loop, now + timedelta(seconds=0.2 * i), (0.4,))
-            for i in range(20)
-        ]
-        await scheduler.schedule_bulk(specs)
-
-        async def some_ran() -> bool:
-            return await pool.fetchval("SELECT count(*) FROM key_runs") >= 8
-
-        await wait_until(some_ran, timeout=60, interval=0.02, message="8 runs")
-        workers[0].send_signal(signal.SIGKILL)
-        await workers[0].wait()
-
-        async def all_done() -> bool:
-            return (
-                await pool.fetchval(
-                    "SELECT count(*) FROM scheduled_jobs"
-                    " WHERE status = 'completed' AND task_name = 'keys.step'"
-                )
-                == RATED_KEYS * RATED_PER_KEY
-            )
-
-        await wait_until(all_done, timeout=120, interval=0.1, message="every rated job completed")
-    finally:
-        await stop(workers)
+    now = datetime.now(UTC)
+    specs = [
+        JobSpec(
+            key_tasks.step,
+            now,
+            (f"rated{k}", n),
+            concurrency_key=f"rated{k}",
+            rate_limit_per_key="4/s",
+        )
+        for n in range(RATED_PER_KEY)
+        for k in range(RATED_KEYS)
+    ]
+    # Loop stalls of 0.4 s, one every 0.2 s for 4 s, in whichever worker takes them.
+    specs += [
+        JobSpec(key_tasks.block_loop, now + timedelta(seconds=0.2 * i), (0.4,)) for i in range(20)
+    ]
+    await run_with_a_kill(
+        pool,
+        dsn,
+        specs,
+        kill_after=8,
+        done="SELECT count(*) FROM scheduled_jobs"
+        " WHERE status = 'completed' AND task_name = 'keys.step'",
+        expected=RATED_KEYS * RATED_PER_KEY,
+    )
 
     for k in range(RATED_KEYS):
         rows = await pool.fetch("SELECT n, started FROM key_runs WHERE key = $1", f"rated{k}")
