@@ -15,7 +15,9 @@ server (or ``--dsn``); each round, in a fresh database each:
   Scheduler; reported as jobs/s and as a ratio to the plain drain of the
   same round. The delay of each edge is the dependent's ``started_at`` (its
   claim) minus its dependency's ``finished_at`` (its completion), both the
-  database's ``now()``: p50 and p99 over every edge;
+  database's ``now()``: p50 and p99 over every edge (zero for a dependent
+  its dependency's completion took over: the same statement), and the
+  delay between the two jobs' bodies as they ran (this process's clock);
 * single: one chain of ``length`` jobs alone, the same delays with no other
   work in the way (the mechanism's own cost: completion, trigger, NOTIFY,
   claim);
@@ -52,11 +54,14 @@ structlog.configure(
 _done = 0
 _target = 0
 _finished: asyncio.Event | None = None
+#: When each job's body ran (this process's clock), by its argument.
+_bodies: dict[int, float] = {}
 
 
 @task(name="bench.noop")
 async def noop(i: int) -> None:
     global _done
+    _bodies[i] = time.perf_counter()
     _done += 1
     if _done >= _target and _finished is not None:
         _finished.set()
@@ -108,6 +113,17 @@ async def _delays(pool: asyncpg.Pool) -> list[float]:
     return sorted(float(r["ms"]) for r in rows)
 
 
+def _body_delays(count: int, length: int) -> list[float]:
+    """Milliseconds from each chain job's body to its successor's body (as
+    the bodies saw them: the completion's write, the hand-over or claim, and
+    the start, whatever the database stamped)."""
+    return sorted(
+        (_bodies[c * length + i + 1] - _bodies[c * length + i]) * 1000
+        for c in range(count)
+        for i in range(length - 1)
+    )
+
+
 def _pct(values: list[float], q: float) -> float:
     return round(values[min(len(values) - 1, int(q * len(values)))], 2)
 
@@ -155,12 +171,16 @@ async def chains(dsn: str, count: int, length: int) -> dict[str, Any]:
             for spec in chain(*(JobSpec(noop, when, (c * length + i,)) for i in range(length)))
         ]
         await Scheduler(pool).schedule_bulk(specs)
+        _bodies.clear()
         elapsed = await _drain(pool, len(specs))
         delays = await _delays(pool)
+        bodies = _body_delays(count, length)
         return {
             "chain_jobs_per_s": round(len(specs) / elapsed),
             "delay_p50_ms": _pct(delays, 0.5),
             "delay_p99_ms": _pct(delays, 0.99),
+            "body_delay_p50_ms": _pct(bodies, 0.5),
+            "body_delay_p99_ms": _pct(bodies, 0.99),
         }
     finally:
         await _drop(dsn, pool, name)
@@ -194,9 +214,16 @@ async def single(dsn: str, length: int) -> dict[str, Any]:
         when = _when()
         specs = list(chain(*(JobSpec(noop, when, (i,)) for i in range(length))))
         await Scheduler(pool).schedule_bulk(specs)
+        _bodies.clear()
         await _drain(pool, length)
         delays = await _delays(pool)
-        return {"single_p50_ms": _pct(delays, 0.5), "single_p99_ms": _pct(delays, 0.99)}
+        bodies = _body_delays(1, length)
+        return {
+            "single_p50_ms": _pct(delays, 0.5),
+            "single_p99_ms": _pct(delays, 0.99),
+            "single_body_p50_ms": _pct(bodies, 0.5),
+            "single_body_p99_ms": _pct(bodies, 0.99),
+        }
     finally:
         await _drop(dsn, pool, name)
 

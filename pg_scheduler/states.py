@@ -108,6 +108,19 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(
         (RUNNING,),
         (COMPLETED,),
+        "job_sql._DONE",
+        "the completion's UPDATE, the fragment _COMPLETE and _COMPLETE_HANDING share",
+    ),
+    Transition(
+        (RUNNING,),
+        (COMPLETED,),
+        "job_sql._COMPLETE_HANDING",
+        "engine completer, a batch with dependents (engine/hand_off.py: those it takes over "
+        "are written running by pg_scheduler_dependencies_handed)",
+    ),
+    Transition(
+        (RUNNING,),
+        (COMPLETED,),
         "job_sql._COMPLETE_UNLOCKED",
         "engine completer (a batch not written: its rows apart, never waiting for a row lock)",
     ),
@@ -272,6 +285,13 @@ TRANSITIONS: tuple[Transition, ...] = (
         "function:pg_scheduler_dependencies_completed",
         "job_sql._COMPLETE, _COMPLETE_UNLOCKED, _SET_STATUS (0015): the running jobs a "
         "statement completes release their dependents, one call per statement",
+    ),
+    Transition(
+        (WAITING,),
+        (PENDING, RUNNING),
+        "function:pg_scheduler_dependencies_handed",
+        "job_sql._COMPLETE_HANDING (0023): as above, and the dependents the completing "
+        "worker may run are written running for it (engine/hand_off.py)",
     ),
 )
 

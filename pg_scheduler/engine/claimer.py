@@ -27,6 +27,7 @@ from .claim_events import ClaimEvents
 from .completer import Completer
 from .executor import Executor, log
 from .fair import FairClaims
+from .hand_off import HandOff
 from .handback import HandBack
 from .heads import ClaimHeads
 from .held import HeldConnection
@@ -115,6 +116,15 @@ class Worker:
             queue_paused=self.handback.queue_paused,
         )
         self.heartbeat_view = HeartbeatView(state, self.running, self.handback.cancel_local)
+        # A completion takes over the dependents it releases (engine/hand_off.py).
+        self.completer.hand_off = HandOff(
+            state=state,
+            slots=slots,
+            names=lambda: self.batches.plain(self.registry.names()),
+            lease_seconds=lease_seconds,
+            dispatch=self.dispatch,
+            release=self._release,
+        )
         self._wake = asyncio.Event()
         self._retry_timer: asyncio.TimerHandle | None = None
         # The claim loop's own connection (claims and next-due probes). Claims

@@ -41,6 +41,7 @@ from ..support.reconnect import (
     is_rolled_back_conflict,
     retry_on_disconnect,
 )
+from .hand_off import HandOff
 from .held import HeldConnection
 
 log = get_logger("pg_scheduler.worker")
@@ -245,6 +246,8 @@ class Completer:
         #: with the reason to record instead when the result itself was refused.
         self._held_back: list[tuple[_Entry, str | None]] = []
         self._rewriter: asyncio.Task[None] | None = None
+        #: Takes over the dependents a batch releases (engine/hand_off.py); None: never.
+        self.hand_off: HandOff | None = None
 
     @property
     def pending(self) -> int:
@@ -299,11 +302,31 @@ class Completer:
     async def _complete(self, batch: list[_Entry]) -> None:
         """The normal path: the whole batch in one statement."""
         done = [c for c, _, _ in batch]
+        delete = self._delete_completed()
+        hand_off = self.hand_off
+        offered = None
+        if hand_off is not None and not delete and any(c.has_dependents for c in done):
+            offered = hand_off.offer(len(done))
+        if hand_off is None or offered is None:
 
-        async def write(db: Executor) -> set[str]:
-            return await self._store.complete(self._worker_id, done, self._delete_completed(), db)
+            async def write(db: Executor) -> set[str]:
+                return await self._store.complete(self._worker_id, done, delete, db)
 
-        written = await retry_on_disconnect(lambda: self.connection.run(write), what="complete")
+            written = await retry_on_disconnect(lambda: self.connection.run(write), what="complete")
+            self._settle_written(batch, written)
+            return
+        room, claim = offered
+        handed: list[asyncpg.Record] = []
+
+        async def write_handing(db: Executor) -> tuple[set[str], list[asyncpg.Record]]:
+            return await self._store.complete_handing(self._worker_id, done, room, db)
+
+        try:
+            written, handed = await retry_on_disconnect(
+                lambda: self.connection.run(write_handing), what="complete"
+            )
+        finally:
+            await hand_off.taken(claim, handed)
         self._settle_written(batch, written)
 
     async def _pool_run(self, operation: Callable[[Executor], Awaitable[Any]]) -> Any:

@@ -298,7 +298,7 @@ class Executor:
                 return False
             if note:
                 log.warning(note, **self._fields(job))
-            completion = Completion(job.job_id, job.attempt, encoded)
+            completion = Completion(job.job_id, job.attempt, encoded, job.has_dependents)
             if defer and running.linger is None:
                 # The task ends here: the completer settles the job after its write.
                 if observed:

@@ -25,6 +25,9 @@ class ClaimedJob:
     max_retries: int
     timeout: float | None
     retry_policy: str | None
+    #: Some job depends on this one: its completion may hand dependents over
+    #: (engine/hand_off.py).
+    has_dependents: bool = False
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> ClaimedJob:
@@ -44,6 +47,7 @@ class ClaimedJob:
             get("max_retries") or 0,
             get("timeout"),
             get("retry_policy"),
+            get("has_dependents") or False,
         )
 
 

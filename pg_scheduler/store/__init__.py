@@ -8,7 +8,7 @@ scan over queues, pause/resume/list. ``schema``: migration bookkeeping.
 ``session``: statements about a connection itself.
 """
 
-from .jobs import Completion, NewJob, Store
+from .jobs import Completion, HandOffRoom, NewJob, Store
 from .names import (
     CANCEL_CHANNEL,
     DEFAULT_SCHEMA,
@@ -30,6 +30,7 @@ __all__ = [
     "QUEUES_CHANNEL",
     "Completion",
     "Executor",
+    "HandOffRoom",
     "NewJob",
     "Qualifier",
     "QueueStore",

@@ -50,7 +50,7 @@ WITH claimed AS (
     RETURNING j.job_id, j.job_name, j.task_name, j.task_data::text AS task_data,
               j.priority, j.execution_time, j.status, j.attempts, j.retry_count,
               j.max_retries, j.timeout, j.retry_policy::text AS retry_policy, j.claimed_ahead,
-              j.queue
+              j.has_dependents, j.queue
 ), {
     events_cte(
         "SELECT 'started', job_id, task_name, attempts, $2::text, NULL::float8, queue FROM claimed"

@@ -180,7 +180,7 @@ fair_due AS (
 )
 SELECT c.job_id, c.job_name, c.task_name, c.queue, c.task_data, c.priority,
        c.execution_time, c.status, c.attempts, c.retry_count, c.max_retries, c.timeout,
-       c.retry_policy, c.claimed_ahead
+       c.retry_policy, c.claimed_ahead, c.has_dependents
   FROM claimed c
 """
 

@@ -75,7 +75,8 @@ _REPLACE_SET = """
 # What the worker reads of a claimed row (the claim and the in-process start).
 _CLAIMED_COLUMNS = """j.job_id, j.job_name, j.task_name, j.queue, j.task_data::text AS task_data,
           j.priority, j.execution_time, j.status, j.attempts, j.retry_count,
-          j.max_retries, j.timeout, j.retry_policy::text AS retry_policy, j.claimed_ahead"""
+          j.max_retries, j.timeout, j.retry_policy::text AS retry_policy, j.claimed_ahead,
+          j.has_dependents"""
 
 
 # $1 tasks, $2 how many rows, $3 worker, $4 lease seconds, $5 how many start
@@ -229,16 +230,17 @@ _LEASE_GUARD = "job_id = $1 AND worker_id = $2 AND attempts = $3 AND status = 'r
 # (migration 0021), one set-based call each for the rows that have any. The
 # statement's WHERE calls pg_scheduler_completing() first, so that the row
 # triggers leave these rows to the calls.
-_FOLLOW_UPS = """released AS (
-    SELECT count(pg_scheduler_dependencies_completed(x.ids)) AS n
-      FROM (SELECT array_agg(d.job_id) AS ids FROM done d WHERE d.has_dependents) x
-     WHERE x.ids IS NOT NULL
-), counted AS (
+_COUNTED = """counted AS (
     SELECT count(pg_scheduler_children_completed(x.parents, x.seqs)) AS n
       FROM (SELECT array_agg(d.parent_job_id) AS parents, array_agg(d.parent_seq) AS seqs
               FROM done d WHERE d.parent_job_id IS NOT NULL) x
      WHERE x.parents IS NOT NULL
 )"""
+_FOLLOW_UPS = f"""released AS (
+    SELECT count(pg_scheduler_dependencies_completed(x.ids)) AS n
+      FROM (SELECT array_agg(d.job_id) AS ids FROM done d WHERE d.has_dependents) x
+     WHERE x.ids IS NOT NULL
+), {_COUNTED}"""
 
 # Completions: one pkey probe per id, and no join. $2 maps each id to
 # [attempt, result] in one jsonb object (its key lookup is a binary search);
@@ -247,8 +249,7 @@ _FOLLOW_UPS = """released AS (
 # generic plan (a prepared statement) expected one running row and ten ids,
 # chose a nested loop that rescanned the list for every row, and a batch of
 # 750 completions took 377 ms, O(n^2) in the batch size.
-_COMPLETE = f"""
-WITH done AS (
+_DONE = """done AS (
     UPDATE scheduled_jobs j
        SET status = 'completed', finished_at = now(), lease_until = NULL,
            result = NULLIF($2::jsonb -> j.job_id -> 1, 'null'::jsonb)
@@ -258,12 +259,51 @@ WITH done AS (
        AND (SELECT pg_scheduler_completing())
     RETURNING j.job_id, j.task_name, j.attempts, j.queue, j.has_dependents,
               j.parent_job_id, j.parent_seq
-), {_FOLLOW_UPS}, {
+)"""
+_COMPLETE = f"""
+WITH {_DONE}, {_FOLLOW_UPS}, {
     events_cte(
         "SELECT 'completed', job_id, task_name, attempts, $3::text, NULL::float8, queue FROM done"
     )
 }
 SELECT d.job_id FROM done d, sent, released, counted
+"""
+
+# The same completion by a worker that takes over the dependents it releases
+# (migration 0023; engine/hand_off.py): each row of the answer is a job it
+# completed (``handed`` false, only job_id set) or a dependent now running
+# here (``handed`` true, the claimed columns). $4 the lease (s), $5 the tasks
+# and $6 the queues (NULL: all) the worker's plain claim serves, $7 how many
+# it may take over, $8 how many of those start at once (the rest are claimed
+# ahead). A dependent less urgent than the most urgent due work of those
+# groups is left pending (the groups are read only when some row has
+# dependents). Their start events go with the completions'.
+_HANDED_COLUMNS = (
+    "job_name, task_name, queue, task_data, priority, execution_time, status, attempts, "
+    "retry_count, max_retries, timeout, retry_policy, claimed_ahead, has_dependents"
+).split(", ")
+_COMPLETE_HANDING = f"""
+{served_groups("$5", "$6", "NULL", "0", limits="none")},
+{_DONE}, urgent AS (
+    SELECT min(s.priority) AS priority FROM served s WHERE s.head <= now()
+), handed AS (
+    SELECT h.* FROM (SELECT array_agg(d.job_id) AS ids FROM done d WHERE d.has_dependents) x
+     CROSS JOIN LATERAL pg_scheduler_dependencies_handed(
+         x.ids, $3::text, $4::float8, $5::text[], $6::text[], $7::int, $8::int,
+         (SELECT u.priority FROM urgent u)) h
+     WHERE x.ids IS NOT NULL
+), {_COUNTED}, {
+    events_cte(
+        "SELECT 'completed', job_id, task_name, attempts, $3::text, NULL::float8, queue FROM done"
+        " UNION ALL SELECT 'started', job_id, task_name, attempts, $3::text, NULL::float8, queue"
+        " FROM handed"
+    )
+}
+SELECT d.job_id, false AS handed, {", ".join(f"NULL AS {c}" for c in _HANDED_COLUMNS)}
+  FROM done d, sent, counted
+UNION ALL
+SELECT h.job_id, true, {", ".join(f"h.{c}" for c in _HANDED_COLUMNS)}
+  FROM handed h
 """
 _COMPLETE_AND_DELETE = """
 DELETE FROM scheduled_jobs j

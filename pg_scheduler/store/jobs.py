@@ -22,6 +22,7 @@ from .job_sql import (
     _COMPLETE,
     _COMPLETE_AND_DELETE,
     _COMPLETE_AND_DELETE_UNLOCKED,
+    _COMPLETE_HANDING,
     _COMPLETE_UNLOCKED,
     _EXISTING_IDS,
     _FAIL,
@@ -94,10 +95,25 @@ _LOCAL_FIELDS = NewJob._fields.index("fair_share_key")
 
 
 @dataclass(frozen=True, slots=True)
+class HandOffRoom:
+    """What a completion may take over of the dependents it releases: up to
+    ``most`` rows of ``tasks`` in ``queues`` (None: every queue), the first
+    ``start_now`` of them starting at once, under a lease of ``lease_seconds``."""
+
+    tasks: Sequence[str]
+    queues: Sequence[str] | None
+    most: int
+    start_now: int
+    lease_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class Completion:
     job_id: str
     attempt: int
     result: str | None
+    #: Some job depends on this one (its claimed row said so).
+    has_dependents: bool = False
 
 
 def _completion_args(done: Sequence[Completion]) -> tuple[list[str], str]:
@@ -135,6 +151,7 @@ class Store(WorkerStatements):
         self._next_due = q(_NEXT_DUE)
         self._next_due_seeded = q(_NEXT_DUE_SEEDED)
         self._complete = q(_COMPLETE)
+        self._complete_handing = q(_COMPLETE_HANDING)
         self._complete_and_delete = q(_COMPLETE_AND_DELETE)
         self._complete_unlocked = q(_COMPLETE_UNLOCKED)
         self._complete_and_delete_unlocked = q(_COMPLETE_AND_DELETE_UNLOCKED)
@@ -299,6 +316,28 @@ class Store(WorkerStatements):
         statement = self._complete_and_delete if delete else self._complete
         rows = await (db or self.pool).fetch(statement, *_completion_args(done), worker_id)
         return {r["job_id"] for r in rows}
+
+    async def complete_handing(
+        self,
+        worker_id: str,
+        done: Sequence[Completion],
+        room: HandOffRoom,
+        db: Executor | None = None,
+    ) -> tuple[set[str], list[asyncpg.Record]]:
+        """As :meth:`complete` (never deleting), and the dependents the
+        completions release that ``worker_id`` may run, up to ``room.most``,
+        written running for it: (the ids written, those dependents' claimed rows)."""
+        rows = await (db or self.pool).fetch(
+            self._complete_handing,
+            *_completion_args(done),
+            worker_id,
+            room.lease_seconds,
+            list(room.tasks),
+            None if room.queues is None else list(room.queues),
+            room.most,
+            room.start_now,
+        )
+        return {r["job_id"] for r in rows if not r["handed"]}, [r for r in rows if r["handed"]]
 
     async def complete_unlocked(
         self,

@@ -43,11 +43,12 @@ TABLES = (
     "scheduler_throttles",
     "scheduler_batches",
 )
-# Functions the statements call by name (migrations 0015, 0021), qualified like tables.
+# Functions the statements call by name (migrations 0015, 0021, 0023), qualified like tables.
 FUNCTIONS = (
     "pg_scheduler_children_completed",
     "pg_scheduler_completing",
     "pg_scheduler_dependencies_completed",
+    "pg_scheduler_dependencies_handed",
     "pg_scheduler_dependency_ended",
 )
 _TABLE_RE = re.compile(r'(?<![."\w])(' + "|".join(TABLES + FUNCTIONS) + r")\b")

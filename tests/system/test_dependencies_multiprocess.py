@@ -1,7 +1,8 @@
 """Declared dependencies across two worker processes, one killed with SIGKILL
 midway: 20 chains of 10 jobs, each body recording its start (and end) by the
 database's clock. Every node runs and completes, none is lost, and no job
-starts before the job it depends on completed."""
+starts before the job it depends on completed; the dependents a completion
+took over (started on its worker, in its statement) are among them."""
 
 from __future__ import annotations
 
@@ -87,6 +88,15 @@ async def test_chains_survive_a_killed_worker_in_order(pool, dsn):
                 ):
                     early.append((before, after))
         assert early == [], "dependents started before their dependency completed"
+        # Most dependents were taken over by their dependency's completion
+        # (engine/hand_off.py): started in its statement, on its worker.
+        taken_over = await pool.fetchval(
+            """SELECT count(*) FROM job_dependencies e
+                 JOIN scheduled_jobs p ON p.job_id = e.depends_on
+                 JOIN scheduled_jobs d ON d.job_id = e.job_id
+                WHERE d.started_at = p.finished_at AND d.worker_id = p.worker_id"""
+        )
+        assert taken_over > 0
     finally:
         for worker in workers:
             if worker.returncode is None:
