@@ -10,8 +10,12 @@ predecessor leaves.
 
 Room: a batch of ``n`` completions takes over at most ``n`` dependents, so
 the rows this worker holds never grow by it (the completed rows are let go
-as the dependents are taken); those past the free slots wait in the buffer,
-claimed ahead, like a claim's. While the write is in flight it counts as a
+as the dependents are taken), and no more than the slots free when the
+write is sent, all started at once (as a claim's, a row whose slot the
+claim loop took meanwhile waits in the buffer). A busy worker (no free slot)
+takes nothing over: the released dependents are pending, and its claim
+loop (or another worker) claims them beside the next completion write, in
+their turn with other due work. While the write is in flight it counts as a
 claim in flight: rows written for this worker whose answer was lost are
 ghosts the heartbeat hands back. A worker that stopped claiming takes over
 nothing; rows that come back after it stopped are handed back at once.
@@ -55,8 +59,11 @@ class HandOff:
         the claim's number (counted in flight until :meth:`taken`); None: none."""
         state = self.state
         slots = self.slots
-        # Per-queue limits are counted per row as it is held: not taken over.
-        if completions <= 0 or not state.claiming or slots.queue_limits is not None:
+        # Only into free slots: with none, the claim loop takes the released
+        # dependents beside this write (more of the two at once). Per-queue
+        # limits are counted per row as it is held: not taken over.
+        most = min(completions, slots.start_now())
+        if most <= 0 or not state.claiming or slots.queue_limits is not None:
             return None
         names = self._names()
         if not names:
@@ -64,8 +71,8 @@ class HandOff:
         room = HandOffRoom(
             tasks=names,
             queues=slots.served,
-            most=completions,
-            start_now=slots.start_now(),
+            most=most,
+            start_now=most,
             lease_seconds=self._lease_seconds(),
         )
         state.claims_in_flight += 1

@@ -7,6 +7,7 @@ for any worker's claim, as before."""
 from __future__ import annotations
 
 import itertools
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,6 +27,7 @@ async def runs_table(pool: asyncpg.Pool) -> None:
     await pool.execute(t.TABLE)
     await pool.execute("TRUNCATE dep_runs")
     t.use_pool(pool)
+    t.gates.clear()
 
 
 @task(name="hand_off.other")
@@ -256,3 +258,24 @@ async def test_a_worker_that_stopped_claiming_takes_nothing_over(pool, make_sche
     assert scheduler.worker.state.claims_in_flight == 0
     scheduler.worker.stop_claiming()
     assert hand_off.offer(3) is None
+
+
+async def test_a_busy_worker_takes_over_only_into_free_slots(pool, make_scheduler):
+    """With every slot taken, a completion takes nothing over: its dependent
+    is pending, for a claim in its turn."""
+    scheduler = await make_scheduler(max_concurrent_jobs=2, batch_claim_limit=2)
+    hand_off = scheduler.worker.completer.hand_off
+    assert hand_off is not None
+    offered = hand_off.offer(5)
+    assert offered is not None and offered[0].most == 2  # the free slots, not 5
+    await hand_off.taken(offered[1], [])
+    await scheduler.schedule(t.gate, args=("one",))
+    await scheduler.schedule(t.gate, args=("two",))
+
+    async def both_running() -> bool:
+        return await pool.fetchval("SELECT count(*) = 2 FROM dep_runs WHERE ended_at IS NULL")
+
+    await wait_until(both_running, timeout=10, message="both slots taken")
+    assert hand_off.offer(5) is None
+    for name in ("one", "two"):
+        t.gates.setdefault(name, asyncio.Event()).set()
