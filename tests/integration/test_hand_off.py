@@ -6,8 +6,8 @@ for any worker's claim, as before."""
 
 from __future__ import annotations
 
-import itertools
 import asyncio
+import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
