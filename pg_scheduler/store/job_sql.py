@@ -276,14 +276,15 @@ SELECT d.job_id FROM done d, sent, released, counted
 # and $6 the queues (NULL: all) the worker's plain claim serves, $7 how many
 # it may take over, $8 how many of those start at once (the rest are claimed
 # ahead). A dependent less urgent than the most urgent due work of those
-# groups is left pending (the groups are read only when some row has
-# dependents). Their start events go with the completions'.
+# groups, limited or not, is left pending (the groups are read only when some
+# row has dependents; keyed and fair-share rows, claimed apart, are not among
+# them). Their start events go with the completions'.
 _HANDED_COLUMNS = (
     "job_name, task_name, queue, task_data, priority, execution_time, status, attempts, "
     "retry_count, max_retries, timeout, retry_policy, claimed_ahead, has_dependents"
 ).split(", ")
 _COMPLETE_HANDING = f"""
-{served_groups("$5", "$6", "NULL", "0", limits="none")},
+{served_groups("$5", "$6", "NULL", "0")},
 {_DONE}, urgent AS (
     SELECT min(s.priority) AS priority FROM served s WHERE s.head <= now()
 ), handed AS (

@@ -279,3 +279,20 @@ async def test_a_busy_worker_takes_over_only_into_free_slots(pool, make_schedule
     assert hand_off.offer(5) is None
     for name in ("one", "two"):
         t.gates.setdefault(name, asyncio.Event()).set()
+
+
+async def test_more_urgent_due_limited_work_keeps_the_dependent_pending(pool):
+    """A more urgent due job of a limited task also comes first: the take-over
+    leaves the slot to a claim."""
+    first, then = await _edge(pool, priority=JobPriority.NORMAL)
+    await Scheduler(pool).schedule(other, priority=JobPriority.CRITICAL)
+    await pool.execute(
+        "INSERT INTO scheduler_limits (scope, name, max_running)"
+        " VALUES ('task', 'hand_off.other', 5)"
+    )
+    try:
+        handed = (await _complete(pool, first, _room(tasks=["dep.step", "hand_off.other"])))[1]
+        assert handed == []
+        assert (await _status(pool, then))["status"] == "pending"
+    finally:
+        await pool.execute("DELETE FROM scheduler_limits")
