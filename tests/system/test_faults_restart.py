@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from pg_scheduler import JobSpec, PollingConfig, Scheduler
+from pg_scheduler import JobSpec, PollingConfig, Scheduler, chain
 from pg_scheduler.store.migrate import migrate
 from pg_scheduler.support.reconnect import is_connection_error
 from tests.support import fault_tasks
@@ -161,6 +161,78 @@ async def test_postgres_restart_loses_no_job(private, spawn_private):
     for worker in workers:
         assert worker.proc.returncode is None  # survived the outage
         assert "database unreachable" in worker.log_text() or "claim failed" in worker.log_text()
+
+
+async def test_postgres_restart_mid_chains_loses_no_job_and_starts_none_early(
+    private, spawn_private
+):
+    """50 chains of 40 over two workers, the server restarted midway: every
+    job completes, none starts before the job it depends on completed, and
+    dependents were taken over by their dependency's completion (the same
+    statement) on both sides of the restart."""
+    server, pool = private
+    await pool.execute("TRUNCATE job_dependencies")
+    chains, length = 50, 40
+    workers = await asyncio.gather(
+        spawn_private("w1", max_concurrent_jobs=40, pool_size=12),
+        spawn_private("w2", max_concurrent_jobs=40, pool_size=12),
+    )
+    await asyncio.gather(*(w.ready() for w in workers))
+    now = await pool.fetchval("SELECT now()")
+    specs = [
+        spec
+        for c in range(chains)
+        for spec in chain(
+            *(
+                JobSpec(
+                    func=fault_tasks.quick,
+                    execution_time=now,
+                    kwargs={"key": f"c{c}-{i}", "max_sleep": 0.02},
+                    job_id=f"c{c}-{i}",
+                )
+                for i in range(length)
+            )
+        )
+    ]
+    await Scheduler(pool, **FAULT).schedule_bulk(specs)
+    total = chains * length
+
+    async def completed() -> int | None:
+        return await fetchval_or_none(
+            pool, "SELECT count(*) FROM scheduled_jobs WHERE status = 'completed'"
+        )
+
+    async def a_third_done() -> bool:
+        return (await completed() or 0) >= total // 3
+
+    await wait_until(a_third_done, timeout=60, interval=0.01, message="a third done")
+    taken_before = await pool.fetchval(_TAKEN_OVER)
+    await asyncio.to_thread(restart_postgres, server)
+
+    async def all_done() -> bool:
+        return await completed() == total
+
+    await wait_until(all_done, timeout=90, interval=0.1, message="every job completed")
+    assert await pool.fetchval("SELECT count(DISTINCT job_key) FROM fault_runs") == total
+    early = await pool.fetch(
+        """SELECT e.depends_on, e.job_id FROM job_dependencies e
+             JOIN scheduled_jobs p ON p.job_id = e.depends_on
+            WHERE (SELECT min(r.at) FROM fault_runs r
+                    WHERE r.job_key = e.job_id AND r.phase = 'start') < p.finished_at"""
+    )
+    assert [tuple(r) for r in early] == [], "dependents started before their dependency completed"
+    taken_after = await pool.fetchval(_TAKEN_OVER) - taken_before
+    metric("restart.chains_taken_over_before", taken_before)
+    metric("restart.chains_taken_over_after", taken_after)
+    assert taken_before > 0 and taken_after > 0
+
+
+# Edges whose dependent was started by its dependency's completion statement.
+_TAKEN_OVER = """
+SELECT count(*) FROM job_dependencies e
+  JOIN scheduled_jobs p ON p.job_id = e.depends_on
+  JOIN scheduled_jobs d ON d.job_id = e.job_id
+ WHERE d.started_at = p.finished_at AND d.worker_id = p.worker_id"""
 
 
 async def test_silently_dead_listen_connection_is_detected_by_health_check(private, spawn_private):
