@@ -141,8 +141,11 @@ async def test_a_dependent_the_worker_would_not_claim_is_released_pending(pool, 
 async def test_a_dependent_of_a_paused_queue_or_a_limited_task_is_released_pending(pool):
     first, then = await _edge(pool, queue="paused")
     await Scheduler(pool).pause_queue("paused")
-    assert (await _complete(pool, first, _room()))[1] == []
-    assert (await _status(pool, then))["status"] == "pending"
+    try:
+        assert (await _complete(pool, first, _room()))[1] == []
+        assert (await _status(pool, then))["status"] == "pending"
+    finally:
+        await Scheduler(pool).resume_queue("paused")
 
     await pool.execute("TRUNCATE scheduled_jobs CASCADE")
     first, then = await _edge(pool)
@@ -247,15 +250,20 @@ async def test_a_worker_that_stopped_claiming_takes_nothing_over(pool, make_sche
     scheduler = await make_scheduler()
     hand_off = scheduler.worker.completer.hand_off
     assert hand_off is not None
+    state = scheduler.worker.state
+    # No await from here to the last check: the claim loop's own claims cannot
+    # move the count meanwhile.
+    before = state.claims_in_flight
     offered = hand_off.offer(3)
     assert offered is not None
+    assert state.claims_in_flight == before + 1  # the write counts as a claim in flight
     room, claim = offered
     assert (room.most, room.tasks) == (
         3,
         scheduler.worker.batches.plain(scheduler.registry.names()),
     )
-    await hand_off.taken(claim, [])
-    assert scheduler.worker.state.claims_in_flight == 0
+    await hand_off.taken(claim, [])  # no rows: nothing awaited
+    assert state.claims_in_flight == before
     scheduler.worker.stop_claiming()
     assert hand_off.offer(3) is None
 
