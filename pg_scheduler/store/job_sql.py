@@ -260,12 +260,12 @@ _DONE = """done AS (
     RETURNING j.job_id, j.task_name, j.attempts, j.queue, j.has_dependents,
               j.parent_job_id, j.parent_seq
 )"""
+# The completed events of a completion statement's rows (``done``).
+_COMPLETED_EVENTS = (
+    "SELECT 'completed', job_id, task_name, attempts, $3::text, NULL::float8, queue FROM done"
+)
 _COMPLETE = f"""
-WITH {_DONE}, {_FOLLOW_UPS}, {
-    events_cte(
-        "SELECT 'completed', job_id, task_name, attempts, $3::text, NULL::float8, queue FROM done"
-    )
-}
+WITH {_DONE}, {_FOLLOW_UPS}, {events_cte(_COMPLETED_EVENTS)}
 SELECT d.job_id FROM done d, sent, released, counted
 """
 
@@ -295,9 +295,9 @@ _COMPLETE_HANDING = f"""
      WHERE x.ids IS NOT NULL
 ), {_COUNTED}, {
     events_cte(
-        "SELECT 'completed', job_id, task_name, attempts, $3::text, NULL::float8, queue FROM done"
-        " UNION ALL SELECT 'started', job_id, task_name, attempts, $3::text, NULL::float8, queue"
-        " FROM handed"
+        _COMPLETED_EVENTS
+        + " UNION ALL SELECT 'started', job_id, task_name, attempts, $3::text, NULL::float8,"
+        " queue FROM handed"
     )
 }
 SELECT d.job_id, false AS handed, {", ".join(f"NULL AS {c}" for c in _HANDED_COLUMNS)}
@@ -347,11 +347,7 @@ WITH {_MINE}, done AS (
        AND (SELECT pg_scheduler_completing())
     RETURNING j.job_id, j.task_name, j.attempts, j.queue, j.has_dependents,
               j.parent_job_id, j.parent_seq
-), {_FOLLOW_UPS}, {
-    events_cte(
-        "SELECT 'completed', job_id, task_name, attempts, $3::text, NULL::float8, queue FROM done"
-    )
-}
+), {_FOLLOW_UPS}, {events_cte(_COMPLETED_EVENTS)}
 SELECT d.job_id, true AS written FROM done d, sent, released, counted
 UNION ALL{_HELD_ELSEWHERE}"""
 _COMPLETE_AND_DELETE_UNLOCKED = f"""

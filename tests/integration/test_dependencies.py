@@ -33,10 +33,7 @@ from tests.support.common import job_status, wait_for_status, wait_until
 
 @pytest.fixture(autouse=True)
 async def runs_table(pool: asyncpg.Pool) -> None:
-    await pool.execute(t.TABLE)
-    await pool.execute("TRUNCATE dep_runs")
-    t.use_pool(pool)
-    t.gates.clear()
+    await t.fresh_runs(pool)
 
 
 def now() -> datetime:

@@ -24,10 +24,7 @@ WORKER = "w-hand-off"
 
 @pytest.fixture(autouse=True)
 async def runs_table(pool: asyncpg.Pool) -> None:
-    await pool.execute(t.TABLE)
-    await pool.execute("TRUNCATE dep_runs")
-    t.use_pool(pool)
-    t.gates.clear()
+    await t.fresh_runs(pool)
 
 
 @task(name="hand_off.other")
@@ -47,13 +44,13 @@ def _room(**changes: Any) -> HandOffRoom:
     return HandOffRoom(**fields)
 
 
-async def _running(pool: asyncpg.Pool, job_id: str) -> Completion:
-    """``job_id`` made this test's running attempt (as a claim by WORKER would)."""
+async def _running(pool: asyncpg.Pool, job_id: str, worker: str = WORKER) -> Completion:
+    """``job_id`` made ``worker``'s running attempt (as its claim would)."""
     await pool.execute(
         "UPDATE scheduled_jobs SET status = 'running', worker_id = $2, attempts = 1,"
-        " started_at = now(), lease_until = now() + interval '1 minute' WHERE job_id = $1",
+        " started_at = now(), lease_until = now() + interval '1 hour' WHERE job_id = $1",
         job_id,
-        WORKER,
+        worker,
     )
     return Completion(job_id, 1, None, True)
 
@@ -225,15 +222,8 @@ async def test_a_dependent_taken_over_without_the_worker_knowing_is_handed_back(
     first = JobSpec(t.step, datetime.now(UTC) + timedelta(hours=1), ("first",))
     then = JobSpec(t.step, _now(), ("then",), depends_on=[first])
     first_id, then_id = await Scheduler(pool).schedule_bulk([first, then])
-    await pool.execute(
-        "UPDATE scheduled_jobs SET status = 'running', worker_id = $2, attempts = 1,"
-        " started_at = now(), lease_until = now() + interval '1 hour' WHERE job_id = $1",
-        first_id,
-        scheduler.worker_id,
-    )
-    written, handed = await scheduler.store.complete_handing(
-        scheduler.worker_id, [Completion(first_id, 1, None, True)], _room()
-    )
+    done = await _running(pool, first_id, scheduler.worker_id)
+    written, handed = await scheduler.store.complete_handing(scheduler.worker_id, [done], _room())
     assert written == {first_id} and [r["job_id"] for r in handed] == [then_id]
 
     async def ran() -> bool:

@@ -37,6 +37,14 @@ def use_pool(pool: asyncpg.Pool | None) -> None:
     _pool = pool
 
 
+async def fresh_runs(pool: asyncpg.Pool) -> None:
+    """An empty ``dep_runs`` on ``pool``, which the tasks then use; no gate set."""
+    await pool.execute(TABLE)
+    await pool.execute("TRUNCATE dep_runs")
+    use_pool(pool)
+    gates.clear()
+
+
 async def _get_pool() -> asyncpg.Pool:
     global _pool
     if _pool is None:  # one per worker process
