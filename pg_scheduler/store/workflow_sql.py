@@ -207,14 +207,17 @@ SELECT id, payload::text FROM taken
 _LOCK_FAMILY = """
 SELECT w.job_id FROM workflow_waits w WHERE w.job_id = $1 FOR UPDATE
 """
-# Where the children spawned at seqs $2 stand (their outcome, once ended).
-_SPAWNED = f"""
+# The children spawned at seqs $2 that have ended, with their outcome (a spawn
+# step still waiting on a child whose row is not final is left out: the run
+# already holds it as waiting).
+_SPAWNED_ENDED = f"""
 SELECT {_STEP_COLUMNS},
        {_CHILD_END}
   FROM workflow_steps s
   LEFT JOIN scheduled_jobs c
     ON s.status = 'waiting' AND c.job_id = s.result ->> 'job_id' AND c.status IN {_FINAL}
  WHERE s.job_id = $1 AND s.seq = ANY($2::int[]) AND s.kind = 'spawn'
+   AND (s.status <> 'waiting' OR c.job_id IS NOT NULL)
 """
 # A wait that is over (a signal taken, a timeout, children ended): its record
 # completed, and what the row waited for forgotten.

@@ -25,7 +25,7 @@ from .workflow_sql import (
     _RECORD,
     _SET_DEADLINE,
     _SPAWN,
-    _SPAWNED,
+    _SPAWNED_ENDED,
     _TAKE_SIGNAL,
     _WAKE_DUE,
 )
@@ -97,7 +97,7 @@ class WorkflowStore:
         self._lock_run = q(_LOCK_RUN)
         self._lock_family = q(_LOCK_FAMILY)
         self._take_signal = q(_TAKE_SIGNAL)
-        self._spawned = q(_SPAWNED)
+        self._spawned_ended = q(_SPAWNED_ENDED)
         self._finish_wait = q(_FINISH_WAIT)
         self._park = q(_PARK)
         self._spawn = q(_SPAWN)
@@ -193,9 +193,10 @@ class WorkflowStore:
         found = await conn.fetchval(self._lock_family, job_id, timeout=self.timeout)
         return found is not None
 
-    async def spawned(self, db: Executor, job_id: str, seqs: Sequence[int]) -> list[StepRow]:
-        """The spawn steps at ``seqs``, read afresh (as :class:`StepRow`)."""
-        rows = await db.fetch(self._spawned, job_id, list(seqs), timeout=self.timeout)
+    async def spawned_ended(self, db: Executor, job_id: str, seqs: Sequence[int]) -> list[StepRow]:
+        """The spawn steps at ``seqs`` whose child has ended, read afresh (as
+        :class:`StepRow`); a step whose child has not ended is not returned."""
+        rows = await db.fetch(self._spawned_ended, job_id, list(seqs), timeout=self.timeout)
         return [tuple(row) for row in rows]
 
     async def finish_wait(

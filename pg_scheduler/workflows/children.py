@@ -224,6 +224,21 @@ def _ended(run: RunState, seqs: Sequence[int]) -> dict[int, dict[str, Any]]:
     return found
 
 
+async def _read_ends(
+    run: RunState, db: asyncpg.Connection, seqs: Sequence[int], ended: dict[int, Any]
+) -> dict[int, dict[str, Any]]:
+    """Read which of the children at ``seqs`` not in ``ended`` have ended since,
+    keep their records, and return the outcomes of every child at ``seqs``
+    known to have ended."""
+    asked = sorted({s for s in seqs if s not in ended})
+    if asked:
+        records = run.replay.records
+        for row in await run.store.spawned_ended(db, run.lease.job_id, asked):
+            if row[0] in records:
+                run.replay.keep(record_of(row))
+    return _ended(run, seqs)
+
+
 def _span(run: RunState, awaited: set[int], ended: dict[int, Any]) -> tuple[int, int]:
     """The seqs a park waits on: from the first unfinished awaited child, as
     far as only awaited spawns follow (a spawn not waited for ends the span;
@@ -257,14 +272,14 @@ async def wait(
         return [ended[s] for s in seqs]
     started = run.now()
     store, lease = run.store, run.lease
+    # The ends so far, read without the lock below: every child's end waits
+    # for that lock, so it is held only to read the ends that came meanwhile.
+    ended = await run.write(lambda c: _read_ends(run, c, seqs, ended))
     async with run.locked() as (conn, locked):
         # Every child's end takes this lock first: the read below sees each
         # end committed before it, and each end after it counts this park down.
         await store.lock_family(conn, lease.job_id)
-        for row in await store.spawned(conn, lease.job_id, sorted(set(seqs))):
-            if row[0] in run.replay.records:
-                run.replay.keep(record_of(row))
-        ended = _ended(run, seqs)
+        ended = await _read_ends(run, conn, seqs, ended)
         if len(ended) == len(set(seqs)):
             held, _ = await store.finish_wait(conn, lease, seq, "wait", name, key, result, started)
             if not held:

@@ -233,6 +233,56 @@ async def test_child_ends_racing_the_parents_park_never_lose_the_wake_up(pool, m
             assert job.result == 2 * n * n
 
 
+async def test_children_ending_between_the_first_read_and_the_lock_are_seen(
+    pool, make_scheduler, monkeypatch
+):
+    """A wait reads its children's ends once without the family lock, then
+    under it only the children not yet ended: ends committed between the two
+    reads are found there (the parent finishes without parking; a park would
+    wait for ends already counted by no one, and never wake)."""
+    from pg_scheduler.store.workflows import WorkflowStore
+
+    flags["gated"] = True
+    original = WorkflowStore.spawned_ended
+    calls: list[int] = []
+
+    async def between(self: WorkflowStore, db: Any, job_id: str, seqs: Any) -> Any:
+        rows = await original(self, db, job_id, seqs)
+        calls.append(len(rows))
+        if len(calls) == 1:  # the read without the lock: now the children end
+            gate.set()
+
+            async def all_completed() -> bool:
+                return (
+                    await pool.fetchval(
+                        "SELECT count(*) FROM scheduled_jobs"
+                        " WHERE parent_job_id = $1 AND status = 'completed'",
+                        job_id,
+                    )
+                    == 4
+                )
+
+            await wait_until(all_completed, timeout=15, message="the children completed")
+        return rows
+
+    monkeypatch.setattr(WorkflowStore, "spawned_ended", between)
+    scheduler = await make_scheduler(max_concurrent_jobs=10)
+    job_id = await scheduler.schedule(fan_out, execution_time=datetime.now(UTC), args=(4,))
+    job = await scheduler.wait_for(job_id, timeout=20)
+    assert job.status is JobStatus.COMPLETED, job.error
+    assert job.result == [0, 1, 4, 9]
+    assert calls == [0, 4]  # nothing ended at the first read; all four under the lock
+    assert ran["parent runs"] == 1  # never parked
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM workflow_steps WHERE job_id = $1 AND kind = 'wait'"
+            " AND status = 'completed'",
+            job_id,
+        )
+        == 1
+    )
+
+
 async def test_a_fan_out_of_many_children_wakes_the_parent_once(pool, make_scheduler):
     scheduler = await make_scheduler(max_concurrent_jobs=50, batch_claim_limit=50)
     job_id = await scheduler.schedule(fan_out, execution_time=datetime.now(UTC), args=(500,))
