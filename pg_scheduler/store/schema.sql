@@ -1,4 +1,4 @@
--- The pg_scheduler schema as its migrations leave it (migrations/, 0001 to 0023),
+-- The pg_scheduler schema as its migrations leave it (migrations/, 0001 to 0024),
 -- in schema public: tables, indexes, triggers and functions as PostgreSQL 16
 -- prints them from the catalog of a freshly migrated database.
 --
@@ -591,17 +591,19 @@ BEGIN
         RETURNING j.job_id, j.job_name, j.task_name, j.queue, j.task_data::text AS task_data,
                   j.priority, j.execution_time, j.status, j.attempts, j.retry_count,
                   j.max_retries, j.timeout, j.retry_policy::text AS retry_policy,
-                  j.claimed_ahead, j.has_dependents
-    ), notified AS (
-        -- One NOTIFY per queue of the rows left pending (for any worker).
-        SELECT count(pg_notify('pg_scheduler_jobs' || schema_suffix,
-                               CASE WHEN q.queue = 'default' THEN '' ELSE q.queue END)) AS n
-          FROM (SELECT DISTINCT r.queue FROM released r WHERE r.status = 'pending') q
+                  j.claimed_ahead, j.has_dependents,
+                  -- A row left pending wakes the workers of its queue (for any
+                  -- worker; one NOTIFY per queue and transaction: PostgreSQL
+                  -- sends a repeated channel and payload once).
+                  CASE WHEN j.status = 'pending'
+                       THEN pg_notify('pg_scheduler_jobs' || schema_suffix,
+                                      CASE WHEN j.queue = 'default' THEN '' ELSE j.queue END)
+                  END AS woke
     )
     SELECT r.job_id, r.job_name, r.task_name, r.queue, r.task_data, r.priority,
            r.execution_time, r.status, r.attempts, r.retry_count, r.max_retries, r.timeout,
            r.retry_policy, r.claimed_ahead, r.has_dependents
-      FROM released r, notified
+      FROM released r
      WHERE r.status = 'running';
 END $function$;
 

@@ -14,7 +14,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from pg_scheduler import JobPriority, JobSpec, Scheduler, chain, task
+from pg_scheduler import JobPriority, JobSpec, PollingConfig, Scheduler, chain, task
 from pg_scheduler.store import Completion, HandOffRoom
 from tests.support import dependency_tasks as t
 from tests.support.common import wait_until
@@ -128,11 +128,21 @@ async def test_past_the_room_dependents_stay_pending_and_past_start_now_are_clai
         pytest.param({}, _room(most=0), id="no-room"),
     ],
 )
-async def test_a_dependent_the_worker_would_not_claim_is_released_pending(pool, setup, room):
+async def test_a_dependent_the_worker_would_not_claim_is_released_pending(pool, dsn, setup, room):
+    """Released pending, and its queue's workers woken at the commit (a NOTIFY
+    on the queue's channel), though the statement took nothing over."""
     first, then = await _edge(pool, **setup)
-    written, handed = await _complete(pool, first, room)
-    assert written == {first} and handed == []
-    assert (await _status(pool, then))["status"] == "pending"
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    listener = await asyncpg.connect(dsn)
+    await listener.add_listener("pg_scheduler_jobs", lambda *args: heard.put_nowait(args[3]))
+    try:
+        written, handed = await _complete(pool, first, room)
+        assert written == {first} and handed == []
+        assert (await _status(pool, then))["status"] == "pending"
+        queue = setup.get("queue", "default")
+        assert await asyncio.wait_for(heard.get(), 5) == ("" if queue == "default" else queue)
+    finally:
+        await listener.close()
 
 
 async def test_a_dependent_of_a_paused_queue_or_a_limited_task_is_released_pending(pool):
@@ -294,3 +304,24 @@ async def test_more_urgent_due_limited_work_keeps_the_dependent_pending(pool):
         assert (await _status(pool, then))["status"] == "pending"
     finally:
         await pool.execute("DELETE FROM scheduler_limits")
+
+
+async def test_a_dependent_for_another_workers_queue_starts_there_without_a_poll(
+    pool, make_scheduler
+):
+    """The completing worker does not serve the dependent's queue: the
+    dependent is released pending and the worker that serves it is woken at
+    once (neither polls within the test's time)."""
+    no_polling = PollingConfig(idle_start_interval=30.0, max_interval=30.0)
+    here = await make_scheduler(polling_config=no_polling, queues=["default"])
+    there = await make_scheduler(polling_config=no_polling, queues=["reports"])
+    first = JobSpec(t.step, _now(), ("first",))
+    then = JobSpec(t.step, _now(), ("then",), depends_on=[first], queue="reports")
+    ids = await here.schedule_bulk([first, then])
+    job = await there.wait_for(ids[1], timeout=10)
+    assert job.status.value == "completed"
+    rows = await pool.fetch(
+        "SELECT job_id, worker_id FROM scheduled_jobs WHERE job_id = ANY($1::text[])", ids
+    )
+    workers = {r["job_id"]: r["worker_id"] for r in rows}
+    assert workers[ids[0]] == here.worker_id and workers[ids[1]] == there.worker_id
