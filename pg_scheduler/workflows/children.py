@@ -25,7 +25,7 @@ import hashlib
 from collections.abc import Callable, Generator, Sequence
 from datetime import timedelta
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import asyncpg
 
@@ -35,7 +35,7 @@ from ..enqueue import queue_keys
 from ..enqueue.checks import check_max_retries, check_priority, check_retry_policy, check_timeout
 from ..enqueue.fair import has_task_key as has_fair_key
 from ..enqueue.fields import JobOptions
-from ..enqueue.keys import NO_KEY, wants_keys
+from ..enqueue.keys import NO_KEY, KeyFields, wants_keys
 from ..enqueue.keys import resolve as resolve_keys
 from ..enqueue.queue_keys import fair_given, fair_of
 from ..enums import PRIORITY_DB_VALUE_OF, JobStatus
@@ -104,6 +104,20 @@ def replayed(run: RunState, func: Callable[..., Any]) -> ChildHandle | None:
     return ChildHandle(recorded["job_id"], seq, task_name, bool(recorded.get("detached")))
 
 
+#: The options of a ``ctx.spawn`` that gives none, as its signature's defaults
+#: make them (no priority: the parent's). The one instance: a spawn with it
+#: may reuse what an earlier spawn of the same function decided.
+SPAWN_DEFAULTS = JobOptions(priority=None)  # type: ignore[arg-type]
+
+
+class _Plan(NamedTuple):
+    """What a spawn of one function with :data:`SPAWN_DEFAULTS` decides
+    whatever its arguments (the function checked and registered)."""
+
+    queue: str
+    task_name: str
+
+
 def spawn(
     run: RunState,
     buffer: list[Spawned],
@@ -116,6 +130,12 @@ def spawn(
     """A child of ``func(*args, **kwargs)``, kept in ``buffer`` until written.
     ``options``: those ``ctx.spawn`` takes (a priority of None: the parent's)."""
     run.check()
+    if not isinstance(detached, bool):
+        raise TypeError(f"detached must be True or False, got {detached!r}")
+    plan = run.spawn_plans.get(func) if options is SPAWN_DEFAULTS else None
+    if plan is not None:
+        return _buffered(run, buffer, func, args, kwargs, options, detached, plan.queue,
+                         plan.task_name, NO_KEY, NO_FAIR_KEY)  # fmt: skip
     # Every check before anything is taken or written.
     ensure_async(func)
     if options.priority is not None:
@@ -123,27 +143,49 @@ def spawn(
     check_max_retries(options.max_retries)
     check_timeout(options.timeout)
     check_retry_policy(options.retry_policy)
-    if not isinstance(detached, bool):
-        raise TypeError(f"detached must be True or False, got {detached!r}")
     child_queue = None if options.queue is None else queue_of(func, options.queue)
     if child_queue is None:
         # The task's own queue if it declares one, else the parent's.
         child_queue = queue_of(func) if hasattr(func, QUEUE_ATTR) else run.queue
     defaults = queue_keys.of(child_queue)
     keys, fair = NO_KEY, NO_FAIR_KEY
-    if defaults is not None or wants_keys(options, func):
+    keyed = defaults is not None or wants_keys(options, func)
+    if keyed:
         keys = resolve_keys(
             func, options, args, kwargs, defaults, fair_given(defaults, options, func)
         )
-    if (
+    shared = (
         defaults is not None
         or options.fair_share_key is not None
         or options.fair_share_weight is not None
         or has_fair_key(func)
-    ):
+    )
+    if shared:
         fair = fair_of(func, options, args, kwargs, defaults, keys)
     run.registry.register(func)  # this worker can run it, as schedule() does
     task_name = task_name_of(func)
+    if options is SPAWN_DEFAULTS and not keyed and not shared:
+        # Nothing here depended on the arguments: the next spawn of func reuses it.
+        run.spawn_plans[func] = _Plan(child_queue, task_name)
+    return _buffered(run, buffer, func, args, kwargs, options, detached, child_queue, task_name,
+                     keys, fair)  # fmt: skip
+
+
+def _buffered(
+    run: RunState,
+    buffer: list[Spawned],
+    func: Callable[..., Any],
+    args: tuple,
+    kwargs: dict[str, Any],
+    options: JobOptions,
+    detached: bool,
+    child_queue: str,
+    task_name: str,
+    keys: KeyFields,
+    fair: tuple[str | None, float | None],
+) -> ChildHandle:
+    """The spawn, checked and decided, taken at the run's next place and kept
+    in ``buffer`` (or the child the run recorded there)."""
     task_data = encode_task_data(args, kwargs, task_name)
     key = str(run.replay.next_seq)
     seq, record = run.take("spawn", task_name, key)

@@ -19,7 +19,7 @@ from ..enums import JobPriority
 from ..store.workflows import Spawned
 from ..support.timeutil import human_seconds, to_aware
 from ..support.validation import check_name
-from .children import ChildHandle, flush, result_of
+from .children import SPAWN_DEFAULTS, ChildHandle, flush, result_of
 from .children import replayed as replayed_child
 from .children import spawn as spawn_child
 from .children import wait as wait_children
@@ -254,7 +254,22 @@ class WorkflowContext:
         found = replayed_child(self._run, func)
         if found is not None:
             return found
-        options = JobOptions.of(locals())
+        if (
+            queue is None
+            and priority is None
+            and max_retries == 0
+            and timeout is None
+            and retry_policy is None
+            and concurrency_key is None
+            and max_running_per_key is None
+            and rate_limit_per_key is None
+            and ordered is False
+            and fair_share_key is None
+            and fair_share_weight is None
+        ):
+            options = SPAWN_DEFAULTS  # the common call: no JobOptions built
+        else:
+            options = JobOptions.of(locals())
         return spawn_child(self._run, self._spawns, func, args, kwargs, options, detached)
 
     async def wait(self, child: ChildHandle | Awaitable[ChildHandle]) -> Any:

@@ -96,6 +96,9 @@ class RunState:
         #: Set once the run parked, lost its job or met a mismatch: every later
         #: call raises it again, and the run ends with it.
         self.stop: BaseException | None = None
+        #: What a spawn with no option given decides from its function alone
+        #: (checked, registered, its queue and task name), by function.
+        self.spawn_plans: dict[Any, Any] = {}
         self._crash_after = CRASH_AFTER.get(lease.job_id) if CRASH_AFTER else None
 
     # -- the clock ---------------------------------------------------------------

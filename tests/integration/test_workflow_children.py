@@ -24,6 +24,7 @@ from pg_scheduler import (
     task,
     workflow,
 )
+from pg_scheduler.enums import PRIORITY_DB_VALUE_OF
 from pg_scheduler.store import Completion, Store
 from tests.support.common import wait_for_status, wait_until
 
@@ -442,3 +443,41 @@ async def test_every_statement_that_completes_children_counts_their_parent_down(
     job = await scheduler.wait_for(job_id, timeout=10)
     assert job.status is JobStatus.COMPLETED, job.error
     assert job.result == [0, 1, 4, 9]
+
+
+@task(concurrency_key=lambda x: f"mod{x % 3}", max_running_per_key=5)
+async def keyed_square(x: int) -> int:
+    return x * x
+
+
+@workflow
+async def mixed_spawns(ctx: WorkflowContext, n: int) -> Any:
+    plain = [ctx.spawn(score, x) for x in range(n)]
+    urgent = ctx.spawn(score, n, priority=JobPriority.CRITICAL)
+    after = ctx.spawn(score, n + 1)
+    keyed = [ctx.spawn(keyed_square, x) for x in range(n)]
+    return await ctx.gather(*plain, urgent, after, *keyed)
+
+
+async def test_spawns_of_one_function_keep_their_own_options_and_keys(pool, make_scheduler):
+    """A spawn with no option reuses what an earlier spawn of its function
+    decided; one with options, or of a task whose key depends on the
+    arguments, decides afresh each time."""
+    scheduler = await make_scheduler(max_concurrent_jobs=20)
+    job_id = await scheduler.schedule(mixed_spawns, args=(6,))
+    job = await scheduler.wait_for(job_id, timeout=20)
+    assert job.status is JobStatus.COMPLETED, job.error
+    assert job.result == [x * x for x in range(8)] + [x * x for x in range(6)]
+    rows = await pool.fetch(
+        "SELECT task_name, priority, concurrency_key, task_data::text AS data"
+        "  FROM scheduled_jobs WHERE parent_job_id = $1 ORDER BY parent_seq",
+        job_id,
+    )
+    assert len(rows) == 14
+    normal, critical = (
+        PRIORITY_DB_VALUE_OF[JobPriority.NORMAL],
+        PRIORITY_DB_VALUE_OF[JobPriority.CRITICAL],
+    )
+    assert [r["priority"] for r in rows[:8]] == [normal] * 6 + [critical, normal]
+    assert all(r["concurrency_key"] is None for r in rows[:8])
+    assert [r["concurrency_key"] for r in rows[8:]] == [f"mod{x % 3}" for x in range(6)]

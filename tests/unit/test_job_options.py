@@ -493,3 +493,22 @@ def test_spawn_takes_a_childs_options_with_their_declared_defaults() -> None:
         "throttle",
     } == set(OPTION_NAMES)
     assert_options_declared(found, {n: OPTION_DEFAULTS[n] for n in found})
+
+
+def test_a_spawn_that_gives_no_option_has_the_shared_default_options() -> None:
+    """ctx.spawn skips building JobOptions when no option is given and uses
+    SPAWN_DEFAULTS instead: they must be what its signature's defaults build,
+    and the skip must test every option the signature takes."""
+    from pg_scheduler.workflows.children import SPAWN_DEFAULTS
+    from pg_scheduler.workflows.context import WorkflowContext
+
+    signature = inspect.signature(WorkflowContext.spawn)
+    defaults = {
+        name: p.default
+        for name, p in signature.parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+    assert JobOptions.of(defaults) == SPAWN_DEFAULTS
+    test = inspect.getsource(WorkflowContext.spawn).split("if (", 1)[1].split("):", 1)[0]
+    tested = {line.strip().removeprefix("and ").split(" ")[0] for line in test.splitlines()}
+    assert {name for name in OPTION_NAMES if name in defaults} == tested - {""}
