@@ -295,6 +295,19 @@ def _span(run: RunState, awaited: set[int], ended: dict[int, Any]) -> tuple[int,
     return first, last + 1
 
 
+def spans(seqs: Sequence[int]) -> list[list[int]]:
+    """``seqs`` in their order as runs of consecutive steps, ``[first, last]``
+    each: what a wait's record keeps of the children it waited on (a gather of
+    10,000 children is one pair, not 10,000 numbers written twice)."""
+    runs: list[list[int]] = []
+    for seq in seqs:
+        if runs and seq == runs[-1][1] + 1:
+            runs[-1][1] = seq
+        else:
+            runs.append([seq, seq])
+    return runs
+
+
 async def wait(
     run: RunState, buffer: list[Spawned], handles: Sequence[ChildHandle], name: str
 ) -> list[dict[str, Any]]:
@@ -304,7 +317,7 @@ async def wait(
     seqs = [h.seq for h in handles]
     key = str(run.replay.next_seq)
     seq, record = run.take("wait", name, key)
-    result = encode_json({"children": seqs})
+    result = encode_json({"children": len(seqs), "spans": spans(seqs)})
     ended = _ended(run, seqs)
     if len(ended) == len(set(seqs)):
         if record is None:

@@ -6,6 +6,7 @@ between a child's end and its parent's park."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
@@ -292,6 +293,16 @@ async def test_a_fan_out_of_many_children_wakes_the_parent_once(pool, make_sched
     assert job.result == [x * x for x in range(500)]
     assert ran["parent runs"] == 2
     assert ran["score"] == 500
+    # The wait's record keeps its children as runs of steps, not 500 numbers.
+    record = await pool.fetchrow(
+        "SELECT status, result::text AS result FROM workflow_steps"
+        " WHERE job_id = $1 AND kind = 'wait'",
+        job_id,
+    )
+    assert (record["status"], json.loads(record["result"])) == (
+        "completed",
+        {"children": 500, "spans": [[1, 500]]},
+    )
 
 
 @workflow
