@@ -257,6 +257,7 @@ class WorkflowContext:
         if (
             queue is None
             and priority is None
+            and type(max_retries) is int
             and max_retries == 0
             and timeout is None
             and retry_policy is None

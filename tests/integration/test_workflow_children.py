@@ -492,3 +492,22 @@ async def test_spawns_of_one_function_keep_their_own_options_and_keys(pool, make
     assert [r["priority"] for r in rows[:8]] == [normal] * 6 + [critical, normal]
     assert all(r["concurrency_key"] is None for r in rows[:8])
     assert [r["concurrency_key"] for r in rows[8:]] == [f"mod{x % 3}" for x in range(6)]
+
+
+@workflow
+async def bool_retries(ctx: WorkflowContext) -> Any:
+    first = ctx.spawn(score, 1)  # a spawn with no option: decided once for score
+    ctx.spawn(score, 2, max_retries=False)  # equal to 0, but not an int
+    return await ctx.wait(first)
+
+
+async def test_a_spawn_option_equal_to_its_default_is_still_checked(pool, make_scheduler):
+    scheduler = await make_scheduler()
+    job_id = await scheduler.schedule(bool_retries)
+    job = await scheduler.wait_for(job_id, timeout=10)
+    assert job.status is JobStatus.FAILED
+    assert "max_retries" in (job.error or ""), job.error
+    assert (
+        await pool.fetchval("SELECT count(*) FROM scheduled_jobs WHERE parent_job_id = $1", job_id)
+        == 0
+    )

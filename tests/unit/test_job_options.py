@@ -510,5 +510,8 @@ def test_a_spawn_that_gives_no_option_has_the_shared_default_options() -> None:
     }
     assert JobOptions.of(defaults) == SPAWN_DEFAULTS
     test = inspect.getsource(WorkflowContext.spawn).split("if (", 1)[1].split("):", 1)[0]
-    tested = {line.strip().removeprefix("and ").split(" ")[0] for line in test.splitlines()}
+    tested = {
+        line.strip().removeprefix("and ").removeprefix("type(").split(" ")[0].rstrip(")")
+        for line in test.splitlines()
+    }
     assert {name for name in OPTION_NAMES if name in defaults} == tested - {""}
