@@ -111,11 +111,15 @@ SPAWN_DEFAULTS = JobOptions(priority=None)  # type: ignore[arg-type]
 
 
 class _Plan(NamedTuple):
-    """What a spawn of one function with :data:`SPAWN_DEFAULTS` decides
-    whatever its arguments (the function checked and registered)."""
+    """What a spawn decided before its child is kept: the child's queue, task
+    name and keys. One of a spawn with :data:`SPAWN_DEFAULTS` whose keys do not
+    depend on the arguments is kept for the run's next spawns of its function
+    (the function checked and registered)."""
 
     queue: str
     task_name: str
+    keys: KeyFields = NO_KEY
+    fair: tuple[str | None, float | None] = NO_FAIR_KEY
 
 
 def spawn(
@@ -134,8 +138,7 @@ def spawn(
         raise TypeError(f"detached must be True or False, got {detached!r}")
     plan = run.spawn_plans.get(func) if options is SPAWN_DEFAULTS else None
     if plan is not None:
-        return _buffered(run, buffer, func, args, kwargs, options, detached, plan.queue,
-                         plan.task_name, NO_KEY, NO_FAIR_KEY)  # fmt: skip
+        return _buffered(run, buffer, func, args, kwargs, options, detached, plan)
     # Every check before anything is taken or written.
     ensure_async(func)
     if options.priority is not None:
@@ -164,11 +167,11 @@ def spawn(
         fair = fair_of(func, options, args, kwargs, defaults, keys)
     run.registry.register(func)  # this worker can run it, as schedule() does
     task_name = task_name_of(func)
+    plan = _Plan(child_queue, task_name, keys, fair)
     if options is SPAWN_DEFAULTS and not keyed and not shared:
         # Nothing here depended on the arguments: the next spawn of func reuses it.
-        run.spawn_plans[func] = _Plan(child_queue, task_name)
-    return _buffered(run, buffer, func, args, kwargs, options, detached, child_queue, task_name,
-                     keys, fair)  # fmt: skip
+        run.spawn_plans[func] = plan
+    return _buffered(run, buffer, func, args, kwargs, options, detached, plan)
 
 
 def _buffered(
@@ -179,13 +182,11 @@ def _buffered(
     kwargs: dict[str, Any],
     options: JobOptions,
     detached: bool,
-    child_queue: str,
-    task_name: str,
-    keys: KeyFields,
-    fair: tuple[str | None, float | None],
+    plan: _Plan,
 ) -> ChildHandle:
-    """The spawn, checked and decided, taken at the run's next place and kept
-    in ``buffer`` (or the child the run recorded there)."""
+    """The spawn, checked and decided (``plan``), taken at the run's next
+    place and kept in ``buffer`` (or the child the run recorded there)."""
+    child_queue, task_name, keys, fair = plan
     task_data = encode_task_data(args, kwargs, task_name)
     key = str(run.replay.next_seq)
     seq, record = run.take("spawn", task_name, key)
