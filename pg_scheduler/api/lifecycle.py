@@ -102,6 +102,7 @@ class Lifecycle:
                 return
             # Start-up is on the path to the first job: each step is one
             # statement, independent ones run together (docs: Benchmarks).
+            worker.prepare_start()
             warm = asyncio.create_task(worker.warm_up(), name="pg_scheduler.warm_up")
             listening_before = listener.started
             try:

@@ -181,6 +181,14 @@ class Worker:
         """Rows this worker holds running in the database."""
         return self.slots.held
 
+    def prepare_start(self) -> None:
+        """Ready to claim, also after a shutdown: claiming again, and the claim
+        loop, the completion writer and the batch flusher keep their
+        connections between statements again (the shutdown released them)."""
+        self.state.claiming = True
+        for held in (self.connection, self.completer.connection, self.batches.connection):
+            held.hold()
+
     async def warm_up(self) -> None:
         """Take the claim loop's connection and prepare the claim on it.
 

@@ -166,6 +166,7 @@ class HandBack:
                 )
         await self.completer.drain()
         await self.completer.connection.release()
+        self._force.clear()  # the request was for this shutdown, not one after a restart
 
     async def hand_back_unowned(self, timeout: float = 5.0) -> list[str]:
         """The last step of a shutdown, after :meth:`drain` (and after in-process

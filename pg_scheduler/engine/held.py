@@ -57,6 +57,10 @@ class HeldConnection:
         self._conn: asyncpg.Connection | None = None
         self._asynchronous_commit = asynchronous_commit
         self.enabled = pool.get_max_size() >= MIN_POOL_SIZE_TO_HOLD
+        # Released (at shutdown) and not held again: a statement sent after
+        # the release (one that was late to the shutdown) takes a pooled
+        # connection for itself only, so none stays taken once the worker stopped.
+        self._released = False
         # Statements run when the connection is taken: one round trip, once.
         settings = [ASYNC_COMMIT, GENERIC_PLANS] if asynchronous_commit else []
         self._timeout: float | None = None
@@ -67,7 +71,7 @@ class HeldConnection:
         self._settings = "; ".join(settings)
 
     async def run(self, operation: Callable[[Executor], Awaitable[T]]) -> T:
-        if not self.enabled:
+        if not self.enabled or self._released:
             return await operation(self._pool)
         if self._conn is not None and _closed(self._conn):
             # Died while idle; the pool has already taken it back.
@@ -119,8 +123,14 @@ class HeldConnection:
         except Exception:
             pass  # the pool replaces a connection it could not reset
 
+    def hold(self) -> None:
+        """Keep a connection between statements again (at start)."""
+        self._released = False
+
     async def release(self) -> None:
-        """Hand the connection back to the pool (at shutdown)."""
+        """Hand the connection back to the pool (at shutdown); until :meth:`hold`,
+        each statement takes one from the pool and gives it back."""
+        self._released = True
         conn, self._conn = self._conn, None
         if conn is not None:
             await self._give_back(conn)

@@ -94,6 +94,7 @@ class Listener:
     def start(self) -> None:
         if self.started:  # already started for wait_for()/events()
             return
+        self._stopped.clear()  # started again after a stop
         self._task = asyncio.create_task(self._run(), name="pg_scheduler.listener")
 
     async def stop(self) -> None:

@@ -116,3 +116,48 @@ async def test_worker_runs_on_after_its_held_backends_are_killed(pool, make_sche
         await wait_for_status(pool, job_id, "completed", timeout=15)
     new_pid = scheduler.worker.connection._conn.get_server_pid()
     assert new_pid not in pids
+
+
+async def test_a_statement_sent_after_the_release_keeps_no_connection(dsn):
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=MIN_POOL_SIZE_TO_HOLD)
+    try:
+        held = HeldConnection(pool)
+        first = await held.run(pid_of)
+        assert pool.get_idle_size() == pool.get_size() - 1  # kept between statements
+        await held.release()
+        # Late to the shutdown: it runs, on a pooled connection given back after it.
+        await held.run(pid_of)
+        assert pool.get_idle_size() == pool.get_size()
+        # Held again (a start after the shutdown): kept between statements again.
+        held.hold()
+        assert await held.run(pid_of) == await held.run(pid_of)
+        assert pool.get_idle_size() == pool.get_size() - 1
+        await held.release()
+        assert pool.get_idle_size() == pool.get_size()
+        assert first
+    finally:
+        # A connection left taken would make this wait for ever.
+        await asyncio.wait_for(pool.close(), 10)
+
+
+async def test_a_stopped_and_restarted_worker_leaves_every_connection_in_the_pool(
+    pool, make_scheduler
+):
+    scheduler = await make_scheduler(start_due_jobs_locally=False)
+    for _ in range(2):
+        jobs = [
+            await scheduler.schedule(app_tasks.noop, execution_time=datetime.now(UTC))
+            for _ in range(5)
+        ]
+        for job_id in jobs:
+            await wait_for_status(pool, job_id, "completed")
+        # The claim loop and the completion writer hold theirs while running.
+        assert scheduler.worker.connection._conn is not None
+        assert scheduler.worker.completer.connection._conn is not None
+        await scheduler.shutdown()
+        # A statement late to the shutdown takes nothing for good.
+        await scheduler.worker.completer.connection.run(pid_of)
+        await wait_until(
+            lambda: pool.get_idle_size() == pool.get_size(), message="every connection back"
+        )
+        await scheduler.start()
