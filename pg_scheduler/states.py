@@ -166,8 +166,21 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(
         (RUNNING,),
         (PENDING, FAILED),
+        "workers._RESCUED",
+        "the rescue's UPDATE, the fragment _RESCUE and _RESCUE_INTERRUPTED share",
+    ),
+    Transition(
+        (RUNNING,),
+        (PENDING, FAILED),
         "workers._RESCUE",
         "services/rescuer.py (dead worker; failed after max_rescues)",
+    ),
+    Transition(
+        (RUNNING,),
+        (PENDING, FAILED),
+        "workers._RESCUE_INTERRUPTED",
+        "engine/executor.py (a workflow run whose own statement lost the database;"
+        " failed after max_rescues)",
     ),
     # -- single-job operations ------------------------------------------------------
     Transition(

@@ -105,6 +105,7 @@ def build(settings: Settings, worker_id: str, registry: TaskRegistry) -> Parts:
         process_pool_size=settings.process_pool_size,
         served=settings.served_queues,
         queue_limits=settings.queue_limits,
+        max_rescues=settings.max_rescues,
     )
     channels = WorkerChannels(worker)
     listener = Listener(

@@ -65,6 +65,7 @@ class Worker:
         process_pool_size: int | None = None,
         served: list[str] | None = None,
         queue_limits: Mapping[str, int] | None = None,
+        max_rescues: int = 3,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -95,6 +96,7 @@ class Worker:
             wake_after=self._wake_after,
             thread_pool_size=thread_pool_size,
             process_pool_size=process_pool_size,
+            max_rescues=max_rescues,
         )
         # The executor's: jobs whose function runs now, by id.
         self.running = self.executor.running

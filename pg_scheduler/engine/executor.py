@@ -27,9 +27,11 @@ from ..context import enter_job, leave_job
 from ..store import Completion, Store
 from ..support.codec import UnstorableResult, decode_task_data, encode_result
 from ..support.log import get_logger
+from ..support.reconnect import retry_on_disconnect
 from ..tasks import EXECUTOR_ATTR, TaskRegistry
 from ..workflows.decorator import WORKFLOW
-from ..workflows.errors import FINAL_ATTR, LeaseLost, Parked
+from ..workflows.errors import FINAL_ATTR, Interrupted, LeaseLost, Parked
+from ..workflows.run import WRITE_PATIENCE
 from ..workflows.runner import run_workflow
 from .job import ClaimedJob, RunningJob
 from .outcome import Outcomes
@@ -96,8 +98,10 @@ class Executor:
         wake_after: Callable[[float], None],
         thread_pool_size: int = 10,
         process_pool_size: int | None = None,
+        max_rescues: int = 3,
     ) -> None:
         self.store = store
+        self.max_rescues = max_rescues
         self.registry = registry
         self.worker_id = worker_id
         self.job_timeout = job_timeout
@@ -272,6 +276,14 @@ class Executor:
                 elif self.log_debug:
                     log.debug("workflow parked", event_type="parked", **self._fields(job))
                 return False
+            except Interrupted as exc:
+                # A workflow's own statement lost the database (workflows/errors.py).
+                self.running.pop(job.job_id, None)
+                self._slot_done(running)
+                duration = time.perf_counter() - started
+                outcome = "handed_back"
+                await self._interrupted(job, exc, duration)
+                return False
             except BaseException as exc:
                 # SystemExit, KeyboardInterrupt, GeneratorExit raised by the job's
                 # code: a failed attempt like any exception. Left to propagate,
@@ -322,6 +334,37 @@ class Executor:
                     await self._wait_linger(running)
             finally:
                 leave_job(token)
+
+    async def _interrupted(self, job: ClaimedJob, error: Interrupted, duration: float) -> None:
+        """Hand back a workflow run that lost its connection: rescued as from a
+        dead worker (counted against max_rescues), once the database answers
+        again. Not written within the patience of a run's writes, the row is
+        left to this worker's heartbeat or another worker's rescuer."""
+        try:
+            row = await retry_on_disconnect(
+                lambda: self.store.rescue_interrupted(
+                    job.job_id, self.worker_id, job.attempt, self.max_rescues
+                ),
+                what="workflow hand-back",
+                give_up_after=WRITE_PATIENCE,
+            )
+        except Exception as exc:
+            log.warning(
+                "workflow interrupted; its hand-back was not written (a rescue will take it)",
+                event_type="interrupted",
+                error=repr(exc),
+                duration=duration,
+                **self._fields(job),
+            )
+            return
+        log.warning(
+            "workflow interrupted: the database connection was lost under the run",
+            event_type="interrupted",
+            error=str(error),
+            now=None if row is None else row["status"],
+            duration=duration,
+            **self._fields(job),
+        )
 
     async def _admit(self, job: ClaimedJob, rated: Stamped) -> bool:
         """Whether a rate-limited keyed job may start its function now (see

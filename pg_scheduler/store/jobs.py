@@ -52,6 +52,7 @@ from .workers import (
     _MISSING_PRIVILEGES,
     _RENEW_LEASE,
     _RESCUE,
+    _RESCUE_INTERRUPTED,
     _STALL_RENEW,
     _UNKNOWN_TASKS,
     _UNREGISTER,
@@ -163,6 +164,7 @@ class Store(WorkerStatements):
         self._release_local_start = q(_RELEASE_LOCAL_START)
         self._heartbeat = q(_HEARTBEAT)
         self._rescue = q(_RESCUE)
+        self._rescue_interrupted = q(_RESCUE_INTERRUPTED)
         self._forget_dead_workers = q(_FORGET_DEAD_WORKERS)
         self._cancel = q(_CANCEL)
         self._unknown_tasks = q(_UNKNOWN_TASKS)

@@ -55,23 +55,10 @@ WITH me AS (
 SELECT job_id, attempts, started_at, running_for, true AS renewed FROM renewed
 UNION ALL{_NOT_RENEWED}"""
 
-# A job its dead worker had started counts against max_rescues ($2); one it
-# held claimed ahead, never started, counts only against the cap $3 on such
-# rescues (a job that killed its worker before a heartbeat reported its start
-# still ends failed).
-_RESCUE = f"""
-WITH orphans AS (
-    SELECT j.job_id, j.worker_id AS old_worker, j.claimed_ahead AS unstarted,
-           CASE WHEN j.lease_until < now() THEN 'lease expired'
-                ELSE 'worker heartbeat older than threshold' END AS reason,
-           CASE WHEN j.claimed_ahead THEN j.unstarted_rescues + 1 > $3
-                ELSE j.rescue_count + 1 > $2 END AS give_up
-      FROM scheduled_jobs j
-      LEFT JOIN scheduler_workers w ON w.worker_id = j.worker_id
-     WHERE j.status = 'running'
-       AND (j.lease_until < now() OR w.last_seen < now() - make_interval(secs => $1))
-       FOR UPDATE OF j SKIP LOCKED
-), rescued AS (
+# What a rescue writes for the rows of ``orphans`` (job_id, old_worker,
+# unstarted, reason, give_up): each back to pending (or failed once it gave
+# up), its attempt kept in job_attempts, the events sent. $2 is max_rescues.
+_RESCUED = f"""rescued AS (
     UPDATE scheduled_jobs j
        SET status = CASE WHEN o.give_up THEN 'failed' ELSE 'pending' END,
            rescue_count = j.rescue_count + CASE WHEN o.unstarted THEN 0 ELSE 1 END,
@@ -119,6 +106,40 @@ SELECT r.job_id, r.task_name, r.status, r.attempts, r.old_worker, r.reason, r.un
        pg_notify('pg_scheduler_jobs', '*')
   FROM rescued r, sent
 """
+
+# A job its dead worker had started counts against max_rescues ($2); one it
+# held claimed ahead, never started, counts only against the cap $3 on such
+# rescues (a job that killed its worker before a heartbeat reported its start
+# still ends failed).
+_RESCUE = f"""
+WITH orphans AS (
+    SELECT j.job_id, j.worker_id AS old_worker, j.claimed_ahead AS unstarted,
+           CASE WHEN j.lease_until < now() THEN 'lease expired'
+                ELSE 'worker heartbeat older than threshold' END AS reason,
+           CASE WHEN j.claimed_ahead THEN j.unstarted_rescues + 1 > $3
+                ELSE j.rescue_count + 1 > $2 END AS give_up
+      FROM scheduled_jobs j
+      LEFT JOIN scheduler_workers w ON w.worker_id = j.worker_id
+     WHERE j.status = 'running'
+       AND (j.lease_until < now() OR w.last_seen < now() - make_interval(secs => $1))
+       FOR UPDATE OF j SKIP LOCKED
+), {_RESCUED}"""
+
+# The run of a workflow whose own statement lost its connection to the
+# database (a restart, a failover, a network fault: workflows/run.py): its
+# job ($1, still running here: worker $3, attempt $4) is rescued as from a
+# dead worker, so that another run replays it from its records. It counts
+# against max_rescues ($2) like a worker's death: a run that breaks its own
+# connection every time ends failed instead of looping.
+_RESCUE_INTERRUPTED = f"""
+WITH orphans AS (
+    SELECT j.job_id, j.worker_id AS old_worker, false AS unstarted,
+           'its connection to the database was lost under the run' AS reason,
+           j.rescue_count + 1 > $2 AS give_up
+      FROM scheduled_jobs j
+     WHERE j.job_id = $1 AND j.worker_id = $3 AND j.attempts = $4 AND j.status = 'running'
+       FOR UPDATE OF j
+), {_RESCUED}"""
 
 _FORGET_DEAD_WORKERS = """
 DELETE FROM scheduler_workers w
@@ -204,6 +225,7 @@ class WorkerStatements:
     _retry: str
     _unregister: str
     _rescue: str
+    _rescue_interrupted: str
     _forget_dead_workers: str
     _live_workers: str
     _unknown_tasks: str
@@ -289,6 +311,15 @@ class WorkerStatements:
         )
         await self.pool.execute(self._forget_dead_workers, heartbeat_threshold * 10)
         return rows
+
+    async def rescue_interrupted(
+        self, job_id: str, worker_id: str, attempt: int, max_rescues: int
+    ) -> asyncpg.Record | None:
+        """Rescue the job of a run whose connection was lost under it (see
+        _RESCUE_INTERRUPTED): its row, or None if it is no longer running here."""
+        return await self.pool.fetchrow(
+            self._rescue_interrupted, job_id, max_rescues, worker_id, attempt
+        )
 
     async def live_workers(self, heartbeat_threshold: float) -> list[asyncpg.Record]:
         return await self.pool.fetch(self._live_workers, heartbeat_threshold)

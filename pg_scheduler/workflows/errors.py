@@ -6,10 +6,12 @@ Public: :class:`WorkflowError` and its kinds. :class:`WorkflowMismatch`,
 deadline); the executor reads :data:`FINAL_ATTR` on the exception.
 
 Internal: :class:`Parked` (the run parked: its row is already waiting or
-pending again, nothing more to write) and :class:`LeaseLost` (a write found
-that the run no longer holds its job). Both derive from BaseException, so a
-workflow's ``except Exception`` cannot swallow them; the context remembers
-them anyway, and the run ends with them whatever the function does after.
+pending again, nothing more to write), :class:`LeaseLost` (a write found
+that the run no longer holds its job) and :class:`Interrupted` (one of the
+run's own statements lost its connection to the database). All three derive
+from BaseException, so a workflow's ``except Exception`` cannot swallow
+them; the context remembers them anyway, and the run ends with them
+whatever the function does after.
 """
 
 from __future__ import annotations
@@ -77,3 +79,12 @@ class Parked(BaseException):
 class LeaseLost(BaseException):
     """A write of this run was refused: the job is no longer this run's (it was
     rescued, cancelled, or its lease expired). The run stops; nothing is written."""
+
+
+class Interrupted(BaseException):
+    """One of the run's own statements (a record, a park, a spawn, a
+    ``ctx.transaction()`` block and its commit) lost its connection to the
+    database: a restart, a failover, a network fault. The run stops; the
+    executor hands the job back as a rescue (counted against max_rescues),
+    and the next run replays it from its records. A transaction whose commit
+    was cut off is found committed or not by that replay."""

@@ -21,10 +21,11 @@ import asyncpg
 from ..store.workflows import Lease, WorkflowStore
 from ..support.codec import decode_json, encode_json
 from ..support.pool_release import autocommitted
-from ..support.reconnect import retry_on_disconnect
+from ..support.reconnect import is_connection_error, retry_on_disconnect
 from ..tasks import TaskRegistry
 from .errors import (
     DuplicateStep,
+    Interrupted,
     LeaseLost,
     Parked,
     WorkflowError,
@@ -43,6 +44,13 @@ WRITE_PATIENCE = 30.0
 #: written, as if its worker were killed there: nothing more is written (the
 #: entry is removed when it fires). Empty outside tests.
 CRASH_AFTER: dict[str, int] = {}
+
+
+def interruption(job_id: str, error: BaseException) -> Interrupted:
+    return Interrupted(
+        f"job {job_id}: the connection to the database was lost under the run"
+        f" ({type(error).__name__}: {error})"
+    )
 
 
 class UnstorableStep(WorkflowError, ValueError):
@@ -129,11 +137,18 @@ class RunState:
         run's lost error if the job is no longer its own). A park reads next, in a
         new statement, so it sees every signal or child's end committed before
         the lock: whatever came meanwhile waited for it, and finds the row parked."""
-        async with self.store.pool.acquire() as conn, conn.transaction():
-            row = await self.store.lock_run(conn, self.lease)
-            if row is None:
-                raise self.lost()
-            yield conn, row
+        try:
+            async with self.store.pool.acquire() as conn, conn.transaction():
+                row = await self.store.lock_run(conn, self.lease)
+                if row is None:
+                    raise self.lost()
+                yield conn, row
+        except Exception as exc:
+            # Nothing of the block committed, or its commit was cut off: the
+            # next run finds out from the row and the records.
+            if is_connection_error(exc):
+                raise self.interrupted(exc) from exc
+            raise
 
     def deadline_passed(self) -> WorkflowTimeout:
         return WorkflowTimeout(
@@ -147,6 +162,11 @@ class RunState:
 
     def parked(self) -> BaseException:
         return self.halt(Parked())
+
+    def interrupted(self, error: BaseException) -> BaseException:
+        """The run's end when one of its own statements lost its connection
+        (``error``): see :class:`~.errors.Interrupted`."""
+        return self.halt(interruption(self.lease.job_id, error))
 
     def take(self, kind: str, name: str, key: str) -> tuple[int, Record | None]:
         """The next place and its record (see Replay.take); a mismatch or a
@@ -163,11 +183,19 @@ class RunState:
         """One self-committing statement on a pooled connection, retried while
         the database is unreachable."""
         pool = self.store.pool
-        return await retry_on_disconnect(
-            lambda: autocommitted(pool, operation),
-            what="workflow step",
-            give_up_after=WRITE_PATIENCE,
-        )
+        return await self.patiently(lambda: autocommitted(pool, operation))
+
+    async def patiently(self, operation: Callable[[], Awaitable[T]]) -> T:
+        """``operation()``, retried for WRITE_PATIENCE seconds while the database
+        is unreachable; after that, the run is interrupted."""
+        try:
+            return await retry_on_disconnect(
+                operation, what="workflow step", give_up_after=WRITE_PATIENCE
+            )
+        except Exception as exc:
+            if is_connection_error(exc):
+                raise self.interrupted(exc) from exc
+            raise
 
     async def record(
         self,
@@ -209,10 +237,8 @@ class RunState:
         """The completed record another run wrote at ``seq``, if it is this
         step's; else (nothing there: this name and key are recorded at another
         place) a mismatch."""
-        row = await retry_on_disconnect(
-            lambda: self.store.record(self.store.pool, self.lease.job_id, seq),
-            what="workflow step",
-            give_up_after=WRITE_PATIENCE,
+        row = await self.patiently(
+            lambda: self.store.record(self.store.pool, self.lease.job_id, seq)
         )
         if row is None:
             raise self.halt(self.name_taken(kind, name, key))

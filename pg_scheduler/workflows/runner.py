@@ -2,13 +2,15 @@
 for the runs starting together, only for workflows: loader.py), call the
 function with a context, and end the run.
 
-The run ends in one of four ways: the function returned (the executor
+The run ends in one of five ways: the function returned (the executor
 completes the job as any other; spawns still kept are written first, and
 records the run did not reach are a :class:`~.errors.WorkflowMismatch`); it
 raised (a failed attempt, retried by the workflow's own policy, replaying
 what was recorded); it parked (:class:`~.errors.Parked`: the executor lets
-the job go, nothing to write); or one of its writes found the job no longer
-its own (:class:`~.errors.LeaseLost`: it stops, as on a lost lease). Once the
+the job go, nothing to write); one of its writes found the job no longer
+its own (:class:`~.errors.LeaseLost`: it stops, as on a lost lease); or one
+of its own statements lost its connection to the database
+(:class:`~.errors.Interrupted`: the executor hands the job back as a rescue). Once the
 run parked, lost its job or met a mismatch, it ends so whatever the function
 does afterwards.
 """
@@ -23,14 +25,14 @@ from typing import Any
 from ..enums import DEFAULT_QUEUE
 from ..store import Store
 from ..store.workflows import Lease, WorkflowStore
-from ..support.reconnect import retry_on_disconnect
+from ..support.reconnect import is_connection_error, retry_on_disconnect
 from ..tasks import TaskRegistry
 from .context import WorkflowContext
 from .decorator import options_of
 from .errors import LeaseLost, WorkflowMismatch, WorkflowTimeout
 from .loader import Loader
 from .replay import Replay, describe
-from .run import WRITE_PATIENCE, RunState
+from .run import WRITE_PATIENCE, RunState, interruption
 
 #: Seconds before its wake time a parked workflow is made pending (by the
 #: timer service, or by the park itself when the wake is this near): the
@@ -78,23 +80,29 @@ async def run_workflow(
     ``worker_id`` at ``attempt``; its return value is the job's result."""
     wstore = workflow_store(store)
     lease = Lease(job_id, worker_id, attempt)
-    loaded = await _loader(wstore).load(job_id)
-    if loaded is None:
-        raise LeaseLost(f"job {job_id} no longer exists")
     timeout = row.get("timeout")
     if timeout is None:
         timeout = options_of(func).timeout
-    deadline = loaded.deadline
-    if timeout is not None and deadline is None:
-        # The first run of a workflow with a timeout: it counts from now.
-        seconds = float(timeout)
-        deadline = await retry_on_disconnect(
-            lambda: wstore.set_deadline(wstore.pool, lease, seconds),
-            what="workflow deadline",
-            give_up_after=WRITE_PATIENCE,
-        )
-        if deadline is None:
-            raise LeaseLost(f"job {job_id} is no longer this run's")
+    try:
+        loaded = await _loader(wstore).load(job_id)
+        if loaded is None:
+            raise LeaseLost(f"job {job_id} no longer exists")
+        deadline = loaded.deadline
+        if timeout is not None and deadline is None:
+            # The first run of a workflow with a timeout: it counts from now.
+            seconds = float(timeout)
+            deadline = await retry_on_disconnect(
+                lambda: wstore.set_deadline(wstore.pool, lease, seconds),
+                what="workflow deadline",
+                give_up_after=WRITE_PATIENCE,
+            )
+            if deadline is None:
+                raise LeaseLost(f"job {job_id} is no longer this run's")
+    except Exception as exc:
+        # The database stayed unreachable past the writes' patience.
+        if is_connection_error(exc):
+            raise interruption(job_id, exc) from exc
+        raise
     run = RunState(
         wstore,
         lease,

@@ -11,6 +11,11 @@ On a replay (the record exists) the block runs again, but its transaction
 is rolled back at the end: only database writes through ``conn`` belong in
 the block. ``ctx.transaction_step(name, fn)`` does not even call ``fn(conn)``
 on a replay and returns its stored result.
+
+A connection lost anywhere in it (the block's statements, the record, the
+commit) interrupts the run (:class:`~.errors.Interrupted`): the job is handed
+back, and the next run replays it; the block runs again only if its commit
+did not happen.
 """
 
 from __future__ import annotations
@@ -22,10 +27,21 @@ from typing import Any
 import asyncpg
 
 from ..support.codec import decode_json
+from ..support.reconnect import is_connection_error
 from .replay import COMPLETED, Record
 from .run import RunState, encode_step_result
 
 KIND = "transaction"
+
+
+async def _release(pool: asyncpg.Pool, conn: Any) -> None:
+    """Give ``conn`` back to ``pool``. A connection lost meanwhile fails the
+    pool's reset, and the pool closes it: nothing more to do with it."""
+    try:
+        await pool.release(conn)
+    except Exception as exc:
+        if not is_connection_error(exc):
+            raise
 
 
 class _Open:
@@ -38,25 +54,48 @@ class _Open:
 
     async def open(self) -> asyncpg.Connection:
         pool = self.run.store.raw_pool
-        self.conn = await pool.acquire()
         try:
-            self.tx = self.conn.transaction()
-            await self.tx.start()
-        except BaseException:
-            await pool.release(self.conn)
-            self.conn = None
+            self.conn = await pool.acquire()
+            try:
+                self.tx = self.conn.transaction()
+                await self.tx.start()
+            except BaseException:
+                await _release(pool, self.conn)
+                self.conn = None
+                raise
+        except Exception as exc:
+            if is_connection_error(exc):
+                raise self.run.interrupted(exc) from exc
             raise
         return self.conn
 
     async def close(self, commit: bool) -> None:
+        """Commit (or roll back), then give the connection back to the pool.
+
+        A connection lost at the commit interrupts the run: whether the commit
+        happened is for the next run to read from the records. Lost at a
+        rollback, it is nothing more: nothing was committed; the connection is
+        closed rather than returned half-used (its rollback may have been cut
+        off mid-statement)."""
         conn, self.conn = self.conn, None
+        if conn is None:
+            return
         try:
             if commit:
                 await self.tx.commit()
             else:
                 await self.tx.rollback()
+        except Exception as exc:
+            if not is_connection_error(exc):
+                raise
+            try:
+                conn.terminate()
+            except asyncpg.InterfaceError:
+                pass  # the pool let it go already, on its loss
+            if commit:
+                raise self.run.interrupted(exc) from exc
         finally:
-            await self.run.store.raw_pool.release(conn)
+            await _release(self.run.store.raw_pool, conn)
 
     async def record(self, seq: int, name: str, key: str, result: str | None) -> bool:
         """Write the step's record in this transaction. True: written (commit);
@@ -100,11 +139,17 @@ class TransactionStep:
         opened = self._open
         if exc_type is not None or self._replayed is not None:
             await opened.close(commit=False)
+            if isinstance(exc, Exception) and is_connection_error(exc):
+                # A statement of the block on this connection (or the block's
+                # own) lost the database: nothing committed; the run stops.
+                raise self._run.interrupted(exc) from exc
             return
         try:
             written = await opened.record(self._seq, self._name, self._key, None)
-        except BaseException:
+        except BaseException as error:
             await opened.close(commit=False)
+            if isinstance(error, Exception) and is_connection_error(error):
+                raise self._run.interrupted(error) from error
             raise
         await opened.close(commit=written)
         if written:
@@ -133,8 +178,10 @@ async def transaction_step(
         value = await fn(conn)
         text = encode_step_result(f"transaction step {name!r}", value)
         written = await opened.record(seq, name, key, text)
-    except BaseException:
+    except BaseException as error:
         await opened.close(commit=False)
+        if isinstance(error, Exception) and is_connection_error(error):
+            raise run.interrupted(error) from error
         raise
     await opened.close(commit=written)
     if not written:

@@ -1,5 +1,6 @@
-"""A worker process for tests/system/test_workflow_crash.py
-(``python -m tests.support.workflow_worker`` from the repository root): runs workflow_crash_tasks
+"""A worker process for tests/system/test_workflow_crash.py and
+test_workflow_restart.py (``python -m tests.support.workflow_worker`` from the
+repository root): runs workflow_crash_tasks and workflow_restart_tasks
 on ``$PG_SCHEDULER_TEST_DB_URL`` with the fault-test timings until killed (or
 stdin closes); prints ``ready`` on stdout once started."""
 
@@ -13,7 +14,8 @@ import asyncpg
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import workflow_crash_tasks  # noqa: F401  (registers the workflow)
+import workflow_crash_tasks  # noqa: F401  (registers the workflows)
+import workflow_restart_tasks  # noqa: F401
 
 from pg_scheduler import Scheduler
 
