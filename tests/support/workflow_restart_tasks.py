@@ -4,7 +4,8 @@ processes (``tests.support.workflow_worker``).
 A step, a transaction, a wait for a signal, four children gathered, a sleep
 and a last step. Every execution of a step body and of a child writes a row
 of ``wf_restart_runs`` (pid included) on its own small pool, retried while
-PostgreSQL restarts: the test counts executions from the database.
+PostgreSQL restarts, once per execution: the test counts executions from the
+database.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import uuid
 from datetime import timedelta
 
 import asyncpg
@@ -21,7 +23,7 @@ from pg_scheduler.support.reconnect import is_connection_error
 
 DDL = """
 CREATE TABLE IF NOT EXISTS wf_restart_runs (
-    job_id text NOT NULL, step text NOT NULL, pid integer NOT NULL,
+    token uuid PRIMARY KEY, job_id text NOT NULL, step text NOT NULL, pid integer NOT NULL,
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE TABLE IF NOT EXISTS wf_restart_tx (job_id text NOT NULL, pid integer NOT NULL);
@@ -31,7 +33,10 @@ _pool: asyncpg.Pool | None = None
 
 
 async def _record(job_id: str, step: str) -> None:
+    """One row per execution: an insert retried after its answer was lost (it
+    may have committed) does not count the execution twice."""
     global _pool
+    token = uuid.uuid4()
     for _ in range(600):
         try:
             if _pool is None:
@@ -39,7 +44,12 @@ async def _record(job_id: str, step: str) -> None:
                     os.environ["PG_SCHEDULER_TEST_DB_URL"], min_size=1, max_size=4
                 )
             await _pool.execute(
-                "INSERT INTO wf_restart_runs VALUES ($1, $2, $3)", job_id, step, os.getpid()
+                "INSERT INTO wf_restart_runs (token, job_id, step, pid) VALUES ($1, $2, $3, $4)"
+                " ON CONFLICT (token) DO NOTHING",
+                token,
+                job_id,
+                step,
+                os.getpid(),
             )
             return
         except Exception as exc:

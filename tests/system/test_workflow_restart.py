@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
 import tempfile
-import time
 from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,13 +50,13 @@ async def test_workflows_complete_across_postgres_restarts_and_kills(tmp_path: P
     pytest.importorskip("pgserver")
     from pg_scheduler.embedded import start
 
-    server = await asyncio.to_thread(
-        start, Path(tempfile.mkdtemp(prefix="pgs-wfrestart-")) / "pgdata", cleanup="delete"
-    )
+    home = Path(tempfile.mkdtemp(prefix="pgs-wfrestart-"))
+    server = await asyncio.to_thread(start, home / "pgdata", cleanup="delete")
     try:
         await _run(server, tmp_path)
     finally:
         await asyncio.to_thread(server.stop)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 async def _run(server: Any, tmp_path: Path) -> None:
@@ -85,16 +85,16 @@ async def _run(server: Any, tmp_path: Path) -> None:
             rng.shuffle(order)
             for job_id in order:
                 await asyncio.sleep(rng.uniform(0, 10.0 / COUNT))
-                await _patiently(producer.signal, job_id, "go", {"v": 1000})
+                try:
+                    await _patiently(producer.signal, job_id, "go", {"v": 1000})
+                except ValueError:
+                    pass  # it ended already (failed): the check below reports it
 
         async def faults() -> None:
             nonlocal restarts
-            began = time.monotonic()
-            step = 0
-            while time.monotonic() - began < 12:
+            for fault in ("kill", "kill", "restart", "kill", "kill", "restart", "kill"):
                 await asyncio.sleep(rng.uniform(1.0, 2.0))
-                step += 1
-                if step in (3, 6):
+                if fault == "restart":
                     await asyncio.to_thread(restart_postgres, server)
                     restarts += 1
                     continue
@@ -119,7 +119,7 @@ async def _run(server: Any, tmp_path: Path) -> None:
         while await unfinished():
             if loop.time() > deadline:
                 left = await pool.fetch(
-                    "SELECT status, wait_kind, left(error_message, 200) AS error, count(*) AS n"
+                    "SELECT status, wait_kind, left(error_message, 300) AS error, count(*) AS n"
                     " FROM scheduled_jobs WHERE job_id = ANY($1::text[])"
                     " OR parent_job_id = ANY($1::text[]) GROUP BY 1, 2, 3 ORDER BY 4 DESC",
                     ids,
