@@ -20,12 +20,14 @@ did not happen.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
 import asyncpg
 
+from ..store.bounded import expire, state_unknown, terminate
 from ..support.codec import decode_json
 from ..support.reconnect import is_connection_error
 from .replay import COMPLETED, Record
@@ -34,18 +36,16 @@ from .run import RunState, encode_step_result
 KIND = "transaction"
 
 
-async def _release(pool: asyncpg.Pool, conn: Any) -> None:
-    """Give ``conn`` back to ``pool``. A connection lost meanwhile fails the
-    pool's reset, and the pool closes it: nothing more to do with it."""
-    try:
-        await pool.release(conn)
-    except Exception as exc:
-        if not is_connection_error(exc):
-            raise
+async def _bounded(operation: Awaitable[Any], bound: float | None) -> Any:
+    return await (operation if bound is None else asyncio.wait_for(operation, bound))
 
 
 class _Open:
-    """A transaction on a connection of the application's pool."""
+    """A transaction on a connection of the application's pool. Its own
+    statements (the begin, the record, the commit or rollback) and the wait
+    for the connection are bounded by the scheduler's ``statement_timeout``,
+    as every statement of the scheduler's own: on a connection gone half-open
+    they end instead of waiting for ever (docs: failure model)."""
 
     def __init__(self, run: RunState) -> None:
         self.run = run
@@ -53,15 +53,14 @@ class _Open:
         self.tx: Any = None
 
     async def open(self) -> asyncpg.Connection:
-        pool = self.run.store.raw_pool
+        store = self.run.store
         try:
-            self.conn = await pool.acquire()
+            self.conn = await store.raw_pool.acquire(timeout=store.timeout)
             try:
                 self.tx = self.conn.transaction()
-                await self.tx.start()
-            except BaseException:
-                await _release(pool, self.conn)
-                self.conn = None
+                await _bounded(self.tx.start(), store.timeout)
+            except BaseException as exc:
+                await self._give_back(exc)
                 raise
         except Exception as exc:
             if is_connection_error(exc):
@@ -69,33 +68,45 @@ class _Open:
             raise
         return self.conn
 
-    async def close(self, commit: bool) -> None:
+    async def close(self, commit: bool, error: BaseException | None = None) -> None:
         """Commit (or roll back), then give the connection back to the pool.
 
-        A connection lost at the commit interrupts the run: whether the commit
-        happened is for the next run to read from the records. Lost at a
-        rollback, it is nothing more: nothing was committed; the connection is
-        closed rather than returned half-used (its rollback may have been cut
-        off mid-statement)."""
-        conn, self.conn = self.conn, None
-        if conn is None:
+        ``error``: what ended the block. One that left the connection's state
+        unknown (lost, timed out, cancelled mid-statement) closes it instead
+        of a rollback: the server rolls the transaction back. A connection
+        lost at the commit interrupts the run: whether the commit happened is
+        for the next run to read from the records."""
+        if self.conn is None:
             return
+        if error is not None and state_unknown(error):
+            await self._give_back(error)
+            return
+        bound = self.run.store.timeout
         try:
-            if commit:
-                await self.tx.commit()
-            else:
-                await self.tx.rollback()
+            await _bounded(self.tx.commit() if commit else self.tx.rollback(), bound)
         except Exception as exc:
+            await self._give_back(exc)
             if not is_connection_error(exc):
                 raise
-            try:
-                conn.terminate()
-            except asyncpg.InterfaceError:
-                pass  # the pool let it go already, on its loss
             if commit:
                 raise self.run.interrupted(exc) from exc
-        finally:
-            await _release(self.run.store.raw_pool, conn)
+            return
+        await self._give_back(None)
+
+    async def _give_back(self, error: BaseException | None) -> None:
+        """Release the connection; closed first if ``error`` left its state
+        unknown (and, after a timeout, the pool's other connections replaced:
+        they most likely crossed the same broken path)."""
+        conn, self.conn = self.conn, None
+        store = self.run.store
+        if error is not None and state_unknown(error):
+            terminate(conn)
+            if isinstance(error, TimeoutError):
+                await expire(store.raw_pool)
+        try:
+            await store.raw_pool.release(conn, timeout=store.timeout)
+        except Exception:
+            terminate(conn)  # the pool replaces a connection it could not reset
 
     async def record(self, seq: int, name: str, key: str, result: str | None) -> bool:
         """Write the step's record in this transaction. True: written (commit);
@@ -138,7 +149,7 @@ class TransactionStep:
     ) -> None:
         opened = self._open
         if exc_type is not None or self._replayed is not None:
-            await opened.close(commit=False)
+            await opened.close(commit=False, error=exc)
             if isinstance(exc, Exception) and is_connection_error(exc):
                 # A statement of the block on this connection (or the block's
                 # own) lost the database: nothing committed; the run stops.
@@ -147,7 +158,7 @@ class TransactionStep:
         try:
             written = await opened.record(self._seq, self._name, self._key, None)
         except BaseException as error:
-            await opened.close(commit=False)
+            await opened.close(commit=False, error=error)
             if isinstance(error, Exception) and is_connection_error(error):
                 raise self._run.interrupted(error) from error
             raise
@@ -179,7 +190,7 @@ async def transaction_step(
         text = encode_step_result(f"transaction step {name!r}", value)
         written = await opened.record(seq, name, key, text)
     except BaseException as error:
-        await opened.close(commit=False)
+        await opened.close(commit=False, error=error)
         if isinstance(error, Exception) and is_connection_error(error):
             raise run.interrupted(error) from error
         raise
