@@ -18,6 +18,7 @@ import asyncpg
 import pytest
 
 from pg_scheduler import JobStatus, WorkflowContext, workflow
+from pg_scheduler.workflows import run as workflow_run
 from tests.support.common import wait_until
 from tests.support.tcp_proxy import TcpProxy
 
@@ -41,6 +42,19 @@ async def net_transaction(ctx: WorkflowContext) -> str:
             gates["at_end"].set()
             await gates["go"].wait()
     return "done"
+
+
+async def _gated(what: str) -> str:
+    ran[what] += 1
+    if ran[what] == 1:
+        gates["at_end"].set()
+        await gates["go"].wait()
+    return what
+
+
+@workflow(name="net.step")
+async def net_step(ctx: WorkflowContext) -> str:
+    return await ctx.step("gated", _gated, "gated")
 
 
 @pytest.fixture
@@ -100,6 +114,60 @@ async def test_a_transaction_cut_off_by_a_half_open_path_is_handed_back(
             await scheduler.shutdown(grace_period=1.0)
         try:
             # Connections black-holed before the heal stay dead: close, bounded.
+            await asyncio.wait_for(through.close(), 10)
+        except TimeoutError:
+            through.terminate()
+
+
+async def test_a_record_unwritable_past_its_patience_hands_the_run_back(
+    pool: asyncpg.Pool,
+    dsn: str,
+    proxy: TcpProxy,
+    make_scheduler,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A step's record retried while the path is down, past the run's write
+    patience (1 s here, 30 s by default): the run is interrupted, not failed;
+    the job is handed back once the path heals, and the step runs again (its
+    record was never written: at least once)."""
+    ran.clear()
+    gates.clear()
+    gates["at_end"], gates["go"] = asyncio.Event(), asyncio.Event()
+    monkeypatch.setattr(workflow_run, "WRITE_PATIENCE", 1.0)
+    through = await asyncpg.create_pool(proxy.dsn_for(dsn), min_size=1, max_size=10)
+    scheduler = None
+    try:
+        scheduler = await make_scheduler(
+            db_pool=through,
+            statement_timeout=0.5,
+            lease_duration=30.0,
+            heartbeat_threshold=30.0,
+        )
+        job_id = await scheduler.schedule(net_step, execution_time=datetime.now(UTC))
+        await asyncio.wait_for(gates["at_end"].wait(), 15)
+        proxy.black_hole()
+        gates["go"].set()  # the step returns; its record cannot be written
+        await asyncio.sleep(OUTAGE)
+        proxy.heal()
+
+        async def completed() -> bool:
+            status = await pool.fetchval(
+                "SELECT status FROM scheduled_jobs WHERE job_id = $1", job_id
+            )
+            return status == "completed"
+
+        await wait_until(completed, timeout=20, message="the workflow completed after the heal")
+        assert ran["gated"] == 2
+        row = await pool.fetchrow(
+            "SELECT rescue_count, result::text AS result FROM scheduled_jobs WHERE job_id = $1",
+            job_id,
+        )
+        assert row["rescue_count"] == 1 and row["result"] == '"gated"'
+    finally:
+        gates.setdefault("go", asyncio.Event()).set()
+        if scheduler is not None:
+            await scheduler.shutdown(grace_period=1.0)
+        try:
             await asyncio.wait_for(through.close(), 10)
         except TimeoutError:
             through.terminate()
