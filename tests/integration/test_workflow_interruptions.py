@@ -174,12 +174,13 @@ async def test_a_park_cut_while_it_waits_for_the_row_lock_hands_the_run_back(poo
         async def waiting_backend() -> int | None:
             return await pool.fetchval(
                 "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-                " AND wait_event_type = 'Lock' AND pid <> $1 LIMIT 1",
+                " AND wait_event_type = 'Lock' AND pid <> $1"
+                " AND query LIKE '%workflow_deadline%FOR UPDATE%' LIMIT 1",
                 holder.get_server_pid(),
             )
 
         await wait_until(waiting_backend, timeout=10, message="the park waiting for the lock")
-        # Only the park can be waiting: the claim and the heartbeat skip locked rows.
+        # The park's lock of its row (workflow_sql._LOCK_RUN) waits on it.
         assert await pool.fetchval("SELECT pg_terminate_backend($1)", await waiting_backend())
         await tx.rollback()
 
