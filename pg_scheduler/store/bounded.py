@@ -60,6 +60,23 @@ async def expire(pool: asyncpg.Pool) -> None:
         pass
 
 
+async def give_back(
+    pool: asyncpg.Pool, conn: Any, error: BaseException | None, timeout: float | None
+) -> None:
+    """Release ``conn`` to ``pool``, or terminate it first if ``error`` left its
+    state unknown (after a timeout, the pool's other connections are expired
+    too: they most likely crossed the same broken path); never waits longer
+    than ``timeout``."""
+    if error is not None and state_unknown(error):
+        terminate(conn)
+        if isinstance(error, TimeoutError):
+            await expire(pool)
+    try:
+        await pool.release(conn, timeout=timeout)
+    except Exception:
+        terminate(conn)  # the pool replaces a connection it could not reset
+
+
 class BoundedPool:
     """A facade over an :class:`asyncpg.Pool`: ``fetch``, ``fetchval``,
     ``fetchrow``, ``execute``, ``executemany``, ``copy_records_to_table`` and
@@ -100,16 +117,8 @@ class BoundedPool:
         return result
 
     async def give_back(self, conn: Any, error: BaseException | None = None) -> None:
-        """Release ``conn`` to the pool, or terminate it first if ``error`` left
-        its state unknown; never waits longer than the bound."""
-        if error is not None and state_unknown(error):
-            terminate(conn)
-            if isinstance(error, TimeoutError):
-                await expire(self.raw)
-        try:
-            await self.raw.release(conn, timeout=self.statement_timeout)
-        except Exception:
-            terminate(conn)  # the pool replaces a connection it could not reset
+        """Release ``conn`` to the pool (see :func:`give_back`)."""
+        await give_back(self.raw, conn, error, self.statement_timeout)
 
     async def fetch(self, query: str, *args: Any, timeout: float | None = None, **kw: Any) -> Any:
         return await self._run("fetch", (query, *args), timeout, **kw)

@@ -27,7 +27,7 @@ from typing import Any
 
 import asyncpg
 
-from ..store.bounded import expire, state_unknown, terminate
+from ..store.bounded import give_back, state_unknown
 from ..support.codec import decode_json
 from ..support.reconnect import is_connection_error
 from .replay import COMPLETED, Record
@@ -94,19 +94,10 @@ class _Open:
         await self._give_back(None)
 
     async def _give_back(self, error: BaseException | None) -> None:
-        """Release the connection; closed first if ``error`` left its state
-        unknown (and, after a timeout, the pool's other connections replaced:
-        they most likely crossed the same broken path)."""
+        """Release the connection; closed first if ``error`` left its state unknown."""
         conn, self.conn = self.conn, None
         store = self.run.store
-        if error is not None and state_unknown(error):
-            terminate(conn)
-            if isinstance(error, TimeoutError):
-                await expire(store.raw_pool)
-        try:
-            await store.raw_pool.release(conn, timeout=store.timeout)
-        except Exception:
-            terminate(conn)  # the pool replaces a connection it could not reset
+        await give_back(store.raw_pool, conn, error, store.timeout)
 
     async def record(self, seq: int, name: str, key: str, result: str | None) -> bool:
         """Write the step's record in this transaction. True: written (commit);

@@ -13,11 +13,12 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
 import pytest
 
-from pg_scheduler import JobStatus, WorkflowContext, workflow
+from pg_scheduler import Job, JobStatus, WorkflowContext, workflow
 from pg_scheduler.workflows import run as workflow_run
 from tests.support.common import wait_until
 from tests.support.tcp_proxy import TcpProxy
@@ -64,27 +65,34 @@ async def proxy(dsn: str) -> AsyncIterator[TcpProxy]:
     await p.close()
 
 
-async def test_a_transaction_cut_off_by_a_half_open_path_is_handed_back(
-    pool: asyncpg.Pool, dsn: str, proxy: TcpProxy, make_scheduler
-) -> None:
+async def _through_an_outage(
+    pool: asyncpg.Pool,
+    dsn: str,
+    proxy: TcpProxy,
+    make_scheduler: Any,
+    func: Any,
+    statement_timeout: float,
+) -> tuple[Job, float]:
+    """Run ``func`` on a scheduler whose pool goes through ``proxy``; once its
+    first run waits at the gate, black-hole the path, open the gate, heal
+    after OUTAGE. The job once completed, and the seconds from the heal."""
     ran.clear()
     gates.clear()
     gates["at_end"], gates["go"] = asyncio.Event(), asyncio.Event()
-    await pool.execute("CREATE TABLE IF NOT EXISTS wf_net_effects (job_id text)")
     through = await asyncpg.create_pool(proxy.dsn_for(dsn), min_size=1, max_size=10)
     scheduler = None
     try:
         scheduler = await make_scheduler(
             db_pool=through,
-            statement_timeout=STATEMENT_TIMEOUT,
+            statement_timeout=statement_timeout,
             # Longer than the outage: the live worker's jobs are not rescued.
             lease_duration=30.0,
             heartbeat_threshold=30.0,
         )
-        job_id = await scheduler.schedule(net_transaction, execution_time=datetime.now(UTC))
+        job_id = await scheduler.schedule(func, execution_time=datetime.now(UTC))
         await asyncio.wait_for(gates["at_end"].wait(), 15)
         proxy.black_hole()
-        gates["go"].set()  # the record and the commit go into the hole
+        gates["go"].set()  # what the first run writes next goes into the hole
         await asyncio.sleep(OUTAGE)
         proxy.heal()
         healed = time.monotonic()
@@ -96,18 +104,10 @@ async def test_a_transaction_cut_off_by_a_half_open_path_is_handed_back(
             return status == "completed"
 
         await wait_until(completed, timeout=20, message="the workflow completed after the heal")
-        print(f"WF-NET completed {time.monotonic() - healed:.2f} s after the heal")
+        after = time.monotonic() - healed
         job = await scheduler.get_job(job_id)
-        assert job is not None and job.status is JobStatus.COMPLETED
-        assert ran["block"] == 2  # the first block's commit never happened
-        effects = await pool.fetchval(
-            "SELECT count(*) FROM wf_net_effects WHERE job_id = $1", job_id
-        )
-        assert effects == 1
-        rescues = await pool.fetchval(
-            "SELECT rescue_count FROM scheduled_jobs WHERE job_id = $1", job_id
-        )
-        assert rescues == 1
+        assert job is not None
+        return job, after
     finally:
         gates.setdefault("go", asyncio.Event()).set()
         if scheduler is not None:
@@ -117,6 +117,26 @@ async def test_a_transaction_cut_off_by_a_half_open_path_is_handed_back(
             await asyncio.wait_for(through.close(), 10)
         except TimeoutError:
             through.terminate()
+
+
+async def test_a_transaction_cut_off_by_a_half_open_path_is_handed_back(
+    pool: asyncpg.Pool, dsn: str, proxy: TcpProxy, make_scheduler
+) -> None:
+    await pool.execute("CREATE TABLE IF NOT EXISTS wf_net_effects (job_id text)")
+    job, after = await _through_an_outage(
+        pool, dsn, proxy, make_scheduler, net_transaction, STATEMENT_TIMEOUT
+    )
+    print(f"WF-NET completed {after:.2f} s after the heal")
+    assert job.status is JobStatus.COMPLETED
+    assert ran["block"] == 2  # the first block's commit never happened
+    effects = await pool.fetchval(
+        "SELECT count(*) FROM wf_net_effects WHERE job_id = $1", job.job_id
+    )
+    assert effects == 1
+    rescues = await pool.fetchval(
+        "SELECT rescue_count FROM scheduled_jobs WHERE job_id = $1", job.job_id
+    )
+    assert rescues == 1
 
 
 async def test_a_record_unwritable_past_its_patience_hands_the_run_back(
@@ -130,44 +150,11 @@ async def test_a_record_unwritable_past_its_patience_hands_the_run_back(
     patience (1 s here, 30 s by default): the run is interrupted, not failed;
     the job is handed back once the path heals, and the step runs again (its
     record was never written: at least once)."""
-    ran.clear()
-    gates.clear()
-    gates["at_end"], gates["go"] = asyncio.Event(), asyncio.Event()
     monkeypatch.setattr(workflow_run, "WRITE_PATIENCE", 1.0)
-    through = await asyncpg.create_pool(proxy.dsn_for(dsn), min_size=1, max_size=10)
-    scheduler = None
-    try:
-        scheduler = await make_scheduler(
-            db_pool=through,
-            statement_timeout=0.5,
-            lease_duration=30.0,
-            heartbeat_threshold=30.0,
-        )
-        job_id = await scheduler.schedule(net_step, execution_time=datetime.now(UTC))
-        await asyncio.wait_for(gates["at_end"].wait(), 15)
-        proxy.black_hole()
-        gates["go"].set()  # the step returns; its record cannot be written
-        await asyncio.sleep(OUTAGE)
-        proxy.heal()
-
-        async def completed() -> bool:
-            status = await pool.fetchval(
-                "SELECT status FROM scheduled_jobs WHERE job_id = $1", job_id
-            )
-            return status == "completed"
-
-        await wait_until(completed, timeout=20, message="the workflow completed after the heal")
-        assert ran["gated"] == 2
-        row = await pool.fetchrow(
-            "SELECT rescue_count, result::text AS result FROM scheduled_jobs WHERE job_id = $1",
-            job_id,
-        )
-        assert row["rescue_count"] == 1 and row["result"] == '"gated"'
-    finally:
-        gates.setdefault("go", asyncio.Event()).set()
-        if scheduler is not None:
-            await scheduler.shutdown(grace_period=1.0)
-        try:
-            await asyncio.wait_for(through.close(), 10)
-        except TimeoutError:
-            through.terminate()
+    job, _ = await _through_an_outage(pool, dsn, proxy, make_scheduler, net_step, 0.5)
+    assert ran["gated"] == 2
+    row = await pool.fetchrow(
+        "SELECT rescue_count, result::text AS result FROM scheduled_jobs WHERE job_id = $1",
+        job.job_id,
+    )
+    assert row["rescue_count"] == 1 and row["result"] == '"gated"'
