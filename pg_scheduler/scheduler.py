@@ -29,7 +29,7 @@ from .store import DEFAULT_SCHEMA
 from .store.bounded import DEFAULT_STATEMENT_TIMEOUT
 from .tasks import TaskOptions, TaskRegistry, default_registry
 from .workflows.runner import workflow_store
-from .workflows.signals import send_signal, send_signals
+from .workflows.signals import Signal, send_signal, send_signals
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -537,23 +537,29 @@ class Scheduler:
         payload: Any = None,
         *,
         connection: asyncpg.Connection | None = None,
-    ) -> None:
+        idempotency_key: str | None = None,
+    ) -> bool:
         """Send signal ``name`` (with a JSON ``payload``) to workflow ``job_id``:
         kept until the workflow waits for it (``ctx.wait_for_signal(name)``), or
-        waking it at once if it waits already. JobNotFound for an unknown job,
-        ValueError for a finished one (docs/workflows.md)."""
-        await send_signal(workflow_store(self.store), job_id, name, payload, connection)
+        waking it at once if it waits already. True when stored; False when
+        the job already has a signal of ``idempotency_key`` (a repeat: nothing
+        written). JobNotFound for an unknown job, ValueError for a finished one
+        (docs/workflows.md)."""
+        return await send_signal(
+            workflow_store(self.store), job_id, name, payload, connection, idempotency_key
+        )
 
     async def signal_bulk(
         self,
-        signals: Iterable[tuple[str, str] | tuple[str, str, Any]],
+        signals: Iterable[Signal],
         *,
         connection: asyncpg.Connection | None = None,
     ) -> int:
-        """Send many signals, each ``(job_id, name)`` or ``(job_id, name, payload)``,
-        in one transaction: all or none (JobNotFound, ValueError for a finished
-        job, TypeError/ValueError for a bad item; nothing written). Returns how
-        many workflows were waiting for theirs and were woken."""
+        """Send many signals, each ``(job_id, name)``, ``(job_id, name, payload)``
+        or ``(job_id, name, payload, idempotency_key)``, in one transaction: all
+        or none (JobNotFound, ValueError for a finished job, TypeError/ValueError
+        for a bad item; nothing written); repeats of a key are left out.
+        Returns how many workflows were waiting for theirs and were woken."""
         return await send_signals(workflow_store(self.store), signals, connection)
 
     async def cancel_workflow(self, job_id: str) -> list[str]:

@@ -51,7 +51,7 @@ from .support.reconnect import retry_on_disconnect
 from .support.validation import INT4_MAX, check_int, check_seconds
 from .tasks import TaskRegistry, default_registry
 from .workflows.runner import workflow_store
-from .workflows.signals import send_signal, send_signals
+from .workflows.signals import Signal, send_signal, send_signals
 
 T = TypeVar("T")
 
@@ -209,12 +209,23 @@ class SyncClient:
         :meth:`wait_for` does."""
         return outcome(self.wait_for(job_id, timeout))
 
-    def signal(self, job_id: str, name: str, payload: Any = None) -> None:
+    def signal(
+        self,
+        job_id: str,
+        name: str,
+        payload: Any = None,
+        *,
+        idempotency_key: str | None = None,
+    ) -> bool:
         """Send signal ``name`` to workflow ``job_id`` (see ``Scheduler.signal``),
-        on the client's own connection."""
-        return self._call(lambda own: send_signal(workflow_store(own.store), job_id, name, payload))
+        on the client's own connection; False for a repeat of ``idempotency_key``."""
+        return self._call(
+            lambda own: send_signal(
+                workflow_store(own.store), job_id, name, payload, idempotency_key=idempotency_key
+            )
+        )
 
-    def signal_bulk(self, signals: Iterable[tuple[str, str] | tuple[str, str, Any]]) -> int:
+    def signal_bulk(self, signals: Iterable[Signal]) -> int:
         """Send many signals in one transaction, all or none (see
         ``Scheduler.signal_bulk``), on the client's own connection; how many
         workflows were woken."""

@@ -1,4 +1,4 @@
--- The pg_scheduler schema as its migrations leave it (migrations/, 0001 to 0024),
+-- The pg_scheduler schema as its migrations leave it (migrations/, 0001 to 0025),
 -- in schema public: tables, indexes, triggers and functions as PostgreSQL 16
 -- prints them from the catalog of a freshly migrated database.
 --
@@ -358,11 +358,15 @@ CREATE TABLE public.workflow_signals (
     payload jsonb,
     sent_at timestamp with time zone DEFAULT now() NOT NULL,
     consumed_seq integer,
+    idempotency_key text,
     CONSTRAINT workflow_signals_pkey PRIMARY KEY (id)
 );
 
 -- [index] workflow_signals_job_idx on workflow_signals
 CREATE INDEX workflow_signals_job_idx ON public.workflow_signals USING btree (job_id, id);
+
+-- [index] workflow_signals_key_idx on workflow_signals
+CREATE UNIQUE INDEX workflow_signals_key_idx ON public.workflow_signals USING btree (job_id, idempotency_key) WHERE (idempotency_key IS NOT NULL);
 
 -- [table] workflow_steps
 CREATE TABLE public.workflow_steps (

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import asyncpg
 
 from .names import DEFAULT_SCHEMA, Executor, Qualifier
-from .signal_sql import _SIGNAL, _SIGNAL_CHECK, _SIGNAL_MANY
+from .signal_sql import _SIGNAL, _SIGNAL_CHECK, _SIGNAL_KEPT, _SIGNAL_MANY
 from .workflow_sql import (
     _CHECKPOINT,
     _FINISH_WAIT,
@@ -104,6 +104,7 @@ class WorkflowStore:
         self._signal = q(_SIGNAL)
         self._signal_check = q(_SIGNAL_CHECK)
         self._signal_many = q(_SIGNAL_MANY)
+        self._signal_kept = q(_SIGNAL_KEPT)
         self._wake_due = q(_WAKE_DUE)
 
     async def load_many(self, db: Executor, job_ids: Sequence[str]) -> dict[str, Loaded]:
@@ -286,11 +287,12 @@ class WorkflowStore:
         return bool(row["held"]), int(row["recorded"])
 
     async def signal(
-        self, db: Executor, job_id: str, name: str, payload: str | None
+        self, db: Executor, job_id: str, name: str, payload: str | None, key: str | None = None
     ) -> asyncpg.Record | None:
         """(status, signal_id, woken); None: no such job. ``signal_id`` is None
-        when the job is final (nothing written)."""
-        return await db.fetchrow(self._signal, job_id, name, payload, timeout=self.timeout)
+        when the job is final, or has a signal of idempotency key ``key``
+        already (nothing written either way)."""
+        return await db.fetchrow(self._signal, job_id, name, payload, key, timeout=self.timeout)
 
     async def signal_check(
         self, conn: asyncpg.Connection, job_ids: Sequence[str]
@@ -305,11 +307,25 @@ class WorkflowStore:
         job_ids: Sequence[str],
         names: Sequence[str],
         payloads: Sequence[str | None],
+        keys: Sequence[str | None],
     ) -> asyncpg.Record:
-        """(sent, woken, notified), after :meth:`signal_check` in the same transaction."""
+        """(sent, woken, notified), after :meth:`signal_check` in the same
+        transaction; a signal whose idempotency key its job has is not sent."""
         return await conn.fetchrow(
-            self._signal_many, list(job_ids), list(names), list(payloads), timeout=self.timeout
+            self._signal_many,
+            list(job_ids),
+            list(names),
+            list(payloads),
+            list(keys),
+            timeout=self.timeout,
         )
+
+    async def signal_kept(
+        self, db: Executor, job_ids: Sequence[str], keys: Sequence[str]
+    ) -> set[tuple[str, str]]:
+        """Those of the (job_id, idempotency key) pairs that are stored."""
+        rows = await db.fetch(self._signal_kept, list(job_ids), list(keys), timeout=self.timeout)
+        return {(row["job_id"], row["idempotency_key"]) for row in rows}
 
     async def wake_due(self, lookahead: float, limit: int) -> int:
         row = await self.pool.fetchrow(self._wake_due, lookahead, limit)

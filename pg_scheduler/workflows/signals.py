@@ -7,6 +7,11 @@ once (with a NOTIFY), the signal bound to its wait and the wait's record
 completed. A signal sent before the workflow waits for it is kept until a
 wait takes it. A signal to an unknown or finished job is refused, and nothing
 is written. Many signals: one transaction of two statements, all or none.
+
+A signal may carry an idempotency key: sent again with the same key, to the
+same job, it changes nothing (the first one stands), also once the job has
+finished. Such a send, on the scheduler's own pool, is retried when its
+connection is lost before the answer: it cannot land twice.
 """
 
 from __future__ import annotations
@@ -16,9 +21,17 @@ from typing import Any
 
 import asyncpg
 
+from ..enums import FINAL_STATUS_VALUES
 from ..store.workflows import WorkflowStore
 from ..support.codec import encode_json, encode_task_data
+from ..support.reconnect import retry_on_disconnect
 from ..support.validation import check_name
+
+#: How long a send with an idempotency key waits for an unreachable database
+#: (seconds), retrying, before the error reaches its caller.
+RESEND_PATIENCE = 10.0
+
+Signal = tuple[str, str] | tuple[str, str, Any] | tuple[str, str, Any, str | None]
 
 
 async def send_signal(
@@ -27,79 +40,168 @@ async def send_signal(
     name: str,
     payload: Any = None,
     connection: asyncpg.Connection | None = None,
-) -> None:
-    """Signal ``name`` with ``payload`` (JSON) to workflow ``job_id``.
+    idempotency_key: str | None = None,
+) -> bool:
+    """Signal ``name`` with ``payload`` (JSON) to workflow ``job_id``. True
+    when stored; False when the job already has a signal of
+    ``idempotency_key`` (nothing written).
 
     Raises :class:`~pg_scheduler.JobNotFound` (a LookupError) for an unknown
-    job, ValueError for a finished one, TypeError/ValueError for a bad name
-    or payload (nothing written). With ``connection``, inside the caller's
-    transaction: the signal exists, and wakes the workflow, only if it commits.
-    Not retried after a lost connection (a signal that landed would be sent
-    twice): the caller sees the error.
+    job, ValueError for a finished one (unless it has this key's signal),
+    TypeError/ValueError for a bad name, payload or key (nothing written).
+    With ``connection``, inside the caller's transaction: the signal exists,
+    and wakes the workflow, only if it commits. Without a key, not retried
+    after a lost connection (a signal that landed would be sent twice): the
+    caller sees the error. With one, on the scheduler's pool, retried for up
+    to :data:`RESEND_PATIENCE` seconds.
     """
     text = _checked(job_id, name, payload)
-    row = await store.signal(connection or store.pool, job_id, name, text)
+    key = _checked_key(idempotency_key)
+    if connection is not None:
+        return await _send_one(store, connection, job_id, name, text, key)
+    if key is None:
+        return await _send_one(store, store.pool, job_id, name, text, key)
+    return await retry_on_disconnect(
+        lambda: _send_one(store, store.pool, job_id, name, text, key),
+        what="signal",
+        give_up_after=RESEND_PATIENCE,
+    )
+
+
+async def _send_one(
+    store: WorkflowStore,
+    db: asyncpg.Connection | asyncpg.Pool,
+    job_id: str,
+    name: str,
+    text: str | None,
+    key: str | None,
+) -> bool:
+    row = await store.signal(db, job_id, name, text, key)
     if row is None:
         raise _not_found(job_id)
-    if row["signal_id"] is None:
-        raise _finished(job_id, row["status"])
+    if row["signal_id"] is not None:
+        return True
+    if row["status"] not in FINAL_STATUS_VALUES:
+        return False  # its key is stored: a repeat
+    if key is not None and await store.signal_kept(db, [job_id], [key]):
+        return False  # a repeat of a signal it had before it finished
+    raise _finished(job_id, row["status"])
 
 
 async def send_signals(
     store: WorkflowStore,
-    signals: Iterable[tuple[str, str] | tuple[str, str, Any]],
+    signals: Iterable[Signal],
     connection: asyncpg.Connection | None = None,
 ) -> int:
-    """Send every ``(job_id, name[, payload])`` of ``signals``, in order, in
-    one transaction: all are stored, or none (an unknown job raises
-    :class:`~pg_scheduler.JobNotFound`, a finished one ValueError, a bad
-    item TypeError/ValueError, before anything is written). Returns how many
-    workflows were waiting for theirs and were woken. With ``connection``,
-    inside the caller's transaction (its rows stay locked until it ends)."""
+    """Send every ``(job_id, name[, payload[, idempotency_key]])`` of
+    ``signals``, in order, in one transaction: all are stored, or none (an
+    unknown job raises :class:`~pg_scheduler.JobNotFound`, a finished one
+    ValueError, a bad item TypeError/ValueError, before anything is written).
+    A signal whose key its job has already (or an earlier item of the batch
+    has) is left out, and a finished job is not refused for such repeats.
+    Returns how many workflows were waiting for theirs and were woken by this
+    call. With ``connection``, inside the caller's transaction (its rows stay
+    locked until it ends). When every item has a key, a send on the
+    scheduler's pool is retried after a lost connection, as
+    :func:`send_signal`."""
     if isinstance(signals, (str, bytes)) or not isinstance(signals, Iterable):
         raise TypeError(
-            f"signals must be an iterable of (job_id, name[, payload]) tuples, got {signals!r}"
+            "signals must be an iterable of (job_id, name[, payload[, idempotency_key]]) "
+            f"tuples, got {signals!r}"
         )
-    job_ids: list[str] = []
-    names: list[str] = []
-    payloads: list[str | None] = []
+    batch = _Batch()
     for i, item in enumerate(signals):
-        if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
+        if not isinstance(item, (tuple, list)) or len(item) not in (2, 3, 4):
             raise TypeError(
-                f"signals[{i}] must be a (job_id, name) or (job_id, name, payload) tuple, "
+                f"signals[{i}] must be a (job_id, name[, payload[, idempotency_key]]) tuple, "
                 f"got {item!r}"
             )
         job_id, name = item[0], item[1]
-        payloads.append(_checked(job_id, name, item[2] if len(item) == 3 else None))
-        job_ids.append(job_id)
-        names.append(name)
-    if not job_ids:
+        text = _checked(job_id, name, item[2] if len(item) > 2 else None)
+        batch.add(job_id, name, text, _checked_key(item[3] if len(item) == 4 else None))
+    if not batch.job_ids:
         return 0
     if connection is not None:
         if connection.is_in_transaction():  # the caller's: it commits or rolls back
-            return await _send_all(store, connection, job_ids, names, payloads)
+            return await _send_all(store, connection, batch)
         async with connection.transaction():  # ours: the two statements as one
-            return await _send_all(store, connection, job_ids, names, payloads)
-    async with store.pool.acquire() as conn, conn.transaction():
-        return await _send_all(store, conn, job_ids, names, payloads)
+            return await _send_all(store, connection, batch)
+
+    async def send() -> int:
+        async with store.pool.acquire() as conn, conn.transaction():
+            return await _send_all(store, conn, batch)
+
+    if None in batch.keys:
+        return await send()
+    return await retry_on_disconnect(send, what="signal_bulk", give_up_after=RESEND_PATIENCE)
 
 
-async def _send_all(
+class _Batch:
+    """Checked signals, in order, without the repeats of a (job, key) pair."""
+
+    def __init__(self) -> None:
+        self.job_ids: list[str] = []
+        self.names: list[str] = []
+        self.payloads: list[str | None] = []
+        self.keys: list[str | None] = []
+        self._seen: set[tuple[str, str]] = set()
+
+    def add(self, job_id: str, name: str, payload: str | None, key: str | None) -> None:
+        if key is not None:
+            if (job_id, key) in self._seen:
+                return  # the batch's first signal of this key stands
+            self._seen.add((job_id, key))
+        self.job_ids.append(job_id)
+        self.names.append(name)
+        self.payloads.append(payload)
+        self.keys.append(key)
+
+    def without(self, job_ids: set[str]) -> _Batch:
+        """A copy without the signals to ``job_ids``."""
+        rest = _Batch()
+        for i, job_id in enumerate(self.job_ids):
+            if job_id not in job_ids:
+                rest.add(job_id, self.names[i], self.payloads[i], self.keys[i])
+        return rest
+
+
+async def _send_all(store: WorkflowStore, conn: asyncpg.Connection, batch: _Batch) -> int:
+    refused = await store.signal_check(conn, batch.job_ids)
+    if refused:
+        repeats = await _only_repeats(store, conn, batch, refused)
+        refused = [row for row in refused if row["job_id"] not in repeats]
+        if refused:
+            first = refused[0]
+            more = f" (and {len(refused) - 1} more refused)" if len(refused) > 1 else ""
+            if first["status"] is None:
+                raise _not_found(first["job_id"], more)
+            raise _finished(first["job_id"], first["status"], more)
+        batch = batch.without(repeats)  # a copy: a retry of the call starts from the whole
+        if not batch.job_ids:
+            return 0
+    row = await store.signal_many(conn, batch.job_ids, batch.names, batch.payloads, batch.keys)
+    return int(row["woken"])
+
+
+async def _only_repeats(
     store: WorkflowStore,
     conn: asyncpg.Connection,
-    job_ids: list[str],
-    names: list[str],
-    payloads: list[str | None],
-) -> int:
-    refused = await store.signal_check(conn, job_ids)
-    if refused:
-        first = refused[0]
-        more = f" (and {len(refused) - 1} more refused)" if len(refused) > 1 else ""
-        if first["status"] is None:
-            raise _not_found(first["job_id"], more)
-        raise _finished(first["job_id"], first["status"], more)
-    row = await store.signal_many(conn, job_ids, names, payloads)
-    return int(row["woken"])
+    batch: _Batch,
+    refused: list[asyncpg.Record],
+) -> set[str]:
+    """The finished jobs of ``refused`` whose every signal in ``batch`` is a
+    repeat of one they have (by its key): not refused, their signals left out."""
+    finished = {row["job_id"] for row in refused if row["status"] is not None}
+    pairs = [
+        (job_id, key)
+        for job_id, key in zip(batch.job_ids, batch.keys, strict=True)
+        if job_id in finished
+    ]
+    keyed = [(job_id, key) for job_id, key in pairs if key is not None]
+    if not keyed:
+        return set()
+    kept = await store.signal_kept(conn, [p[0] for p in keyed], [p[1] for p in keyed])
+    return finished - {job_id for job_id, key in pairs if key is None or (job_id, key) not in kept}
 
 
 def _checked(job_id: Any, name: Any, payload: Any) -> str | None:
@@ -112,6 +214,15 @@ def _checked(job_id: Any, name: Any, payload: Any) -> str | None:
     # The same checks as a job's arguments (JSON, NUL, lone surrogates, depth).
     encode_task_data([payload], {}, f"signal {name!r}")
     return None if payload is None else encode_json(payload)
+
+
+def _checked_key(key: Any) -> str | None:
+    if key is None:
+        return None
+    if not isinstance(key, str) or not key:
+        raise TypeError(f"idempotency_key must be a non-empty str or None, got {key!r}")
+    check_name("idempotency_key", key)
+    return key
 
 
 def _not_found(job_id: str, more: str = "") -> LookupError:

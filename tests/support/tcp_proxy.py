@@ -4,7 +4,8 @@
 stops carrying bytes: what either end sends is read and dropped, nothing is
 closed, so both ends see a live socket that never answers (the kernel on
 this side acknowledges everything, so TCP keepalives do not notice either:
-only the client's own timeouts can). ``heal()``: connections opened from
+only the client's own timeouts can). ``cut()`` closes every open connection
+at both ends, as a reset would. ``heal()``: connections opened from
 then on are carried again; those that were black-holed stay so for good, as
 behind a NAT or load balancer that lost its state. ``close()`` ends it all.
 
@@ -61,6 +62,12 @@ class TcpProxy:
         self._holing = True
         for link in self._links:
             link.dead = True
+
+    def cut(self) -> None:
+        """Close every open connection, both ends (as a reset would); new ones
+        are carried."""
+        for link in list(self._links):
+            self._end(link)
 
     def heal(self) -> None:
         """Carry new connections again; the black-holed ones stay dead."""
