@@ -1,5 +1,6 @@
-"""``pg-scheduler workflows``: list workflows and graphs, show a graph, and
-cancel, retry or fork a whole workflow (``api/workflow_ops.py``).
+"""``pg-scheduler workflows``: list workflows and graphs, show a graph,
+cancel, retry or fork a whole workflow (``api/workflow_ops.py``), and send a
+workflow a signal (``workflows/signals.py``).
 
 Like the other operations commands they talk to the database directly: a
 running job is stopped by the worker running it, told through the cancel
@@ -9,6 +10,7 @@ channel as by ``pg-scheduler cancel``.
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 import asyncpg
@@ -17,6 +19,8 @@ from ..api.results import JobNotFound
 from ..api.workflow_ops import WorkflowOps
 from ..enums import JobStatus
 from ..store.graph_ops import GraphOpsStore
+from ..store.workflows import WorkflowStore
+from ..workflows.signals import send_signal
 from .output import EXIT_NOT_FOUND, CommandError, confirm, console, emit_json, table, when
 
 
@@ -25,7 +29,7 @@ def register(commands: argparse._SubParsersAction, json_flag: argparse.ArgumentP
     by action name."""
     workflows = commands.add_parser(
         "workflows",
-        help="list workflows and graphs; cancel, retry or fork a whole one",
+        help="list workflows and graphs; cancel, retry or fork a whole one; signal one",
         description="A graph is the jobs joined by depends_on (either way); a code-first "
         "workflow is a @workflow job with its steps and children. JOB_ID is any job of it.",
     )
@@ -60,9 +64,28 @@ def register(commands: argparse._SubParsersAction, json_flag: argparse.ArgumentP
         metavar="N|NAME",
         help="the first step to run anew: its number (from 1) or its name",
     )
-    for sub in (graph, cancel, retry, fork):
+    signal = actions.add_parser(
+        "signal",
+        parents=[json_flag],
+        help="send a workflow a signal (an approval by hand, a lost webhook sent again)",
+    )
+    for sub in (graph, cancel, retry, fork, signal):
         sub.add_argument("job_id", metavar="JOB_ID")
-    return {"list": listing, "graph": graph, "cancel": cancel, "retry": retry, "fork": fork}
+    signal.add_argument("name", metavar="NAME", help="the signal's name")
+    signal.add_argument("--payload", metavar="JSON", help="the payload, as JSON (none: null)")
+    signal.add_argument(
+        "--key",
+        metavar="KEY",
+        help="an idempotency key: a second signal of this key to the job writes nothing",
+    )
+    return {
+        "list": listing,
+        "graph": graph,
+        "cancel": cancel,
+        "retry": retry,
+        "fork": fork,
+        "signal": signal,
+    }
 
 
 def _ops(pool: asyncpg.Pool, args: argparse.Namespace) -> WorkflowOps:
@@ -173,10 +196,39 @@ async def cmd_workflows_fork(pool: asyncpg.Pool, args: argparse.Namespace) -> in
     return 0
 
 
+async def cmd_workflows_signal(pool: asyncpg.Pool, args: argparse.Namespace) -> int:
+    payload = None
+    if args.payload is not None:
+        try:
+            payload = json.loads(args.payload)
+        except ValueError as exc:
+            raise CommandError(f"--payload is not JSON: {exc}", 2) from None
+    try:
+        stored = await _calling(
+            send_signal(
+                WorkflowStore(pool, args.schema),
+                args.job_id,
+                args.name,
+                payload,
+                idempotency_key=args.key,
+            )
+        )
+    except TypeError as exc:
+        raise CommandError(str(exc), 2) from None
+    if args.json:
+        emit_json({"job_id": args.job_id, "signal": args.name, "stored": stored})
+    elif stored:
+        print(f"sent {args.name!r} to {args.job_id}")
+    else:
+        print(f"not sent: {args.job_id} has a signal of key {args.key!r} already")
+    return 0
+
+
 HANDLERS = {
     "list": cmd_workflows_list,
     "graph": cmd_workflows_graph,
     "cancel": cmd_workflows_cancel,
     "retry": cmd_workflows_retry,
     "fork": cmd_workflows_fork,
+    "signal": cmd_workflows_signal,
 }

@@ -15,6 +15,7 @@ import asyncpg
 import pytest
 
 from pg_scheduler import JobStatus, SyncClient, WorkflowContext, workflow
+from tests.integration.test_cli_ops import _keep_test_logging, cli  # noqa: F401
 from tests.support.common import wait_for_status, wait_until
 from tests.support.tcp_proxy import TcpProxy
 
@@ -164,6 +165,28 @@ async def test_the_sync_client_sends_a_key_once(pool, dsn, make_scheduler):
         await asyncio.to_thread(client.close)
     assert (sent, again, bulk) == (True, False, 0)
     assert await _stored(pool, job_id) == [("vote", "1", "s")]
+
+
+async def test_the_command_line_sends_a_signal_once_by_its_key(pool, dsn, make_scheduler):
+    scheduler = await make_scheduler()
+    job_id = await _waiting(scheduler, pool)
+    args = ("workflows", "signal", job_id, "vote", "--payload", '{"by": "ann"}', "--key", "t1")
+    sent = await cli(dsn, *args, "--json")
+    assert sent.code == 0, sent.err
+    assert sent.json() == {"job_id": job_id, "signal": "vote", "stored": True}
+    again = await cli(dsn, *args)
+    assert again.code == 0 and "not sent" in again.out, again.err
+    done = await cli(dsn, "workflows", "signal", job_id, "done")
+    assert done.code == 0 and f"sent 'done' to {job_id}" in done.out, done.err
+    assert (await scheduler.result(job_id, timeout=10)) == [{"by": "ann"}]
+    refused = await cli(dsn, "workflows", "signal", job_id, "done")
+    assert refused.code == 1 and "a finished job takes no signal" in refused.err
+    unknown = await cli(dsn, "workflows", "signal", "no-such-job", "done")
+    assert unknown.code == 1 and "no job with id" in unknown.err
+    for bad in (("--payload", "{not json"), ("--key", "")):
+        wrong = await cli(dsn, "workflows", "signal", job_id, "vote", *bad)
+        assert wrong.code == 2, (bad, wrong.out, wrong.err)
+    assert len(await _stored(pool, job_id)) == 2
 
 
 # -- a lost answer ---------------------------------------------------------------
