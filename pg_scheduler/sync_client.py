@@ -1,6 +1,7 @@
 """Enqueue from synchronous code (Django, Flask, scripts) without an event loop.
 
-:class:`SyncClient` schedules, bulk-schedules, gets and cancels jobs. It holds
+:class:`SyncClient` schedules, bulk-schedules, gets and cancels jobs, and
+signals workflows (``workflows.signals``, on either connection). It holds
 the producer the Scheduler uses (``enqueue.producer.Producer``: the same
 checks, encoding and rows) and writes its rows
 
@@ -51,7 +52,17 @@ from .support.reconnect import retry_on_disconnect
 from .support.validation import INT4_MAX, check_int, check_seconds
 from .tasks import TaskRegistry, default_registry
 from .workflows.runner import workflow_store
-from .workflows.signals import Signal, send_signal, send_signals
+from .workflows.signals import (
+    Signal,
+    SignalBatch,
+    checked_key,
+    checked_signal,
+    many_signals,
+    one_signal,
+    run_dbapi,
+    send_signal,
+    send_signals,
+)
 
 T = TypeVar("T")
 
@@ -215,20 +226,38 @@ class SyncClient:
         name: str,
         payload: Any = None,
         *,
+        connection: Any = None,
         idempotency_key: str | None = None,
     ) -> bool:
-        """Send signal ``name`` to workflow ``job_id`` (see ``Scheduler.signal``),
-        on the client's own connection; False for a repeat of ``idempotency_key``."""
-        return self._call(
-            lambda own: send_signal(
-                workflow_store(own.store), job_id, name, payload, idempotency_key=idempotency_key
+        """Send signal ``name`` to workflow ``job_id`` (see ``Scheduler.signal``);
+        False for a repeat of ``idempotency_key``. On the client's own
+        connection, or on ``connection`` (psycopg 3 / psycopg2) as for
+        :meth:`schedule`: inside the caller's transaction the signal exists,
+        and wakes the workflow, only if the caller commits."""
+        if connection is None:
+            return self._call(
+                lambda own: send_signal(
+                    workflow_store(own.store),
+                    job_id,
+                    name,
+                    payload,
+                    idempotency_key=idempotency_key,
+                )
             )
+        plan = one_signal(
+            job_id, name, checked_signal(job_id, name, payload), checked_key(idempotency_key)
         )
+        return run_dbapi(self._callers.statements, connection, plan)
 
-    def signal_bulk(self, signals: Iterable[Signal]) -> int:
+    def signal_bulk(self, signals: Iterable[Signal], *, connection: Any = None) -> int:
         """Send many signals in one transaction, all or none (see
-        ``Scheduler.signal_bulk``), on the client's own connection; how many
-        workflows were woken."""
+        ``Scheduler.signal_bulk``), on the client's own connection or on
+        ``connection`` as for :meth:`signal`; how many workflows were woken."""
+        if connection is not None:
+            batch = SignalBatch.of(signals)
+            if not batch.job_ids:
+                return 0
+            return run_dbapi(self._callers.statements, connection, many_signals(batch))
         # Read here, in the caller's thread (a generator is not the loop's to run).
         items = (
             list(signals)

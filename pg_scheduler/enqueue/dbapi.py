@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..enums import ConflictResolution
-from ..store.dbapi import UNIQUE_VIOLATION, DbapiStatements, sqlstate
+from ..store.dbapi import UNIQUE_VIOLATION, DbapiStatements, dbapi_connection, sqlstate
 from ..store.jobs import NewJob
 from . import timed
 from .conflicts import (
@@ -117,7 +117,7 @@ class DbapiEnqueuer:
     ) -> str:
         """A debounced or throttled job (``timed.py``, the same statements): each
         attempt all or nothing, one that wrote nothing undone (its row locks go)."""
-        conn = _dbapi_connection(connection)
+        conn = dbapi_connection(connection)
         statements, key = self.statements, str(row.dedupe_key)
 
         def attempt(work: Callable[[], str | None]) -> str | None:
@@ -169,7 +169,7 @@ class DbapiEnqueuer:
         self, connection: Any, graph: Graph, conflict: ConflictResolution, batch_size: int
     ) -> list[str | None]:
         """A checked graph, all or nothing, as :meth:`_write` writes rows."""
-        conn = _dbapi_connection(connection)
+        conn = dbapi_connection(connection)
         try:
             return self.statements.atomically(  # type: ignore[no-any-return]
                 conn, lambda: self.graph.write(conn, graph, conflict, batch_size)
@@ -191,7 +191,7 @@ class DbapiEnqueuer:
         """Write ``rows`` through the caller's connection, all or nothing (see
         :meth:`DbapiStatements.atomically`); ``raise_on``: ids refused first if
         they exist already (bulk RAISE), in the same transaction."""
-        conn = _dbapi_connection(connection)
+        conn = dbapi_connection(connection)
         statements, suffix = self.statements, _SUFFIX[conflict]
 
         def work() -> set[str]:
@@ -214,13 +214,6 @@ class DbapiEnqueuer:
 
 class _Nothing(Exception):
     """An attempt wrote nothing: its savepoint (or transaction) is undone."""
-
-
-def _dbapi_connection(connection: Any) -> Any:
-    """The driver's connection: SQLAlchemy's pooled proxy
-    (``session.connection().connection``) gives its ``dbapi_connection``."""
-    inner = getattr(connection, "dbapi_connection", None)
-    return connection if inner is None else inner
 
 
 def _refuse_keys(rows: list[NewJob]) -> None:

@@ -1,10 +1,10 @@
-"""The enqueue statements on a caller's synchronous (DB-API) connection: psycopg 3
-or psycopg2 (the sync client's ``connection=``).
+"""The enqueue and signal statements on a caller's synchronous (DB-API)
+connection: psycopg 3 or psycopg2 (the sync client's ``connection=``).
 
 They are the statements of :mod:`~pg_scheduler.store.job_sql` (the same rows,
 the same conflict handling, the same wake-up trigger, so workers hear a
-NOTIFY at commit), rewritten once from asyncpg's ``$n`` placeholders to the
-``%(pn)s`` style both drivers take.
+NOTIFY at commit) and :mod:`~pg_scheduler.store.signal_sql`, rewritten once
+from asyncpg's ``$n`` placeholders to the ``%(pn)s`` style both drivers take.
 
 Whose transaction a write joins is read from the connection's transaction
 status, never from its ``autocommit`` flag alone (:meth:`DbapiStatements.atomically`):
@@ -24,6 +24,7 @@ from .dependencies import _APPLY_ENDED, _INSERT_DEPENDENTS, _INSERT_EDGES, _LOCK
 from .job_sql import _EXISTING_IDS, _INSERT_FROM_ARRAYS, _INSERT_ONE, _REPLACE_SET
 from .jobs import NewJob
 from .names import DEFAULT_SCHEMA, Qualifier
+from .signal_sql import _SIGNAL, _SIGNAL_CHECK, _SIGNAL_KEPT, _SIGNAL_MANY
 from .timing import (
     _DEBOUNCE,
     _DEBOUNCE_HOLDER,
@@ -71,6 +72,13 @@ def sqlstate(exc: BaseException) -> str | None:
     return getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
 
 
+def dbapi_connection(connection: Any) -> Any:
+    """The driver's connection: SQLAlchemy's pooled proxy
+    (``session.connection().connection``) gives its ``dbapi_connection``."""
+    inner = getattr(connection, "dbapi_connection", None)
+    return connection if inner is None else inner
+
+
 def transaction_status(conn: Any) -> int:
     """The connection's libpq transaction status (IDLE, ACTIVE, INTRANS, INERROR,
     UNKNOWN): psycopg2's ``get_transaction_status()``, psycopg 3's
@@ -110,7 +118,7 @@ def in_callers_transaction(conn: Any) -> bool:
 
 
 class DbapiStatements:
-    """The enqueue statements of one schema, for a DB-API connection."""
+    """The enqueue and signal statements of one schema, for a DB-API connection."""
 
     def __init__(self, schema: str = DEFAULT_SCHEMA) -> None:
         q = Qualifier(schema)
@@ -127,6 +135,10 @@ class DbapiStatements:
         self._debounce_holder = pyformat(q(_DEBOUNCE_HOLDER))
         self._throttle = pyformat(q(_THROTTLE))
         self._throttle_holder = pyformat(q(_THROTTLE_HOLDER))
+        self._signal = pyformat(q(_SIGNAL))
+        self._signal_check = pyformat(q(_SIGNAL_CHECK))
+        self._signal_many = pyformat(q(_SIGNAL_MANY))
+        self._signal_kept = pyformat(q(_SIGNAL_KEPT))
 
     def insert(self, conn: Any, rows: Sequence[NewJob], suffix: str) -> set[str]:
         """INSERT ``rows`` then ``suffix`` ("", "ignore" or "replace"); the ids written."""
@@ -203,6 +215,43 @@ class DbapiStatements:
     def throttle_holder(self, conn: Any, key: str) -> tuple[str, bool] | None:
         found = self._one(conn, self._throttle_holder, [key])
         return None if found is None else (found[0], found[1])
+
+    # -- signals (store/signal_sql.py: the same statements; the answers shaped
+    # as WorkflowStore's, for workflows/signals.py) --------------------------------
+
+    def signal(
+        self, conn: Any, job_id: str, name: str, payload: str | None, key: str | None
+    ) -> dict[str, Any] | None:
+        found = self._one(conn, self._signal, [job_id, name, payload, key])
+        return (
+            None
+            if found is None
+            else dict(zip(("status", "signal_id", "woken"), found, strict=True))
+        )
+
+    def signal_check(self, conn: Any, job_ids: Sequence[str]) -> list[dict[str, Any]]:
+        with conn.cursor() as cur:
+            cur.execute(self._signal_check, _params([list(job_ids)]))
+            return [{"job_id": r[0], "status": r[1]} for r in cur.fetchall()]
+
+    def signal_many(
+        self,
+        conn: Any,
+        job_ids: Sequence[str],
+        names: Sequence[str],
+        payloads: Sequence[str | None],
+        keys: Sequence[str | None],
+    ) -> dict[str, Any]:
+        values = [list(job_ids), list(names), list(payloads), list(keys)]
+        found = self._one(conn, self._signal_many, values)
+        return dict(zip(("sent", "woken", "notified"), found, strict=True))
+
+    def signal_kept(
+        self, conn: Any, job_ids: Sequence[str], keys: Sequence[str]
+    ) -> set[tuple[str, str]]:
+        with conn.cursor() as cur:
+            cur.execute(self._signal_kept, _params([list(job_ids), list(keys)]))
+            return {(r[0], r[1]) for r in cur.fetchall()}
 
     def atomically(self, conn: Any, work: Callable[[], Any]) -> Any:
         """Run ``work`` all-or-nothing, never ending a transaction this did not open.

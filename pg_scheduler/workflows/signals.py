@@ -16,12 +16,13 @@ connection is lost before the answer: it cannot land twice.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Generator, Iterable
+from typing import Any, TypeVar, cast
 
 import asyncpg
 
 from ..enums import FINAL_STATUS_VALUES
+from ..store.dbapi import DbapiStatements, dbapi_connection
 from ..store.workflows import WorkflowStore
 from ..support.codec import encode_json, encode_task_data
 from ..support.reconnect import retry_on_disconnect
@@ -31,7 +32,16 @@ from ..support.validation import check_name
 #: (seconds), retrying, before the error reaches its caller.
 RESEND_PATIENCE = 10.0
 
+T = TypeVar("T")
 Signal = tuple[str, str] | tuple[str, str, Any] | tuple[str, str, Any, str | None]
+
+
+# The logic of a send, written once for both drivers: a generator that yields
+# the statement it needs as (WorkflowStore / DbapiStatements method, its
+# arguments after the connection) and is sent the answer; _run drives it on
+# asyncpg, run_dbapi on a caller's psycopg connection.
+Ask = tuple[str, tuple[Any, ...]]
+Plan = Generator[Ask, Any, T]
 
 
 async def send_signal(
@@ -55,35 +65,29 @@ async def send_signal(
     caller sees the error. With one, on the scheduler's pool, retried for up
     to :data:`RESEND_PATIENCE` seconds.
     """
-    text = _checked(job_id, name, payload)
-    key = _checked_key(idempotency_key)
+    text = checked_signal(job_id, name, payload)
+    key = checked_key(idempotency_key)
     if connection is not None:
-        return await _send_one(store, connection, job_id, name, text, key)
+        return await _run(store, connection, one_signal(job_id, name, text, key))
     if key is None:
-        return await _send_one(store, store.pool, job_id, name, text, key)
+        return await _run(store, store.pool, one_signal(job_id, name, text, key))
     return await retry_on_disconnect(
-        lambda: _send_one(store, store.pool, job_id, name, text, key),
+        lambda: _run(store, store.pool, one_signal(job_id, name, text, key)),
         what="signal",
         give_up_after=RESEND_PATIENCE,
     )
 
 
-async def _send_one(
-    store: WorkflowStore,
-    db: asyncpg.Connection | asyncpg.Pool,
-    job_id: str,
-    name: str,
-    text: str | None,
-    key: str | None,
-) -> bool:
-    row = await store.signal(db, job_id, name, text, key)
+def one_signal(job_id: str, name: str, text: str | None, key: str | None) -> Plan[bool]:
+    """One checked signal: True stored, False a repeat of its key."""
+    row = yield ("signal", (job_id, name, text, key))
     if row is None:
         raise _not_found(job_id)
     if row["signal_id"] is not None:
         return True
     if row["status"] not in FINAL_STATUS_VALUES:
         return False  # its key is stored: a repeat
-    if key is not None and await store.signal_kept(db, [job_id], [key]):
+    if key is not None and (yield ("signal_kept", ([job_id], [key]))):
         return False  # a repeat of a signal it had before it finished
     raise _finished(job_id, row["status"])
 
@@ -104,39 +108,25 @@ async def send_signals(
     locked until it ends). When every item has a key, a send on the
     scheduler's pool is retried after a lost connection, as
     :func:`send_signal`."""
-    if isinstance(signals, (str, bytes)) or not isinstance(signals, Iterable):
-        raise TypeError(
-            "signals must be an iterable of (job_id, name[, payload[, idempotency_key]]) "
-            f"tuples, got {signals!r}"
-        )
-    batch = _Batch()
-    for i, item in enumerate(signals):
-        if not isinstance(item, (tuple, list)) or len(item) not in (2, 3, 4):
-            raise TypeError(
-                f"signals[{i}] must be a (job_id, name[, payload[, idempotency_key]]) tuple, "
-                f"got {item!r}"
-            )
-        job_id, name = item[0], item[1]
-        text = _checked(job_id, name, item[2] if len(item) > 2 else None)
-        batch.add(job_id, name, text, _checked_key(item[3] if len(item) == 4 else None))
+    batch = SignalBatch.of(signals)
     if not batch.job_ids:
         return 0
     if connection is not None:
         if connection.is_in_transaction():  # the caller's: it commits or rolls back
-            return await _send_all(store, connection, batch)
+            return await _run(store, connection, many_signals(batch))
         async with connection.transaction():  # ours: the two statements as one
-            return await _send_all(store, connection, batch)
+            return await _run(store, connection, many_signals(batch))
 
     async def send() -> int:
         async with store.pool.acquire() as conn, conn.transaction():
-            return await _send_all(store, conn, batch)
+            return await _run(store, conn, many_signals(batch))
 
     if None in batch.keys:
         return await send()
     return await retry_on_disconnect(send, what="signal_bulk", give_up_after=RESEND_PATIENCE)
 
 
-class _Batch:
+class SignalBatch:
     """Checked signals, in order, without the repeats of a (job, key) pair."""
 
     def __init__(self) -> None:
@@ -145,6 +135,26 @@ class _Batch:
         self.payloads: list[str | None] = []
         self.keys: list[str | None] = []
         self._seen: set[tuple[str, str]] = set()
+
+    @classmethod
+    def of(cls, signals: Any) -> SignalBatch:
+        """``signals`` checked: TypeError/ValueError for the first bad item."""
+        if isinstance(signals, (str, bytes)) or not isinstance(signals, Iterable):
+            raise TypeError(
+                "signals must be an iterable of (job_id, name[, payload[, idempotency_key]]) "
+                f"tuples, got {signals!r}"
+            )
+        batch = cls()
+        for i, item in enumerate(signals):
+            if not isinstance(item, (tuple, list)) or len(item) not in (2, 3, 4):
+                raise TypeError(
+                    f"signals[{i}] must be a (job_id, name[, payload[, idempotency_key]]) "
+                    f"tuple, got {item!r}"
+                )
+            job_id, name = item[0], item[1]
+            text = checked_signal(job_id, name, item[2] if len(item) > 2 else None)
+            batch.add(job_id, name, text, checked_key(item[3] if len(item) == 4 else None))
+        return batch
 
     def add(self, job_id: str, name: str, payload: str | None, key: str | None) -> None:
         if key is not None:
@@ -156,19 +166,20 @@ class _Batch:
         self.payloads.append(payload)
         self.keys.append(key)
 
-    def without(self, job_ids: set[str]) -> _Batch:
+    def without(self, job_ids: set[str]) -> SignalBatch:
         """A copy without the signals to ``job_ids``."""
-        rest = _Batch()
+        rest = SignalBatch()
         for i, job_id in enumerate(self.job_ids):
             if job_id not in job_ids:
                 rest.add(job_id, self.names[i], self.payloads[i], self.keys[i])
         return rest
 
 
-async def _send_all(store: WorkflowStore, conn: asyncpg.Connection, batch: _Batch) -> int:
-    refused = await store.signal_check(conn, batch.job_ids)
+def many_signals(batch: SignalBatch) -> Plan[int]:
+    """A batch's two statements (in one transaction): how many were woken."""
+    refused = yield ("signal_check", (batch.job_ids,))
     if refused:
-        repeats = await _only_repeats(store, conn, batch, refused)
+        repeats = yield from _only_repeats(batch, refused)
         refused = [row for row in refused if row["job_id"] not in repeats]
         if refused:
             first = refused[0]
@@ -179,16 +190,11 @@ async def _send_all(store: WorkflowStore, conn: asyncpg.Connection, batch: _Batc
         batch = batch.without(repeats)  # a copy: a retry of the call starts from the whole
         if not batch.job_ids:
             return 0
-    row = await store.signal_many(conn, batch.job_ids, batch.names, batch.payloads, batch.keys)
+    row = yield ("signal_many", (batch.job_ids, batch.names, batch.payloads, batch.keys))
     return int(row["woken"])
 
 
-async def _only_repeats(
-    store: WorkflowStore,
-    conn: asyncpg.Connection,
-    batch: _Batch,
-    refused: list[asyncpg.Record],
-) -> set[str]:
+def _only_repeats(batch: SignalBatch, refused: list[Any]) -> Plan[set[str]]:
     """The finished jobs of ``refused`` whose every signal in ``batch`` is a
     repeat of one they have (by its key): not refused, their signals left out."""
     finished = {row["job_id"] for row in refused if row["status"] is not None}
@@ -200,11 +206,40 @@ async def _only_repeats(
     keyed = [(job_id, key) for job_id, key in pairs if key is not None]
     if not keyed:
         return set()
-    kept = await store.signal_kept(conn, [p[0] for p in keyed], [p[1] for p in keyed])
+    kept = yield ("signal_kept", ([p[0] for p in keyed], [p[1] for p in keyed]))
     return finished - {job_id for job_id, key in pairs if key is None or (job_id, key) not in kept}
 
 
-def _checked(job_id: Any, name: Any, payload: Any) -> str | None:
+def run_dbapi(statements: DbapiStatements, conn: Any, plan: Plan[T]) -> T:
+    """Answer ``plan``'s statements on a caller's psycopg connection, all or
+    nothing in the caller's transaction (a savepoint) or in one of its own
+    on an autocommit connection (:meth:`DbapiStatements.atomically`).
+    ``conn`` may be SQLAlchemy's pooled proxy of one."""
+    conn = dbapi_connection(conn)
+
+    def work() -> T:
+        try:
+            method, args = next(plan)
+            while True:
+                method, args = plan.send(getattr(statements, method)(conn, *args))
+        except StopIteration as done:
+            return cast(T, done.value)
+
+    return cast(T, statements.atomically(conn, work))
+
+
+async def _run(store: WorkflowStore, db: asyncpg.Connection | asyncpg.Pool, plan: Plan[T]) -> T:
+    """Answer ``plan``'s statements on ``db`` (asyncpg) until it returns."""
+    try:
+        method, args = next(plan)
+        while True:
+            answer = await getattr(store, method)(db, *args)
+            method, args = plan.send(answer)
+    except StopIteration as done:
+        return cast(T, done.value)
+
+
+def checked_signal(job_id: Any, name: Any, payload: Any) -> str | None:
     """The payload as stored JSON, after every check of one signal."""
     if not isinstance(job_id, str) or not job_id:
         raise TypeError(f"job_id must be a non-empty str, got {job_id!r}")
@@ -216,7 +251,7 @@ def _checked(job_id: Any, name: Any, payload: Any) -> str | None:
     return None if payload is None else encode_json(payload)
 
 
-def _checked_key(key: Any) -> str | None:
+def checked_key(key: Any) -> str | None:
     if key is None:
         return None
     if not isinstance(key, str) or not key:
