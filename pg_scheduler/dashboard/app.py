@@ -292,6 +292,9 @@ ACTIONS: dict[str, Callable[[DashboardService, dict[str, Any]], Awaitable[dict[s
     "cancel_workflow": lambda s, b: s.workflows.cancel(_field(b, "job_id")),
     "retry_workflow": lambda s, b: s.workflows.retry(_field(b, "job_id")),
     "fork_workflow": lambda s, b: s.workflows.fork(_field(b, "job_id"), b.get("from_step")),
+    "signal_workflow": lambda s, b: s.workflows.signal(
+        _field(b, "job_id"), _field(b, "name"), b.get("payload"), b.get("idempotency_key")
+    ),
 }
 
 

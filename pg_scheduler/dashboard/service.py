@@ -29,6 +29,7 @@ from ..store.dashboard import Cursor, DashboardStore
 from ..store.housekeeping import RETRYABLE_STATUSES, OpsStore, StatsStore
 from ..store.orphans import Orphans, OrphanStore
 from ..store.workflow_views import is_workflow_row
+from ..store.workflows import WorkflowStore
 from ..support.codec import decode_json
 from ..support.validation import check_queue
 from .data import MAX_PAGE, Conflict, NotFound, plain
@@ -143,8 +144,10 @@ class DashboardService:
         self._pgbouncer = pgbouncer
         self._overview: tuple[float, dict[str, Any]] | None = None
         self._overview_lock = asyncio.Lock()
-        #: The workflow list, graphs and whole-workflow actions.
-        self.workflows = WorkflowPages(workflow_operations(pool, schema, scheduler))
+        #: The workflow list, graphs, whole-workflow actions and signals.
+        self.workflows = WorkflowPages(
+            workflow_operations(pool, schema, scheduler), WorkflowStore(pool, schema)
+        )
 
     @property
     def scheduler(self) -> Scheduler:

@@ -1,6 +1,7 @@
 """The dashboard's workflow pages and actions, as plain JSON-ready data: the
 list of code-first workflows and graphs, one graph as nodes and edges with
-its counts by status, and cancel, retry or fork of a whole workflow.
+its counts by status, cancel, retry or fork of a whole workflow, and a signal
+sent to one (``workflows/signals.py``, as ``Scheduler.signal`` sends it).
 
 They go through the operations of ``api/workflow_ops.py``: the application's
 Scheduler when the dashboard was given one (a running job of its own process
@@ -19,6 +20,8 @@ from ..api.workflow_ops import WorkflowOps
 from ..enums import JobStatus
 from ..store.graph_ops import GraphOpsStore
 from ..store.workflow_views import CLIP
+from ..store.workflows import WorkflowStore
+from ..workflows.signals import checked_key, checked_signal, send_signal
 from .data import MAX_PAGE, Conflict, NotFound, plain
 
 if TYPE_CHECKING:
@@ -80,8 +83,9 @@ def parse_step(value: Any) -> int | str:
 class WorkflowPages:
     """The workflow reads and actions of one dashboard."""
 
-    def __init__(self, ops: WorkflowOperations) -> None:
+    def __init__(self, ops: WorkflowOperations, signals: WorkflowStore) -> None:
         self.ops = ops
+        self.signals = signals
 
     async def listing(self, params: dict[str, str]) -> dict[str, Any]:
         """Workflows and graphs, newest first. ``params``: status, limit.
@@ -169,3 +173,23 @@ class WorkflowPages:
         except ValueError as exc:
             raise Conflict(str(exc)) from None
         return {"job_id": new_id, "forked_from": job_id, "from_step": step}
+
+    async def signal(
+        self, job_id: str, name: str, payload: Any, idempotency_key: Any
+    ) -> dict[str, Any]:
+        """Send signal ``name`` with ``payload`` (any JSON value) to workflow
+        ``job_id``; ``stored`` False for a repeat of ``idempotency_key``.
+        ValueError for a bad name, payload or key; NotFound, or Conflict for a
+        finished job."""
+        try:
+            checked_signal(job_id, name, payload)
+            key = checked_key(idempotency_key)
+        except TypeError as exc:
+            raise ValueError(str(exc)) from None
+        try:
+            stored = await send_signal(self.signals, job_id, name, payload, idempotency_key=key)
+        except JobNotFound:
+            raise NotFound(f"no job with id {job_id!r}") from None
+        except ValueError as exc:  # finished
+            raise Conflict(str(exc)) from None
+        return {"job_id": job_id, "signal": name, "stored": stored}

@@ -1,6 +1,6 @@
 """The dashboard's workflow API through httpx (in-process ASGI), on real
 PostgreSQL: the workflow list, a graph's nodes, edges and counts, and the
-whole-workflow actions (cancel, retry, fork) behind the token."""
+whole-workflow actions (cancel, retry, fork, signal) behind the token."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import asyncpg
 import httpx
 import pytest
 
-from pg_scheduler import JobSpec, chain, group
+from pg_scheduler import JobSpec, WorkflowContext, chain, group, workflow
 from pg_scheduler.dashboard import dashboard_app
 from tests.support import workflow_ops_tasks as t
 from tests.support.common import job_status, wait_for_status, wait_until
@@ -334,3 +334,44 @@ async def test_a_dashboard_on_the_applications_scheduler_stops_its_running_job(
     finally:
         await app.state.dashboard.close()
     assert t.runs["after"] == 0
+
+
+@workflow(name="dash.approval")
+async def approval(ctx: WorkflowContext) -> object:
+    return await ctx.wait_for_signal("approved")
+
+
+async def test_signal_workflow_needs_the_token_and_sends_once_by_its_key(
+    client, readonly, pool, make_scheduler
+):
+    scheduler = await make_scheduler()
+    job_id = await scheduler.schedule(approval)
+    await wait_for_status(pool, job_id, "waiting")
+    body = {"job_id": job_id, "name": "approved", "payload": {"by": "ops"}, "idempotency_key": "d1"}
+    assert (await readonly.post("/api/action/signal_workflow", json=body)).status_code == 403
+    assert (await client.post("/api/action/signal_workflow", json=body)).status_code == 403
+    for bad in (
+        {"job_id": job_id},  # no name
+        {"job_id": job_id, "name": ""},
+        {"job_id": job_id, "name": "approved", "idempotency_key": ""},
+        {"job_id": job_id, "name": "approved", "idempotency_key": 7},
+        {"job_id": job_id, "name": "approved", "payload": "nul \x00"},
+    ):
+        refused = await client.post("/api/action/signal_workflow", json=bad, headers=AUTH)
+        assert refused.status_code == 400, (bad, refused.text)
+    unknown = await client.post(
+        "/api/action/signal_workflow", json={**body, "job_id": "no-such-job"}, headers=AUTH
+    )
+    assert unknown.status_code == 404
+    assert await pool.fetchval("SELECT count(*) FROM workflow_signals") == 0
+    sent = await client.post("/api/action/signal_workflow", json=body, headers=AUTH)
+    assert sent.status_code == 200, sent.text
+    assert sent.json() == {"job_id": job_id, "signal": "approved", "stored": True}
+    assert await scheduler.result(job_id, timeout=10) == {"by": "ops"}
+    again = await client.post("/api/action/signal_workflow", json=body, headers=AUTH)
+    assert again.status_code == 200 and again.json()["stored"] is False
+    finished = await client.post(
+        "/api/action/signal_workflow", json={**body, "idempotency_key": "d2"}, headers=AUTH
+    )
+    assert finished.status_code == 409 and "finished job" in finished.json()["error"]
+    assert await pool.fetchval("SELECT count(*) FROM workflow_signals") == 1

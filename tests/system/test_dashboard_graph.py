@@ -3,7 +3,8 @@ chromedriver, as tests/system/test_dashboard_browser.py): a graph drawn in
 layers and coloured by state, following live events, its nodes linking to
 their jobs; cancel a graph and retry a failed job with the token (refused
 without it, and in read-only mode); a 500-job graph's first paint; the
-workflow list; a failed code-first workflow's retry and fork controls.
+workflow list; a failed code-first workflow's retry and fork controls; a
+signal sent by hand to a workflow that waits for one.
 
 With PG_SCHEDULER_DASHBOARD_SCREENSHOTS=DIR set, DIR/dashboard-graph.png,
 dashboard-graph-500.png, dashboard-workflows.png and dashboard-workflow-failed.png
@@ -22,7 +23,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from pg_scheduler import JobSpec, chain, group
+from pg_scheduler import JobSpec, WorkflowContext, chain, group, workflow
 from pg_scheduler.dashboard import dashboard_app
 from tests.support import workflow_ops_tasks as t
 from tests.support.common import job_status, wait_for_status, wait_until
@@ -575,6 +576,56 @@ async def test_a_failed_workflow_retries_from_its_failed_step_or_forks(
     # A completed workflow may be forked, not retried.
     assert await browser.text("button[data-action=retry_workflow]") is None
     assert await browser.text("button[data-action=fork_workflow]") == "fork"
+
+
+@workflow(name="dash_browser.approval")
+async def approval(ctx: WorkflowContext) -> object:
+    return await ctx.wait_for_signal("approved")
+
+
+async def test_a_waiting_workflow_is_signalled_by_hand(
+    browser, site, readonly_site, pool, make_scheduler
+):
+    scheduler = await make_scheduler()
+    job_id = await scheduler.schedule(approval)
+    await wait_for_status(pool, job_id, "waiting")
+    # Read-only: the form is there, disabled.
+    await load(browser, f"{readonly_site}/job?id={job_id}")
+    disabled = await browser.js(
+        "return [...document.querySelectorAll('[data-section=signal-actions] input,"
+        " [data-section=signal-actions] button')].map((b) => b.disabled)"
+    )
+    assert disabled == [True, True, True, True]
+
+    await load(browser, f"{site}/job?id={job_id}")
+    await set_token(browser, TOKEN)
+    assert await browser.js("return document.querySelector('[data-signal-name]').value") == (
+        "approved"
+    )
+    # A payload that is not JSON is refused in the page: nothing sent.
+    await browser.js("document.querySelector('[data-signal-payload]').value = '{oops'")
+    await browser.click("button[data-action=signal_workflow]")
+    await shows(
+        browser,
+        "#toast",
+        "payload is not JSON: "
+        + await browser.js("try { JSON.parse('{oops') } catch (e) { return e.message }"),
+    )
+    assert await pool.fetchval("SELECT count(*) FROM workflow_signals") == 0
+    await browser.js(
+        "document.querySelector('[data-signal-payload]').value = '{\"by\": \"ops\"}';"
+        "document.querySelector('[data-signal-key]').value = 'desk-1';"
+    )
+    await browser.click("button[data-action=signal_workflow]")
+    assert await scheduler.result(job_id, timeout=10) == {"by": "ops"}
+    await shows(browser, "[data-field=status]", "completed")
+    assert await browser.text("[data-section=signal-actions]") is None
+    assert (
+        await pool.fetchval(
+            "SELECT idempotency_key FROM workflow_signals WHERE job_id = $1", job_id
+        )
+        == "desk-1"
+    )
 
 
 async def test_without_events_the_graph_page_polls(browser, pool, make_scheduler):

@@ -281,13 +281,47 @@ RENDER.graph = graph;
 // An event naming one of the graph's jobs (or more jobs than it lists) refreshes it.
 CHANGE.graph = (data) => Boolean(data.more) || (data.jobs || []).some((id) => GRAPH.ids.has(id));
 
-// -- a job page: retry or fork a code-first workflow -------------------------------------------
+// -- a job page: signal, retry or fork a code-first workflow -----------------------------------
+
+// A workflow parked on a signal: send it one by hand (its name filled in, a
+// JSON payload, an optional idempotency key), as Scheduler.signal does.
+function signalControls(j, w) {
+  const title = REPLICA ? "this dashboard reads a replica; actions need the primary"
+    : READ_ONLY ? "read-only dashboard: start it with --token to act" : "";
+  const name = el("input", { type: "text", value: w.wait.signal || "", size: 16,
+    "data-signal-name": "1", disabled: READ_ONLY });
+  const payload = el("input", { type: "text", size: 28, placeholder: "JSON payload (empty: null)",
+    "data-signal-payload": "1", disabled: READ_ONLY });
+  const key = el("input", { type: "text", size: 16, placeholder: "idempotency key",
+    "data-signal-key": "1", disabled: READ_ONLY });
+  const send = el("button", {
+    type: "button", "data-action": "signal_workflow", disabled: READ_ONLY, title,
+    onclick: async () => {
+      const text = payload.value.trim();
+      let value = null;
+      if (text) {
+        try { value = JSON.parse(text); } catch (error) {
+          toast(`payload is not JSON: ${error.message}`, true);
+          return;
+        }
+      }
+      const body = { job_id: j.job_id, name: name.value, payload: value };
+      if (key.value.trim()) body.idempotency_key = key.value.trim();
+      const sent = await act("signal_workflow", body);
+      if (sent && !sent.stored) toast(`not sent: it has a signal of key ${body.idempotency_key}`);
+    },
+  }, "send signal");
+  return el("div", { class: "actions workflow-actions", "data-section": "signal-actions" },
+    el("label", {}, "signal ", name), el("label", {}, "payload ", payload),
+    el("label", {}, "key ", key), send);
+}
 
 // A job of a graph that ended without completing: retry it with its graph
 // (the dependents its end cancelled wait again). A code-first workflow that
 // ended: retry it from its failed step (not completed), or fork a new run from
 // a chosen step (the steps before it are replayed).
 function workflowControls(j, w) {
+  if (j.status === "waiting" && w && w.wait && w.wait.kind === "signal") return signalControls(j, w);
   const steps = Boolean(w && w.steps_total);
   if (!steps && j.in_graph && ENDED_BADLY.includes(j.status)) {
     return el("div", { class: "actions workflow-actions", "data-section": "workflow-actions" },
