@@ -478,9 +478,15 @@ def render_workflow(workflow: dict[str, Any], out: Any) -> None:
         out.print(
             table(
                 f"unread signals: {workflow['signals_total']}",
-                ("id", "name", "sent", "payload"),
+                ("id", "name", "sent", "key", "payload"),
                 [
-                    (g["id"], g["name"], when(g["sent_at"]), first_line(g["payload"], 60))
+                    (
+                        g["id"],
+                        g["name"],
+                        when(g["sent_at"]),
+                        g["idempotency_key"],
+                        first_line(g["payload"], 60),
+                    )
                     for g in workflow["signals"]
                 ],
             )

@@ -105,7 +105,7 @@ SELECT {_CHILD_STATUS} AS status, count(*)::bigint AS n
 # Signals sent and not yet taken by a wait, oldest first.
 _PENDING_SIGNALS = """
 SELECT g.id, g.name, g.sent_at, left(g.payload::text, $2) AS payload,
-       length(g.payload::text) AS payload_length
+       length(g.payload::text) AS payload_length, g.idempotency_key
   FROM workflow_signals g
  WHERE g.job_id = $1 AND g.consumed_seq IS NULL
  ORDER BY g.id

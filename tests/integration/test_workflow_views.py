@@ -53,7 +53,7 @@ async def parked(pool, make_scheduler):
     approving = await scheduler.schedule(
         wf.approval, execution_time=now(), args=("o-1",), queue="approvals"
     )
-    await scheduler.signal(approving, "note", {"x": 1})
+    await scheduler.signal(approving, "note", {"x": 1}, idempotency_key="note-1")
     parent = await scheduler.schedule(wf.fan_out, execution_time=now(), args=([1, 2, -1],))
     plain = await scheduler.schedule(wf.quick, execution_time=now(), args=(7,))
     for job_id in (sleeping, approving, parent):
@@ -136,6 +136,7 @@ async def test_job_page_of_a_workflow_waiting_for_a_signal_shows_unread_signals(
     assert w["signals_total"] == 1
     [note] = w["signals"]
     assert note["name"] == "note" and json.loads(note["payload"]) == {"x": 1}
+    assert note["idempotency_key"] == "note-1"
     # The awaited signal comes: the workflow ends, nothing is left unread but the note.
     await scheduler.signal(p.approving, "approved", {"by": "ops"})
     await wait_for_status(pool, p.approving, "completed")
@@ -364,7 +365,7 @@ async def test_cli_job_views_show_waits_steps_children_and_signals(dsn, parked):
     sleeping = await cli(dsn, "jobs", p.sleeping)
     assert "sleep until" in sleeping and "describe" in sleeping and "…" in sleeping
     approving = await cli(dsn, "jobs", p.approving)
-    assert "unread signals: 1" in approving and "note" in approving
+    assert "unread signals: 1" in approving and "note" in approving and "note-1" in approving
     child = await cli(dsn, "jobs", p.children[0])
     assert f"{p.parent} (wfv.fan_out, waiting; step 2)" in child
     assert "steps:" not in child

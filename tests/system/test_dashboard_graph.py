@@ -589,6 +589,7 @@ async def test_a_waiting_workflow_is_signalled_by_hand(
     scheduler = await make_scheduler()
     job_id = await scheduler.schedule(approval)
     await wait_for_status(pool, job_id, "waiting")
+    await scheduler.signal(job_id, "note", 1, idempotency_key="note-7")  # unread, with its key
     # Read-only: the form is there, disabled.
     await load(browser, f"{readonly_site}/job?id={job_id}")
     disabled = await browser.js(
@@ -602,6 +603,7 @@ async def test_a_waiting_workflow_is_signalled_by_hand(
     assert await browser.js("return document.querySelector('[data-signal-name]').value") == (
         "approved"
     )
+    assert await browser.text("tr[data-signal=note] [data-signal-idempotency]") == "note-7"
     # A payload that is not JSON is refused in the page: nothing sent.
     await browser.js("document.querySelector('[data-signal-payload]').value = '{oops'")
     await browser.click("button[data-action=signal_workflow]")
@@ -611,7 +613,7 @@ async def test_a_waiting_workflow_is_signalled_by_hand(
         "payload is not JSON: "
         + await browser.js("try { JSON.parse('{oops') } catch (e) { return e.message }"),
     )
-    assert await pool.fetchval("SELECT count(*) FROM workflow_signals") == 0
+    assert await pool.fetchval("SELECT count(*) FROM workflow_signals") == 1
     await browser.js(
         "document.querySelector('[data-signal-payload]').value = '{\"by\": \"ops\"}';"
         "document.querySelector('[data-signal-key]').value = 'desk-1';"
@@ -622,7 +624,8 @@ async def test_a_waiting_workflow_is_signalled_by_hand(
     assert await browser.text("[data-section=signal-actions]") is None
     assert (
         await pool.fetchval(
-            "SELECT idempotency_key FROM workflow_signals WHERE job_id = $1", job_id
+            "SELECT idempotency_key FROM workflow_signals WHERE job_id = $1 AND name = 'approved'",
+            job_id,
         )
         == "desk-1"
     )

@@ -393,8 +393,9 @@ function workflowSections(w) {
   }
   if (w.signals_total) {
     out.push(el("h3", { "data-section": "signals" }, `Unread signals (${w.signals_total})`));
-    out.push(table(["id", "name", "sent", "payload"], w.signals.map((g) => el("tr", { "data-signal": g.name },
+    out.push(table(["id", "name", "sent", "key", "payload"], w.signals.map((g) => el("tr", { "data-signal": g.name },
       el("td", { class: "num" }, g.id), el("td", { class: "mono" }, g.name), el("td", {}, when(g.sent_at)),
+      el("td", { class: "mono", "data-signal-idempotency": g.idempotency_key || "" }, g.idempotency_key || ""),
       el("td", { class: "result" }, clipped(g.payload, g.payload_length))))));
   }
   return out;
