@@ -20,6 +20,7 @@ import pytest
 from pg_scheduler import Scheduler
 from pg_scheduler.store.migrate import migrate
 from tests.support.common import FAST, with_database
+from tests.support.tcp_proxy import TcpProxy
 
 TESTS_DIR = Path(__file__).resolve().parent
 TIERS = ("unit", "integration", "system")
@@ -126,3 +127,12 @@ async def runs(
     await key_tasks.close()
     yield
     await key_tasks.close()
+
+
+@pytest.fixture
+async def proxy(dsn: str) -> AsyncIterator[TcpProxy]:
+    """A TCP proxy to the test database (tests.support.tcp_proxy), to break the
+    path without closing it (black_hole), or reset it (cut)."""
+    p = await TcpProxy(TcpProxy.upstream_of(dsn)).start()
+    yield p
+    await p.close()

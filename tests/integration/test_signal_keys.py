@@ -220,13 +220,6 @@ async def slow_commit(pool: asyncpg.Pool) -> AsyncIterator[None]:
     )
 
 
-@pytest.fixture
-async def proxy(dsn: str) -> AsyncIterator[TcpProxy]:
-    p = await TcpProxy(TcpProxy.upstream_of(dsn)).start()
-    yield p
-    await p.close()
-
-
 async def _cut_at_the_commit(
     pool: asyncpg.Pool, dsn: str, proxy: TcpProxy, make_scheduler: Any, key: str | None
 ) -> tuple[str, Any]:

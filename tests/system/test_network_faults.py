@@ -52,13 +52,6 @@ OUTAGE = 2.0
 RESUME_BOUND = 2 * STATEMENT_TIMEOUT + FAULT["heartbeat_interval"] + 1.0
 
 
-@pytest.fixture
-async def proxy(dsn: str) -> AsyncIterator[TcpProxy]:
-    p = await TcpProxy(TcpProxy.upstream_of(dsn)).start()
-    yield p
-    await p.close()
-
-
 Spawn = Callable[..., Awaitable[WorkerProcess]]
 
 

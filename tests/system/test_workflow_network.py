@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -56,13 +55,6 @@ async def _gated(what: str) -> str:
 @workflow(name="net.step")
 async def net_step(ctx: WorkflowContext) -> str:
     return await ctx.step("gated", _gated, "gated")
-
-
-@pytest.fixture
-async def proxy(dsn: str) -> AsyncIterator[TcpProxy]:
-    p = await TcpProxy(TcpProxy.upstream_of(dsn)).start()
-    yield p
-    await p.close()
 
 
 async def _through_an_outage(
