@@ -27,6 +27,7 @@ from .errors import WaitTimeout
 from .parking import sleep as park_sleep
 from .parking import wait_for_signal as park_for_signal
 from .run import RunState
+from .signals import checked_signal, send_signal
 from .steps import StepRetry, check_step_options, run_step
 from .transactions import TransactionStep, transaction_step
 
@@ -213,6 +214,29 @@ class WorkflowContext:
         if default is not _NO_DEFAULT:
             return default
         raise WaitTimeout(name)
+
+    async def signal(
+        self, job_id: str, name: str, payload: Any = None, *, key: str | int | None = None
+    ) -> None:
+        """Send workflow ``job_id`` the signal ``name`` (as ``scheduler.signal``),
+        exactly once: a step named ``signal <name> to <job_id>`` (``key`` for
+        one in a loop), whose signal carries an idempotency key of this
+        workflow's own, so a run that sends it again (its worker died before
+        the step's record) stores nothing. A refused signal (an unknown or
+        finished job) fails the step: :class:`StepFailed`."""
+        checked_signal(job_id, name, payload)
+        step_key = _key(key)
+        await self._flush()
+        # The place this step takes (run_step takes the next one): the same in
+        # every run of the workflow, which replays its steps in order.
+        once = f"workflow:{self.job_id}:{self._run.replay.next_seq}"
+        store = self._run.store
+
+        async def send() -> None:
+            await send_signal(store, job_id, name, payload, idempotency_key=once)
+
+        step = f"signal {name} to {job_id}"
+        await run_step(self._run, step, step_key, send, (), {}, None, None)
 
     async def signals(self, name: str) -> AsyncIterator[Any]:
         """Every signal ``name``, in the order sent: ``async for payload in

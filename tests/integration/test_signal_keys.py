@@ -15,6 +15,7 @@ import asyncpg
 import pytest
 
 from pg_scheduler import JobStatus, SyncClient, WorkflowContext, workflow
+from pg_scheduler.testing import rescue_job, resume_workflow, run_until_crash, run_until_parked
 from tests.integration.test_cli_ops import _keep_test_logging, cli  # noqa: F401
 from tests.support.common import wait_for_status, wait_until
 from tests.support.tcp_proxy import TcpProxy
@@ -187,6 +188,57 @@ async def test_the_command_line_sends_a_signal_once_by_its_key(pool, dsn, make_s
         wrong = await cli(dsn, "workflows", "signal", job_id, "vote", *bad)
         assert wrong.code == 2, (bad, wrong.out, wrong.err)
     assert len(await _stored(pool, job_id)) == 2
+
+
+# -- from a workflow: ctx.signal ------------------------------------------------------
+
+
+@workflow(name="signal_keys.teller")
+async def teller(ctx: WorkflowContext, target: str, times: int) -> str:
+    for n in range(times):
+        await ctx.signal(target, "vote", n, key=n)
+    await ctx.signal(target, "done")
+    return "told"
+
+
+async def test_a_workflow_signals_another_once_per_step(pool, make_scheduler):
+    scheduler = await make_scheduler()
+    listener = await _waiting(scheduler, pool, count=2)
+    told = await scheduler.schedule(teller, args=(listener, 2))
+    assert await scheduler.result(told, timeout=10) == "told"
+    assert await scheduler.result(listener, timeout=10) == [0, 1]
+    assert [(name, key) for name, _, key in await _stored(pool, listener)] == [
+        ("vote", f"workflow:{told}:1"),
+        ("vote", f"workflow:{told}:2"),
+        ("done", f"workflow:{told}:3"),
+    ]
+    # A refused signal fails its step, and the workflow with it.
+    late = await scheduler.schedule(teller, args=(listener, 1))
+    job = await scheduler.wait_for(late, timeout=10)
+    assert job.status is JobStatus.FAILED
+    assert "signal vote to" in (job.error or "") and "finished job" in (job.error or "")
+
+
+async def test_a_signal_sent_again_by_a_replay_lands_once(pool, make_scheduler):
+    scheduler = await make_scheduler(start=False)
+    listener = await scheduler.schedule(votes, execution_time=datetime.now(UTC), args=(2,))
+    assert (await run_until_parked(scheduler, listener)).status is JobStatus.WAITING
+    told = await scheduler.schedule(teller, execution_time=datetime.now(UTC), args=(listener, 2))
+    # The worker dies right after the first signal's step...
+    job = await run_until_crash(scheduler, told, 1)
+    assert job.status is JobStatus.RUNNING
+    # ... before its record was written: the next run sends the signal again.
+    await pool.execute("DELETE FROM workflow_steps WHERE job_id = $1 AND seq = 1", told)
+    await rescue_job(scheduler, told)
+    job = await resume_workflow(scheduler, told)
+    assert job.status is JobStatus.COMPLETED, job.error
+    assert [(name, payload) for name, payload, _ in await _stored(pool, listener)] == [
+        ("vote", "0"),
+        ("vote", "1"),
+        ("done", None),
+    ]
+    job = await resume_workflow(scheduler, listener)
+    assert job.result == [0, 1]
 
 
 # -- a lost answer ---------------------------------------------------------------
