@@ -20,7 +20,7 @@ from ..api.workflow_ops import WorkflowOps
 from ..enums import JobStatus
 from ..store.graph_ops import GraphOpsStore
 from ..store.workflows import WorkflowStore
-from ..workflows.signals import send_signal
+from ..workflows.signals import checked_key, checked_signal, send_signal
 from .output import EXIT_NOT_FOUND, CommandError, confirm, console, emit_json, table, when
 
 
@@ -203,18 +203,20 @@ async def cmd_workflows_signal(pool: asyncpg.Pool, args: argparse.Namespace) -> 
             payload = json.loads(args.payload)
         except ValueError as exc:
             raise CommandError(f"--payload is not JSON: {exc}", 2) from None
-    try:
-        stored = await _calling(
-            send_signal(
-                WorkflowStore(pool, args.schema),
-                args.job_id,
-                args.name,
-                payload,
-                idempotency_key=args.key,
-            )
-        )
-    except TypeError as exc:
+    try:  # bad input is a usage error (2); a refusal by the database, 1
+        checked_signal(args.job_id, args.name, payload)
+        checked_key(args.key)
+    except (TypeError, ValueError) as exc:
         raise CommandError(str(exc), 2) from None
+    stored = await _calling(
+        send_signal(
+            WorkflowStore(pool, args.schema),
+            args.job_id,
+            args.name,
+            payload,
+            idempotency_key=args.key,
+        )
+    )
     if args.json:
         emit_json({"job_id": args.job_id, "signal": args.name, "stored": stored})
     elif stored:

@@ -27,7 +27,7 @@ from .errors import WaitTimeout
 from .parking import sleep as park_sleep
 from .parking import wait_for_signal as park_for_signal
 from .run import RunState
-from .signals import checked_signal, send_signal
+from .signals import checked_signal, own_signal_key, send_signal
 from .steps import StepRetry, check_step_options, run_step
 from .transactions import TransactionStep, transaction_step
 
@@ -229,7 +229,7 @@ class WorkflowContext:
         await self._flush()
         # The place this step takes (run_step takes the next one): the same in
         # every run of the workflow, which replays its steps in order.
-        once = f"workflow:{self.job_id}:{self._run.replay.next_seq}"
+        once = own_signal_key(self.job_id, self._run.replay.next_seq)
         store = self._run.store
 
         async def send() -> None:

@@ -16,6 +16,7 @@ connection is lost before the answer: it cannot land twice.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Generator, Iterable
 from typing import Any, TypeVar, cast
 
@@ -26,7 +27,7 @@ from ..store.dbapi import DbapiStatements, dbapi_connection
 from ..store.workflows import WorkflowStore
 from ..support.codec import encode_json, encode_task_data
 from ..support.reconnect import retry_on_disconnect
-from ..support.validation import check_name
+from ..support.validation import MAX_NAME_BYTES, check_name
 
 #: How long a send with an idempotency key waits for an unreachable database
 #: (seconds), retrying, before the error reaches its caller.
@@ -249,6 +250,16 @@ def checked_signal(job_id: Any, name: Any, payload: Any) -> str | None:
     # The same checks as a job's arguments (JSON, NUL, lone surrogates, depth).
     encode_task_data([payload], {}, f"signal {name!r}")
     return None if payload is None else encode_json(payload)
+
+
+def own_signal_key(job_id: str, seq: int) -> str:
+    """The idempotency key of the signal workflow ``job_id`` sends at step
+    ``seq`` (``ctx.signal``): ``workflow:<job id>:<seq>``, or with the id's
+    SHA-256 in its place when that would pass the keys' length limit."""
+    key = f"workflow:{job_id}:{seq}"
+    if len(key.encode()) <= MAX_NAME_BYTES:
+        return key
+    return f"workflow-sha256:{hashlib.sha256(job_id.encode()).hexdigest()}:{seq}"
 
 
 def checked_key(key: Any) -> str | None:

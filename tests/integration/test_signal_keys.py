@@ -184,9 +184,11 @@ async def test_the_command_line_sends_a_signal_once_by_its_key(pool, dsn, make_s
     assert refused.code == 1 and "a finished job takes no signal" in refused.err
     unknown = await cli(dsn, "workflows", "signal", "no-such-job", "done")
     assert unknown.code == 1 and "no job with id" in unknown.err
-    for bad in (("--payload", "{not json"), ("--key", "")):
+    for bad in (("--payload", "{not json"), ("--key", ""), ("--key", "nul \x00")):
         wrong = await cli(dsn, "workflows", "signal", job_id, "vote", *bad)
         assert wrong.code == 2, (bad, wrong.out, wrong.err)
+    wrong = await cli(dsn, "workflows", "signal", job_id, "nul \x00 name")
+    assert wrong.code == 2 and "signal name" in wrong.err, (wrong.out, wrong.err)
     assert len(await _stored(pool, job_id)) == 2
 
 
@@ -217,6 +219,17 @@ async def test_a_workflow_signals_another_once_per_step(pool, make_scheduler):
     job = await scheduler.wait_for(late, timeout=10)
     assert job.status is JobStatus.FAILED
     assert "signal vote to" in (job.error or "") and "finished job" in (job.error or "")
+
+
+async def test_a_workflow_with_the_longest_id_signals_too(pool, make_scheduler):
+    scheduler = await make_scheduler()
+    listener = await _waiting(scheduler, pool)
+    long_id = "t" * 1020  # the key would pass 1,024 bytes: the id's digest stands in
+    await scheduler.schedule(teller, args=(listener, 1), job_id=long_id)
+    assert await scheduler.result(long_id, timeout=10) == "told"
+    keys = [key for _, _, key in await _stored(pool, listener)]
+    assert [k.rsplit(":", 1)[1] for k in keys] == ["1", "2"]
+    assert all(k.startswith("workflow-sha256:") for k in keys), keys
 
 
 async def test_a_signal_sent_again_by_a_replay_lands_once(pool, make_scheduler):
