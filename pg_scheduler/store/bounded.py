@@ -24,6 +24,8 @@ from typing import Any
 import asyncpg
 from asyncpg import exceptions as pgerr
 
+from ..support.reconnect import is_connection_error, is_lost_while_held
+
 # Seconds any one of the scheduler's own statements may take (docs: failure
 # model): ``Scheduler(statement_timeout=...)``'s default, and the sync client's.
 DEFAULT_STATEMENT_TIMEOUT = 10.0
@@ -41,6 +43,11 @@ def state_unknown(exc: BaseException) -> bool:
         | asyncpg.InterfaceError
         | asyncpg.InternalClientError,
     )
+
+
+def closed_under(exc: BaseException) -> pgerr.ConnectionDoesNotExistError:
+    """The lost connection that ``exc`` (a detached proxy's refusal) stands for."""
+    return pgerr.ConnectionDoesNotExistError(f"the connection closed while in use ({exc})")
 
 
 def terminate(conn: Any) -> None:
@@ -236,3 +243,7 @@ class _Acquire:
             await self._pool.give_back(conn, error)
             raise error from exc
         await self._pool.give_back(conn, exc)
+        if exc is not None and not is_connection_error(exc) and is_lost_while_held(exc):
+            # The connection closed under the block (its proxy detached): said
+            # as what it is, so callers retry it like any lost connection.
+            raise closed_under(exc) from exc

@@ -54,6 +54,18 @@ def is_connection_error(exc: BaseException) -> bool:
     return False
 
 
+def is_lost_while_held(exc: BaseException) -> bool:
+    """For a caller that still holds the pooled connection ``exc`` came from:
+    True when that connection is gone. asyncpg detaches the proxy of a pooled
+    connection that closes (a restart, a terminated backend), and every later
+    call on the proxy is refused with an InterfaceError ("released back to the
+    pool") where a lost connection is meant. Only its holder can tell the two
+    apart: it has not released the connection, so the pool did, on its close."""
+    if is_connection_error(exc):
+        return True
+    return isinstance(exc, asyncpg.InterfaceError) and "released back to the pool" in str(exc)
+
+
 class Backoff:
     """Exponential backoff with full jitter, reset on success."""
 

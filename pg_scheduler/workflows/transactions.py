@@ -29,7 +29,7 @@ import asyncpg
 
 from ..store.bounded import give_back, state_unknown
 from ..support.codec import decode_json
-from ..support.reconnect import is_connection_error
+from ..support.reconnect import is_lost_while_held
 from .replay import COMPLETED, Record
 from .run import RunState, encode_step_result
 
@@ -63,7 +63,7 @@ class _Open:
                 await self._give_back(exc)
                 raise
         except Exception as exc:
-            if is_connection_error(exc):
+            if is_lost_while_held(exc):
                 raise self.run.interrupted(exc) from exc
             raise
         return self.conn
@@ -86,7 +86,7 @@ class _Open:
             await _bounded(self.tx.commit() if commit else self.tx.rollback(), bound)
         except Exception as exc:
             await self._give_back(exc)
-            if not is_connection_error(exc):
+            if not is_lost_while_held(exc):
                 raise
             if commit:
                 raise self.run.interrupted(exc) from exc
@@ -141,7 +141,7 @@ class TransactionStep:
         opened = self._open
         if exc_type is not None or self._replayed is not None:
             await opened.close(commit=False, error=exc)
-            if isinstance(exc, Exception) and is_connection_error(exc):
+            if isinstance(exc, Exception) and is_lost_while_held(exc):
                 # A statement of the block on this connection (or the block's
                 # own) lost the database: nothing committed; the run stops.
                 raise self._run.interrupted(exc) from exc
@@ -150,7 +150,7 @@ class TransactionStep:
             written = await opened.record(self._seq, self._name, self._key, None)
         except BaseException as error:
             await opened.close(commit=False, error=error)
-            if isinstance(error, Exception) and is_connection_error(error):
+            if isinstance(error, Exception) and is_lost_while_held(error):
                 raise self._run.interrupted(error) from error
             raise
         await opened.close(commit=written)
@@ -182,7 +182,7 @@ async def transaction_step(
         written = await opened.record(seq, name, key, text)
     except BaseException as error:
         await opened.close(commit=False, error=error)
-        if isinstance(error, Exception) and is_connection_error(error):
+        if isinstance(error, Exception) and is_lost_while_held(error):
             raise run.interrupted(error) from error
         raise
     await opened.close(commit=written)

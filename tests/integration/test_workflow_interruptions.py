@@ -8,6 +8,7 @@ so a run that cuts its own connection every time ends failed, not looping."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
@@ -66,6 +67,36 @@ async def cut_in_block(ctx: WorkflowContext) -> str:
     return "done"
 
 
+@workflow(name="cut.between")
+async def cut_between(ctx: WorkflowContext) -> str:
+    """The block's connection closes between two of its statements (a restart
+    while the block waits on something else): asyncpg detaches the pooled
+    connection's proxy, and the next statement on it is refused as "released
+    back to the pool", not as a lost connection."""
+    async with ctx.transaction("tx") as conn:
+        ran["block"] += 1
+        await conn.execute("INSERT INTO wf_cut_effects VALUES ($1, 'tx')", ctx.job_id)
+        if cuts["between"] > 0:
+            cuts["between"] -= 1
+            pid = conn.get_server_pid()
+            other = await asyncpg.connect(os.environ["PG_SCHEDULER_TEST_DB_URL"])
+            try:
+                await other.execute("SELECT pg_terminate_backend($1)", pid)
+            finally:
+                await other.close()
+            await wait_until(lambda: _detached(conn), timeout=10, message="the proxy detached")
+        await conn.execute("INSERT INTO wf_cut_effects VALUES ($1, 'after')", ctx.job_id)
+    return "done"
+
+
+async def _detached(conn: Any) -> bool:
+    try:
+        conn.is_closed()
+    except asyncpg.InterfaceError:
+        return True
+    return False
+
+
 async def _charge(conn: asyncpg.Connection, job_id: str) -> int:
     ran["charge"] += 1
     await conn.execute("INSERT INTO wf_cut_effects VALUES ($1, 'charge')", job_id)
@@ -120,6 +151,21 @@ async def test_a_connection_cut_in_a_transaction_block_hands_the_run_back(pool, 
     # recorded before it did not.
     assert ran == Counter({"before": 1, "block": 2, "after": 1})
     assert await _effects(pool, job_id) == ["tx"]
+    count, errors = await _rescues(pool, job_id)
+    assert count == 1
+    assert len(errors) == 1 and "connection to the database was lost under the run" in errors[0]
+
+
+async def test_a_connection_closed_between_two_statements_of_a_block_hands_the_run_back(
+    pool, make_scheduler
+):
+    scheduler = await make_scheduler()
+    cuts["between"] = 1
+    job_id = await scheduler.schedule(cut_between, execution_time=datetime.now(UTC))
+    job = await scheduler.wait_for(job_id, timeout=20)
+    assert job.status is JobStatus.COMPLETED, job.error
+    assert ran == Counter({"block": 2})
+    assert await _effects(pool, job_id) == ["after", "tx"]
     count, errors = await _rescues(pool, job_id)
     assert count == 1
     assert len(errors) == 1 and "connection to the database was lost under the run" in errors[0]
