@@ -27,6 +27,7 @@ from ..config import UNSET
 from ..enums import ConflictResolution
 from ..job_spec import JobSpec
 from ..store import NewJob, Store
+from ..store.bounded import holding
 from ..store.orphans import OrphanStore
 from ..support.codec import encode_task_data
 from ..support.log import get_logger
@@ -494,7 +495,7 @@ class Enqueuer:
             return await self._attempts(lambda: on(connection), graph.rows, user_ids, False, False)
 
         async def pooled() -> list[str | None]:
-            async with self.pool.acquire() as conn:
+            async with holding(self.pool) as conn:
                 return await on(conn)
 
         def lost() -> list[str | None]:
@@ -592,7 +593,7 @@ class Enqueuer:
                 # One statement is atomic on its own: no BEGIN/COMMIT round trips.
                 insert, batch = steps[0]
                 return await insert(self.pool, batch), {}
-            async with self.pool.acquire() as conn:
+            async with holding(self.pool) as conn:
                 return await on(conn)
 
         return await self._attempts(pooled, rows, user_ids, False, True, lost)

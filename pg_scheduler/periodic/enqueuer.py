@@ -21,6 +21,7 @@ from ..enqueue.producer import Enqueuer
 from ..enums import ConflictResolution
 from ..services.base import Service
 from ..store import NewJob
+from ..store.bounded import holding
 from ..store.periodic import PeriodicStore
 from ..support.log import get_logger
 from ..support.reconnect import Backoff, is_connection_error
@@ -162,7 +163,7 @@ class PeriodicService(Service):
         manager = self.manager
         key = config.dedup_key
         assert key is not None
-        async with manager.pool.acquire() as conn, conn.transaction():
+        async with holding(manager.pool) as conn, conn.transaction():
             row = await self.store.lock_for_enqueue(conn, key)
             if row is None:
                 return BUSY

@@ -18,6 +18,8 @@ wrap a pool the application owns; everything not listed here is the pool's own.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any
 
@@ -48,6 +50,20 @@ def state_unknown(exc: BaseException) -> bool:
 def closed_under(exc: BaseException) -> pgerr.ConnectionDoesNotExistError:
     """The lost connection that ``exc`` (a detached proxy's refusal) stands for."""
     return pgerr.ConnectionDoesNotExistError(f"the connection closed while in use ({exc})")
+
+
+@asynccontextmanager
+async def holding(pool: Any) -> AsyncIterator[Any]:
+    """``async with pool.acquire() as conn`` for a block of several statements
+    on any pool: a connection that closes between them (the pool detaches its
+    proxy) ends the block as a lost connection, as :class:`BoundedPool`'s blocks do."""
+    async with pool.acquire() as conn:
+        try:
+            yield conn
+        except asyncpg.InterfaceError as exc:
+            if is_lost_while_held(exc):
+                raise closed_under(exc) from exc
+            raise
 
 
 def terminate(conn: Any) -> None:

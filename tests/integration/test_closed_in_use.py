@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 
 from pg_scheduler.engine.held import MIN_POOL_SIZE_TO_HOLD, HeldConnection
-from pg_scheduler.store.bounded import BoundedPool
+from pg_scheduler.store.bounded import BoundedPool, holding
 from pg_scheduler.support.reconnect import is_connection_error, is_lost_while_held
 from tests.support.common import wait_until
 
@@ -76,4 +76,23 @@ async def test_a_held_connection_reports_a_lost_connection_and_is_replaced(dsn, 
         assert second != first
     finally:
         await held.release()
+        await own.close()
+
+
+async def test_a_block_on_the_applications_own_pool_reports_a_lost_connection(dsn, pool):
+    """The producer's multi-statement writes run on the application's pool as
+    it is (``store.bounded.holding``): the same refusal is a lost connection,
+    which the producer retries."""
+    own = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    try:
+        with pytest.raises(asyncpg.ConnectionDoesNotExistError):
+            async with holding(own) as conn:
+                await _closed_between_statements(pool, conn)
+        async with holding(own) as conn:
+            assert await conn.fetchval("SELECT 4") == 4
+        # Any other error of the block is its own.
+        with pytest.raises(asyncpg.DivisionByZeroError):
+            async with holding(own) as conn:
+                await conn.fetchval("SELECT 1 / 0")
+    finally:
         await own.close()
