@@ -336,3 +336,30 @@ async def test_an_unkeyed_send_whose_answer_was_lost_reaches_the_caller(
     # It landed: not sending it again was right.
     await wait_until(lambda: _stored(pool, job_id), message="the lost send's commit")
     assert await _stored(pool, job_id) == [("vote", "1", None)]
+
+
+async def test_a_repeat_in_a_repeatable_read_transaction_is_a_serialization_failure(
+    pool, make_scheduler
+):
+    """In the caller's REPEATABLE READ transaction, a first send of the key
+    committed after the transaction's snapshot cannot be seen: PostgreSQL
+    refuses the repeat with a serialization failure (the caller retries its
+    transaction, as for any), and the retried transaction gets False."""
+    scheduler = await make_scheduler()
+    job_id = await _waiting(scheduler, pool, count=2)
+    # A signal it does not wait for: nothing wakes it, so its row stays as it
+    # is while the transactions run (a change to it would refuse them too).
+    async with pool.acquire() as conn:
+        tx = conn.transaction(isolation="repeatable_read")
+        await tx.start()
+        await conn.fetchval("SELECT 1")  # the snapshot is taken
+        assert await scheduler.signal(job_id, "note", 1, idempotency_key="rr") is True
+        with pytest.raises(asyncpg.SerializationError):
+            await scheduler.signal(job_id, "note", 2, idempotency_key="rr", connection=conn)
+        await tx.rollback()
+        async with conn.transaction(isolation="repeatable_read"):
+            assert (
+                await scheduler.signal(job_id, "note", 2, idempotency_key="rr", connection=conn)
+                is False
+            )
+    assert await _stored(pool, job_id) == [("note", "1", "rr")]
