@@ -9,13 +9,13 @@ on the client's own connection."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from pg_scheduler import JobNotFound, SyncClient, WorkflowContext, workflow
+from pg_scheduler import JobNotFound, WorkflowContext, workflow
+from tests.integration import test_sync_client_transactions as transactions
 from tests.integration.test_sync_client_transactions import (
     INTRANS,
     STYLE_IDS,
@@ -26,7 +26,7 @@ from tests.integration.test_sync_client_transactions import (
 )
 from tests.support.common import wait_for_status
 
-ORDERS = "sync_signal_orders"
+ORDERS = transactions.ORDERS
 
 
 @workflow(name="sync_signals.approval")
@@ -34,18 +34,9 @@ async def approval(ctx: WorkflowContext) -> Any:
     return await ctx.wait_for_signal("approved")
 
 
-@pytest.fixture
-def client(dsn: str) -> Iterator[SyncClient]:
-    with SyncClient(dsn) as c:
-        yield c
-
-
-@pytest.fixture
-async def orders(pool: Any) -> Any:
-    await pool.execute(f"DROP TABLE IF EXISTS {ORDERS}")
-    await pool.execute(f"CREATE TABLE {ORDERS} (id text PRIMARY KEY)")
-    yield ORDERS
-    await pool.execute(f"DROP TABLE IF EXISTS {ORDERS}")
+# The caller's connection and table, as in the transactional enqueue tests.
+client = transactions.client
+orders = transactions.orders
 
 
 async def _waiting(scheduler: Any, pool: Any) -> str:
