@@ -14,22 +14,14 @@ import pytest
 from pg_scheduler.engine.held import MIN_POOL_SIZE_TO_HOLD, HeldConnection
 from pg_scheduler.store.bounded import BoundedPool, holding
 from pg_scheduler.support.reconnect import is_connection_error, is_lost_while_held
-from tests.support.common import wait_until
-
-
-async def _detached(conn: Any) -> bool:
-    try:
-        conn.is_closed()
-    except asyncpg.InterfaceError:
-        return True
-    return False
+from tests.support.common import proxy_detached, wait_until
 
 
 async def _closed_between_statements(killer: asyncpg.Pool, conn: Any) -> None:
     """One statement, the backend terminated from outside, then a second one."""
     pid = await conn.fetchval("SELECT pg_backend_pid()")
     await killer.execute("SELECT pg_terminate_backend($1)", pid)
-    await wait_until(lambda: _detached(conn), timeout=10, message="the proxy detached")
+    await wait_until(lambda: proxy_detached(conn), timeout=10, message="the proxy detached")
     await conn.fetchval("SELECT 1")
 
 

@@ -2,7 +2,8 @@
 restart, a failover, a network fault) is handed back, not failed: the next
 run replays it from its records. The connection is cut from inside the
 server (``pg_terminate_backend``) at a chosen point: in a transaction block,
-at its commit, and in a park waiting for the row's lock. Counted as a rescue,
+between two of its statements (from another connection), at its commit, and
+in a park waiting for the row's lock. Counted as a rescue,
 so a run that cuts its own connection every time ends failed, not looping."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import asyncpg
 import pytest
 
 from pg_scheduler import JobStatus, WorkflowContext, workflow
-from tests.support.common import wait_until
+from tests.support.common import proxy_detached, wait_until
 
 ran: Counter[str] = Counter()
 #: How many more runs cut their connection, by what is cut.
@@ -84,17 +85,9 @@ async def cut_between(ctx: WorkflowContext) -> str:
                 await other.execute("SELECT pg_terminate_backend($1)", pid)
             finally:
                 await other.close()
-            await wait_until(lambda: _detached(conn), timeout=10, message="the proxy detached")
+            await wait_until(lambda: proxy_detached(conn), timeout=10, message="the proxy detached")
         await conn.execute("INSERT INTO wf_cut_effects VALUES ($1, 'after')", ctx.job_id)
     return "done"
-
-
-async def _detached(conn: Any) -> bool:
-    try:
-        conn.is_closed()
-    except asyncpg.InterfaceError:
-        return True
-    return False
 
 
 async def _charge(conn: asyncpg.Connection, job_id: str) -> int:

@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -83,6 +84,16 @@ async def wait_until(
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         await asyncio.sleep(interval)
+
+
+async def proxy_detached(conn: Any) -> bool:
+    """True once the pool has detached ``conn`` (a pooled connection's proxy)
+    because its connection closed: every call on it is refused then."""
+    try:
+        conn.is_closed()
+    except asyncpg.InterfaceError:
+        return True
+    return False
 
 
 async def job_status(pool: asyncpg.Pool, job_id: str) -> str | None:
