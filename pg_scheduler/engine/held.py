@@ -11,7 +11,7 @@ import asyncpg
 from ..store.bounded import BoundedPool, Deadline, closed_under, expire
 from ..store.names import Executor
 from ..store.session import ASYNC_COMMIT, GENERIC_PLANS, own_timeouts
-from ..support.reconnect import is_connection_error, is_lost_while_held
+from ..support.reconnect import is_connection_error, is_detached_refusal
 
 T = TypeVar("T")
 
@@ -100,7 +100,7 @@ class HeldConnection:
                 raise TimeoutError(f"no answer within {self._timeout} s") from exc
             if isinstance(exc, asyncpg.PostgresError) and not is_connection_error(exc):
                 raise  # the statement's own error: the connection is fine
-            if not is_connection_error(exc) and is_lost_while_held(exc):
+            if is_detached_refusal(exc):
                 # Closed under the statements (the pool detached its proxy).
                 await self._discard()
                 raise closed_under(exc) from exc

@@ -26,7 +26,7 @@ from typing import Any
 import asyncpg
 from asyncpg import exceptions as pgerr
 
-from ..support.reconnect import is_connection_error, is_lost_while_held
+from ..support.reconnect import is_detached_refusal
 
 # Seconds any one of the scheduler's own statements may take (docs: failure
 # model): ``Scheduler(statement_timeout=...)``'s default, and the sync client's.
@@ -61,7 +61,7 @@ async def holding(pool: Any) -> AsyncIterator[Any]:
         try:
             yield conn
         except asyncpg.InterfaceError as exc:
-            if is_lost_while_held(exc):
+            if is_detached_refusal(exc):
                 raise closed_under(exc) from exc
             raise
 
@@ -259,7 +259,7 @@ class _Acquire:
             await self._pool.give_back(conn, error)
             raise error from exc
         await self._pool.give_back(conn, exc)
-        if exc is not None and not is_connection_error(exc) and is_lost_while_held(exc):
+        if exc is not None and is_detached_refusal(exc):
             # The connection closed under the block (its proxy detached): said
             # as what it is, so callers retry it like any lost connection.
             raise closed_under(exc) from exc

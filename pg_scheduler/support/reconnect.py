@@ -54,16 +54,20 @@ def is_connection_error(exc: BaseException) -> bool:
     return False
 
 
+def is_detached_refusal(exc: BaseException) -> bool:
+    """True for asyncpg's refusal of a pooled connection's proxy that its pool
+    detached ("released back to the pool"). The pool detaches the proxy of a
+    connection that closes (a restart, a terminated backend), so for a caller
+    that has not released it, the refusal means a lost connection; for any
+    other it means a use after release."""
+    return isinstance(exc, asyncpg.InterfaceError) and "released back to the pool" in str(exc)
+
+
 def is_lost_while_held(exc: BaseException) -> bool:
     """For a caller that still holds the pooled connection ``exc`` came from:
-    True when that connection is gone. asyncpg detaches the proxy of a pooled
-    connection that closes (a restart, a terminated backend), and every later
-    call on the proxy is refused with an InterfaceError ("released back to the
-    pool") where a lost connection is meant. Only its holder can tell the two
-    apart: it has not released the connection, so the pool did, on its close."""
-    if is_connection_error(exc):
-        return True
-    return isinstance(exc, asyncpg.InterfaceError) and "released back to the pool" in str(exc)
+    True when that connection is gone (a lost connection, or the pool's
+    refusal of the proxy it detached on the connection's close)."""
+    return is_connection_error(exc) or is_detached_refusal(exc)
 
 
 class Backoff:
