@@ -42,6 +42,11 @@ CPU per job (local server only).
 ``moved`` with N finished rows kept, after each of three rounds of 2,000
 jobs.
 
+``--vacuum-options "PARALLEL 0"`` adds those options to that ``VACUUM``
+(both modes): without ``PARALLEL 0``, PostgreSQL may start parallel workers
+for the cleanup of each index larger than ``min_parallel_index_scan_size``,
+whose start-up alone costs tens of milliseconds.
+
 ``--vacuum-every S`` runs the layout's own ``VACUUM`` (of the tables the claim
 and the completion churn) every S seconds during the two phases, as a library
 could, instead of leaving it to autovacuum (which visits a database at most
@@ -343,19 +348,24 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-async def _vacuum_loop(run: Run, every: float) -> None:
+def _with_options(stmt: str, options: str) -> str:
+    """``VACUUM t`` as ``VACUUM (options) t`` (unchanged without options)."""
+    return stmt.replace("VACUUM ", f"VACUUM ({options}) ", 1) if options else stmt
+
+
+async def _vacuum_loop(run: Run, every: float, options: str) -> None:
     conn = await asyncpg.connect(run.dsn)
     try:
         while True:
             await asyncio.sleep(every)
             for stmt in run.layout.vacuum:
-                await conn.execute(stmt)
+                await conn.execute(_with_options(stmt, options))
     finally:
         await conn.close()
 
 
 async def _phase(
-    run: Run, name: str, rate: float, seconds: float, vacuum_every: float
+    run: Run, name: str, rate: float, seconds: float, vacuum_every: float, options: str = ""
 ) -> dict[str, Any]:
     mon = await asyncpg.connect(run.dsn)
     samples: list[dict[str, Any]] = []
@@ -363,7 +373,9 @@ async def _phase(
     done0 = run.completed
     t0 = time.monotonic()
     producer = asyncio.create_task(run.produce(rate, seconds))
-    vacuums = asyncio.create_task(_vacuum_loop(run, vacuum_every)) if vacuum_every else None
+    vacuums = (
+        asyncio.create_task(_vacuum_loop(run, vacuum_every, options)) if vacuum_every else None
+    )
     while not producer.done():
         await asyncio.sleep(1.0)
         s = await _sample(mon, run.layout.relations)
@@ -437,11 +449,19 @@ async def run_layout(server_dsn: str, layout: Layout, args: argparse.Namespace) 
         await conn.execute(stmt)
     run = Run(layout, dsn)
     worker = asyncio.create_task(run.work())
-    phases = [await _phase(run, "clean", args.rate, args.phase_seconds, args.vacuum_every)]
+    phases = [
+        await _phase(
+            run, "clean", args.rate, args.phase_seconds, args.vacuum_every, args.vacuum_options
+        )
+    ]
     holder = await asyncpg.connect(dsn)
     await holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
     await holder.fetchval("SELECT txid_current()")
-    phases.append(await _phase(run, "pinned", args.rate, args.phase_seconds, args.vacuum_every))
+    phases.append(
+        await _phase(
+            run, "pinned", args.rate, args.phase_seconds, args.vacuum_every, args.vacuum_options
+        )
+    )
     await holder.execute("ROLLBACK")
     await holder.close()
     run.stop.set()
@@ -452,7 +472,9 @@ async def run_layout(server_dsn: str, layout: Layout, args: argparse.Namespace) 
     return {"layout": layout.name, "not_completed": lost, "phases": phases}
 
 
-async def vacuum_cost(server_dsn: str, retained: int, rounds: int = 3) -> dict[str, list[float]]:
+async def vacuum_cost(
+    server_dsn: str, retained: int, rounds: int = 3, options: str = ""
+) -> dict[str, list[float]]:
     """Wall time of the layout's own VACUUM with ``retained`` finished rows
     kept, after each round of 2,000 jobs claimed and completed."""
     out: dict[str, list[float]] = {}
@@ -487,7 +509,7 @@ async def vacuum_cost(server_dsn: str, retained: int, rounds: int = 3) -> dict[s
             await conn.execute(layout.complete, ids)
             t0 = time.perf_counter()
             for stmt in layout.vacuum:
-                await conn.execute(stmt)
+                await conn.execute(_with_options(stmt, options))
             times.append(round((time.perf_counter() - t0) * 1000, 1))
         await conn.close()
         out[name] = times
@@ -513,7 +535,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             return {
                 "date": datetime.now(UTC).isoformat(timespec="seconds"),
                 "retained": args.vacuum_cost_rows,
-                "vacuum_ms": await vacuum_cost(dsn, args.vacuum_cost_rows),
+                "vacuum_options": args.vacuum_options,
+                "vacuum_ms": await vacuum_cost(
+                    dsn, args.vacuum_cost_rows, options=args.vacuum_options
+                ),
             }
         results = []
         for name in args.layouts.split(","):
@@ -527,6 +552,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "rate": args.rate,
             "phase_seconds": args.phase_seconds,
             "vacuum_every": args.vacuum_every,
+            "vacuum_options": args.vacuum_options,
             "results": results,
         }
     finally:
@@ -547,6 +573,7 @@ def cli() -> None:
         default=0,
         help="instead: time the own VACUUM of current and moved with N finished rows kept",
     )
+    p.add_argument("--vacuum-options", default="", help='options of that VACUUM, e.g. "PARALLEL 0"')
     p.add_argument("--dsn")
     p.add_argument("--json")
     args = p.parse_args()

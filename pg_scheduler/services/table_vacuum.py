@@ -13,6 +13,10 @@ each vacuuming; a VACUUM already running makes another one a no-op
 (SKIP_LOCKED). A worker spaces its own VACUUMs so they take at most a tenth of
 its time.
 
+Most rounds prune the heap only, which costs the same however many finished
+rows the retention keeps; at most one round a minute per worker also cleans
+the indexes (store/table_vacuum.py says what each does).
+
 VACUUM needs the table's owner (PostgreSQL 17: or MAINTAIN on it). A role
 without that right leaves the table to autovacuum (logged once, at INFO).
 """
@@ -31,6 +35,9 @@ log = get_logger(__name__)
 MIN_DEAD = 1000
 #: A VACUUM that took t seconds is followed by none for DUTY x t seconds.
 DUTY = 9.0
+#: A round also cleans the indexes when this worker's last such round is older
+#: (seconds; autovacuum's default naptime).
+INDEX_EVERY = 60.0
 
 
 class TableVacuumService(Service):
@@ -41,8 +48,11 @@ class TableVacuumService(Service):
         self.store = store
         self.allowed: bool | None = None  # not asked yet
         self.vacuums = 0
+        #: Of those, the rounds that also cleaned the indexes.
+        self.index_rounds = 0
         self.last_seconds = 0.0
         self._not_before = 0.0
+        self._indexes_at: float | None = None  # monotonic time of the last index round
 
     async def run_once(self) -> bool:
         """VACUUM the job table if it is due; whether it ran."""
@@ -59,9 +69,13 @@ class TableVacuumService(Service):
         if dead < MIN_DEAD or (since is not None and since < self.interval):
             return False
         started = time.monotonic()
-        await self.store.vacuum()
+        indexes = self._indexes_at is None or started - self._indexes_at >= INDEX_EVERY
+        await self.store.vacuum(indexes)
         took = self.last_seconds = time.monotonic() - started
         self.vacuums += 1
+        if indexes:
+            self.index_rounds += 1
+            self._indexes_at = started
         self._not_before = time.monotonic() + DUTY * took
-        log.debug("job table vacuumed", dead_before=dead, ms=round(took * 1000, 1))
+        log.debug("job table vacuumed", dead_before=dead, indexes=indexes, ms=round(took * 1000, 1))
         return True
