@@ -85,10 +85,10 @@ async def main():
                 " pg_indexes_size('scheduled_jobs') AS idx,"
                 " (SELECT count(*) FROM pg_stat_progress_vacuum p JOIN pg_stat_activity a"
                 "   USING (pid) WHERE p.relid = 'scheduled_jobs'::regclass"
-                "   AND a.backend_type = 'autovacuum worker') AS auto"
+                "   AND a.backend_type = 'autovacuum worker') AS auto, autoanalyze_count"
                 " FROM pg_stat_user_tables WHERE relid = 'scheduled_jobs'::regclass")
             samples.append((time.monotonic() - t0, row["n_dead_tup"], row["heap"], row["idx"],
-                            row["auto"]))
+                            row["auto"], row["autoanalyze_count"]))
             try:
                 await asyncio.wait_for(stop.wait(), 0.5)
             except asyncio.TimeoutError:
@@ -125,6 +125,11 @@ async def main():
         # Seconds during which autovacuum was vacuuming the job table (a
         # VACUUM of the worker's then skips it: SKIP_LOCKED).
         "autovacuum_s": sum(0.5 for s in samples if s[4]),
+        # When an autoanalyze of the table was first counted: it sets the dead
+        # rows to an estimate from its sample until the next VACUUM.
+        "autoanalyzed_at_s": [
+            round(b[0], 1) for a, b in zip(samples, samples[1:], strict=False) if b[5] > a[5]
+        ],
         "vacuums": len(rounds),
         "vacuum_ms_median": ms(statistics.median(rounds)) if rounds else None,
         "vacuum_ms_max": ms(max(rounds)) if rounds else None,
