@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -652,6 +653,10 @@ class Run:
                 **spread(in_phase),
                 "throughput_per_s": round(done / (e - b), 1),
                 "job_table_dead_tuples_peak": max(deads) if deads else None,
+                # Beside the peak: an autoanalyze sets the count to an estimate
+                # extrapolated from its sample until the next VACUUM, which a
+                # single sample can catch.
+                "job_table_dead_tuples_median": statistics.median(deads) if deads else None,
                 "total_size_growth_bytes": (totals[-1] - totals[0]) if len(totals) > 1 else None,
                 "xmin_age_max": max(ages) if ages else None,
             }
@@ -719,6 +724,7 @@ def print_table(summaries: list[dict[str, Any]]) -> None:
         ("claim_p99_ms", "p99 ms"),
         ("throughput_per_s", "jobs/s"),
         ("job_table_dead_tuples_peak", "dead peak"),
+        ("job_table_dead_tuples_median", "dead median"),
         ("total_size_growth_bytes", "size growth B"),
         ("xmin_age_max", "xmin age"),
     ]
