@@ -15,6 +15,7 @@ from ..enums import FINAL_STATUS_VALUES
 from .batches import BATCH_OF_JOB
 from .event_sql import events_cte
 from .queues import seeds_from, served_groups
+from .workflow_sql import RESUME_COLUMNS
 
 _INSERT_COLUMNS = """
     job_id, job_name, task_name, execution_time, status, task_data, priority,
@@ -73,10 +74,13 @@ _REPLACE_SET = """
 """
 
 # What the worker reads of a claimed row (the claim and the in-process start).
-_CLAIMED_COLUMNS = """j.job_id, j.job_name, j.task_name, j.queue, j.task_data::text AS task_data,
+_CLAIMED_COLUMNS = (
+    """j.job_id, j.job_name, j.task_name, j.queue, j.task_data::text AS task_data,
           j.priority, j.execution_time, j.status, j.attempts, j.retry_count,
           j.max_retries, j.timeout, j.retry_policy::text AS retry_policy, j.claimed_ahead,
-          j.has_dependents"""
+          j.has_dependents, """
+    + RESUME_COLUMNS
+)
 
 
 # $1 tasks, $2 how many rows, $3 worker, $4 lease seconds, $5 how many start

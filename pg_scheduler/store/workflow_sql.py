@@ -49,6 +49,14 @@ _STEP_COLUMNS = """s.seq, s.kind, s.name, s.key, s.status,
            AS spawned_id,
        CASE WHEN s.kind = 'spawn' AND s.status = 'waiting'
             THEN coalesce((s.result ->> 'detached')::boolean, false) END AS spawned_detached"""
+# Their names, in order (as the columns of a subquery r).
+_STEP_NAMES = ", ".join(
+    f"r.{name}"
+    for name in (
+        "seq kind name key status result error attempts spawned_id spawned_detached"
+        " child_status child_result child_error"
+    ).split()
+)
 # The same for the operator's views, in SQL: {s} the step, {c} the child's row
 # (joined only while the step waits and the row is final).
 _STEP_STATUS = (
@@ -79,20 +87,56 @@ _WAKE_NOTIFY = (
 # row; then its steps recorded, one row each, in order (a job with none: one
 # row, its step columns NULL). A spawn step waiting carries its child's end
 # (child_status: the child's row is final; see _CHILD_END).
+_INCARNATION = "coalesce((extract(epoch FROM j.created_at) * 1000000)::bigint, 0)"
+# The child of a spawn step s that waits, joined as c while its row is final:
+# looked up by its id (the primary key, whatever the statistics say), for
+# such a step only. As a plain join, statistics taken when no row was final
+# (estimated: 1) made the planner read every final row once and compare each
+# step with all of them: 0.9 ms a step at 10,000 final rows. The LIMIT keeps
+# the planner from turning the lookup back into that join.
+_CHILD_JOIN = (
+    """LEFT JOIN LATERAL (
+    SELECT c.status, c.result, c.error_message FROM scheduled_jobs c
+     WHERE s.kind = 'spawn' AND s.status = 'waiting' AND c.job_id = s.result ->> 'job_id'
+     LIMIT 1) c ON c.status IN """
+    + _FINAL
+)
 _LOAD_MANY = f"""
-SELECT j.job_id,
-       coalesce((extract(epoch FROM j.created_at) * 1000000)::bigint, 0) AS incarnation,
-       j.workflow_deadline, now() AS db_now,
+SELECT j.job_id, {_INCARNATION} AS incarnation, j.workflow_deadline, now() AS db_now,
        {_STEP_COLUMNS},
        {_CHILD_END}
   FROM scheduled_jobs j
   LEFT JOIN workflow_steps s ON s.job_id = j.job_id
-  LEFT JOIN scheduled_jobs c
-    ON s.kind = 'spawn' AND s.status = 'waiting' AND c.job_id = s.result ->> 'job_id'
-       AND c.status IN {_FINAL}
+  {_CHILD_JOIN}
  WHERE j.job_id = ANY($1::text[])
  ORDER BY j.job_id, s.seq
 """
+# The same starts, returned by the claim with each row it takes (every
+# statement that returns _CLAIMED_COLUMNS), so that a resumed run sends no
+# statement of its own to begin: (incarnation, deadline, the database's
+# clock), and the steps as _LOAD_MANY's step columns, in order, in one JSON
+# array (asyncpg decodes an array of anonymous records 1.5 to 2 times slower
+# from 3 records up).
+# - Only for a row that started before (a parked workflow woken, a retry, a
+#   rescue): one that never started has no records; NULL sends its run to
+#   the loader, as does a row taken by a statement without these columns.
+# - At most RESUME_MOST steps: past that (a fan-out's parent) the claim
+#   returns one more and the run reads them all itself, so that a claim does
+#   not hold the other jobs it takes while it reads thousands.
+# - The claim's snapshot sees what woke the row (the wake and its records
+#   commit together); a child that ends after it is found by the park, as
+#   one that ends after the loader's read.
+RESUME_MOST = 100
+RESUME_COLUMNS = f"""CASE WHEN j.started_before
+            THEN ROW({_INCARNATION}, j.workflow_deadline, now()) END AS resume,
+       CASE WHEN j.started_before THEN (
+           SELECT coalesce(json_agg(json_build_array({_STEP_NAMES}) ORDER BY r.seq),
+                           '[]'::json)::text
+             FROM (SELECT {_STEP_COLUMNS}, {_CHILD_END}
+                     FROM workflow_steps s {_CHILD_JOIN}
+                    WHERE s.job_id = j.job_id
+                    ORDER BY s.seq
+                    LIMIT {RESUME_MOST + 1}) r) END AS resume_steps"""
 # The first run of a workflow with a timeout: its deadline, from now.
 _SET_DEADLINE = f"""
 UPDATE scheduled_jobs j SET workflow_deadline = now() + make_interval(secs => $4::float8)

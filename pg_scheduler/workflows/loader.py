@@ -1,11 +1,16 @@
 """The start of a run: its records, read together with the runs starting beside it.
 
 A claim starts a batch of jobs at once; each workflow among them needs its
-records before its function runs. Each run asks :class:`Loader` for its own;
-the requests made while the event loop goes round once (and while a read is
-in flight) are read in one statement (``WorkflowStore.load_many``), so a
-batch of resumed workflows costs one round trip, not one each. A run alone
-waits one turn of the loop for company.
+records before its function runs. Those of a run that started before (a
+resumed workflow) come with the claim itself (``RESUME_COLUMNS`` in
+store/workflow_sql.py); the loader reads the others': a first run's (its
+incarnation and deadline) and those of rows started by a statement that
+returns none (an in-process start, a dependent handed over at completion).
+
+Each run asks :class:`Loader` for its own; the requests made while the
+event loop goes round once (and while a read is in flight) are read in one
+statement (``WorkflowStore.load_many``), so a batch of first runs costs one
+round trip, not one each. A run alone waits one turn of the loop for company.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""One run of a workflow, for the executor: load its records (one statement
-for the runs starting together, only for workflows: loader.py), call the
-function with a context, and end the run.
+"""One run of a workflow, for the executor: take its records (those of a
+run that started before come with its claim; the others are read in one
+statement for the runs starting together: loader.py), call the function
+with a context, and end the run.
 
 The run ends in one of five ways: the function returned (the executor
 completes the job as any other; spawns still kept are written first, and
@@ -18,13 +19,15 @@ does afterwards.
 from __future__ import annotations
 
 import asyncio
+import json
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..enums import DEFAULT_QUEUE
 from ..store import Store
-from ..store.workflows import Lease, WorkflowStore
+from ..store.workflow_sql import RESUME_MOST
+from ..store.workflows import Lease, Loaded, WorkflowStore
 from ..support.reconnect import is_connection_error, retry_on_disconnect
 from ..tasks import TaskRegistry
 from .context import WorkflowContext
@@ -58,6 +61,18 @@ def _loader(store: WorkflowStore) -> Loader:
     return found
 
 
+def _claimed_records(row: Mapping[str, Any]) -> Loaded | None:
+    """The run's records as its claim returned them (store/workflow_sql.py
+    RESUME_COLUMNS); None: the claim returned none, or not all of them."""
+    resume = row.get("resume")
+    if resume is None:
+        return None
+    steps = json.loads(row["resume_steps"])
+    if len(steps) > RESUME_MOST:
+        return None
+    return Loaded(resume[0], resume[1], resume[2], steps)
+
+
 class _RunTimeout(TimeoutError):
     """The scheduler's job_timeout ended this run (a failed attempt, retried)."""
 
@@ -84,7 +99,9 @@ async def run_workflow(
     if timeout is None:
         timeout = options_of(func).timeout
     try:
-        loaded = await _loader(wstore).load(job_id)
+        loaded = _claimed_records(row)
+        if loaded is None:
+            loaded = await _loader(wstore).load(job_id)
         if loaded is None:
             raise LeaseLost(f"job {job_id} no longer exists")
         deadline = loaded.deadline

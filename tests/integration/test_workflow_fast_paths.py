@@ -2,11 +2,13 @@
 itself; ``signal_bulk`` sends many, all or none; a child's end counts its
 parked parent down (``workflow_waits``) and keeps its outcome on its own row,
 copied onto the spawn step only when the row goes or is reopened; runs that
-start together read their records in one statement."""
+start together for the first time read their records in one statement;
+resumed runs take theirs from their claim."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
@@ -17,13 +19,16 @@ import pytest
 from pg_scheduler import (
     JobFailed,
     JobNotFound,
+    JobSpec,
     JobStatus,
     PollingConfig,
     WorkflowContext,
     task,
     workflow,
 )
+from pg_scheduler.store.workflow_sql import RESUME_COLUMNS, RESUME_MOST
 from pg_scheduler.store.workflows import WorkflowStore
+from pg_scheduler.workflows.runner import workflow_store
 from tests.support.common import wait_for_status, wait_until
 
 ran: Counter[str] = Counter()
@@ -273,9 +278,10 @@ async def test_a_failed_child_raises_job_failed_at_the_gather(make_scheduler):
         await scheduler.result(job_id, timeout=10)
 
 
-async def test_runs_starting_together_read_their_records_in_few_statements(
-    pool, make_scheduler, monkeypatch
-):
+@pytest.fixture
+def loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of each statement the loader sends (runs whose records the
+    claim did not return)."""
     statements: list[int] = []
     original = WorkflowStore.load_many
 
@@ -284,18 +290,112 @@ async def test_runs_starting_together_read_their_records_in_few_statements(
         return await original(self, db, job_ids)
 
     monkeypatch.setattr(WorkflowStore, "load_many", counted)
+    return statements
+
+
+async def test_first_runs_starting_together_read_their_records_in_few_statements(
+    pool, make_scheduler, loads
+):
+    scheduler = await make_scheduler(max_concurrent_jobs=50, batch_claim_limit=50)
+    await scheduler.shutdown()  # the 40 are claimed together, not one by one as they come
+    ids = await scheduler.schedule_bulk(
+        [JobSpec(func=approval, execution_time=_now(), args=(str(i),)) for i in range(40)]
+    )
+    scheduler = await make_scheduler(max_concurrent_jobs=50, batch_claim_limit=50)
+    for job_id in ids:
+        await _wait_parked(pool, job_id)
+    assert sum(loads) == 40
+    assert len(loads) < 40 / 2, loads
+
+
+async def test_resumed_runs_take_their_records_from_their_claim(pool, make_scheduler, loads):
     scheduler = await make_scheduler(max_concurrent_jobs=50, batch_claim_limit=50)
     ids = [
         await scheduler.schedule(approval, execution_time=_now(), args=(str(i),)) for i in range(40)
     ]
     for job_id in ids:
         await _wait_parked(pool, job_id)
-    statements.clear()
+    loads.clear()
     await scheduler.signal_bulk([(job_id, "go", 1) for job_id in ids])
     for job_id in ids:
-        await _wait_parked(pool, job_id)  # each at its second wait
-    assert sum(statements) == 40
-    assert len(statements) < 40 / 2, statements
+        await _wait_parked(pool, job_id)  # each at its second wait: the first replayed
+    await scheduler.signal_bulk([(job_id, "go", 2) for job_id in ids])
+    for job_id in ids:
+        assert await scheduler.result(job_id, timeout=10) == [1, 2]
+    assert loads == []
+    assert all(ran[f"start {i}"] == 3 for i in range(40)), ran
+
+
+@task(name="fast.plus")
+async def plus(i: int) -> int:
+    ran["plus"] += 1
+    return i + 1
+
+
+@workflow(name="fast.mixed")
+async def mixed(ctx: WorkflowContext) -> Any:
+    one = await ctx.step("one", plus, 1)
+    kids = await ctx.gather(ctx.spawn(kid, 3), ctx.spawn(kid, -4), return_exceptions=True)
+    got = await ctx.wait_for_signal("go")
+    return [one, [k if not isinstance(k, Exception) else str(k) for k in kids], got]
+
+
+async def test_the_claim_returns_the_records_the_loader_reads(pool, make_scheduler):
+    """A resumed run's records come with its claim (store/workflow_sql.py
+    RESUME_COLUMNS); they must be what the loader reads for the same row:
+    a completed step, spawn steps still waiting whose children's rows are
+    final (one completed, one failed), a signal's completed wait."""
+    scheduler = await make_scheduler(max_concurrent_jobs=10, batch_claim_limit=10)
+    job_id = await scheduler.schedule(mixed, execution_time=_now())
+    await _wait_parked(pool, job_id)
+
+    async def at_the_signal() -> bool:
+        kind = await pool.fetchval(
+            "SELECT wait_kind FROM scheduled_jobs WHERE job_id = $1 AND status = 'waiting'",
+            job_id,
+        )
+        return kind == "signal"
+
+    await wait_until(at_the_signal, message="parked on the signal")
+    await scheduler.shutdown()
+    await scheduler.signal(job_id, "go", {"n": 1})
+    store = scheduler.store
+    [loaded] = (await workflow_store(store).load_many(pool, [job_id])).values()
+    kinds = [(step[1], step[4], step[10]) for step in loaded.steps]
+    assert ("spawn", "waiting", "completed") in kinds, kinds
+    assert ("spawn", "waiting", "failed") in kinds, kinds
+    assert ("signal", "completed", None) in kinds, kinds
+    [row] = await store.claim("w-compare", ["fast.mixed"], 1, 60.0)
+    assert row["job_id"] == job_id
+    assert [tuple(step) for step in json.loads(row["resume_steps"])] == loaded.steps
+    assert tuple(row["resume"])[:2] == (loaded.incarnation, loaded.deadline)
+    # A row that never started carries none: its run asks the loader.
+    fresh = await scheduler.schedule(mixed, execution_time=_now())
+    [row] = await store.claim("w-compare", ["fast.mixed"], 1, 60.0)
+    assert (row["job_id"], row["resume"], row["resume_steps"]) == (fresh, None, None)
+
+
+@workflow(name="fast.wide")
+async def wide(ctx: WorkflowContext, n: int) -> Any:
+    return sum(await ctx.gather(*[ctx.spawn(kid, i) for i in range(n)]))
+
+
+async def test_a_run_with_more_records_than_a_claim_returns_reads_them_itself(
+    pool, make_scheduler, loads
+):
+    """A parent of RESUME_MOST + 20 children: the claim that resumes it
+    returns one record past the bound; the run reads all of them itself."""
+    n = RESUME_MOST + 20
+    gates["kid 0"] = asyncio.Event()  # the parent parks before its children are over
+    scheduler = await make_scheduler(max_concurrent_jobs=50, batch_claim_limit=50)
+    job_id = await scheduler.schedule(wide, execution_time=_now(), args=(n,))
+    await _wait_parked(pool, job_id)
+    gates["kid 0"].set()
+    assert await scheduler.result(job_id, timeout=30) == sum(i * 10 for i in range(n))
+    resumed = [size for size in loads if size == 1]
+    assert len(resumed) >= 2, loads  # the first run's read and the resumed run's
+    steps = await pool.fetchval("SELECT count(*) FROM workflow_steps WHERE job_id = $1", job_id)
+    assert steps > RESUME_MOST + 1  # a spawn step per child, and the wait's record
 
 
 async def test_signal_bulk_on_a_connection_outside_a_transaction_is_one_transaction(
@@ -312,3 +412,41 @@ async def test_signal_bulk_on_a_connection_outside_a_transaction_is_one_transact
         assert not conn.is_in_transaction()
     job = await scheduler.wait_for(job_id, timeout=10)
     assert job.result == [1, 2]
+
+
+def _buffers(plan: Any) -> int:
+    node = plan[0]["Plan"]
+    return int(node.get("Shared Hit Blocks", 0)) + int(node.get("Shared Read Blocks", 0))
+
+
+async def test_the_records_read_looks_children_up_by_id_whatever_the_statistics(
+    pool, make_scheduler
+):
+    """Statistics taken while no row was final, then thousands of final rows:
+    the loader's read and the claim's read of a parked parent's records still
+    look each waiting child up by its id, not compare it with every final row."""
+    gates["kid 7"] = asyncio.Event()
+    scheduler = await make_scheduler(max_concurrent_jobs=10, batch_claim_limit=10)
+    job_id = await scheduler.schedule(family, execution_time=_now(), args=([7, 7, 7],))
+    await _wait_parked(pool, job_id)
+    await scheduler.shutdown(grace_period=0.1)
+    await pool.execute("ANALYZE scheduled_jobs; ANALYZE workflow_steps")
+    await pool.execute(
+        "INSERT INTO scheduled_jobs (job_id, job_name, task_name, execution_time, status,"
+        " task_data, finished_at)"
+        " SELECT 'done-' || g, 'fast.kid', 'fast.kid', now(), 'completed', '{}', now()"
+        " FROM generate_series(1, 5000) g"
+    )
+    store = workflow_store(scheduler.store)
+    loads = await pool.fetchval(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store._load_many, [job_id]
+    )
+    claims = await pool.fetchval(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT "
+        + RESUME_COLUMNS
+        + " FROM scheduled_jobs j WHERE j.job_id = $1",
+        job_id,
+    )
+    # By id: a few pages an index descent each; all final rows: hundreds.
+    assert _buffers(json.loads(loads)) < 100, loads
+    assert _buffers(json.loads(claims)) < 100, claims
