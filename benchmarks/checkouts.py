@@ -98,4 +98,4 @@ def alternate(
         ok = [r for r in runs if "error" not in r]
         if ok:
             med = {k: statistics.median(r[k] for r in ok) for k in keys}
-            print("MEDIAN", tree, med, "runs", [r["jobs_per_s"] for r in ok])
+            print("MEDIAN", tree, med, "runs", [r[keys[0]] for r in ok])
