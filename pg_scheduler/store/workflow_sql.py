@@ -82,11 +82,7 @@ _WAKE_NOTIFY = (
     + "' THEN '' ELSE {0}.queue END)"
 )
 
-# The starts of the runs of jobs $1: each job's incarnation (created_at: a
-# REPLACE makes a new one), its deadline and the database's clock, on every
-# row; then its steps recorded, one row each, in order (a job with none: one
-# row, its step columns NULL). A spawn step waiting carries its child's end
-# (child_status: the child's row is final; see _CHILD_END).
+# A job's incarnation (created_at: a REPLACE makes a new one), in microseconds.
 _INCARNATION = "coalesce((extract(epoch FROM j.created_at) * 1000000)::bigint, 0)"
 # The child of a spawn step s that waits, joined as c while its row is final:
 # looked up by its id (the primary key, whatever the statistics say), for
@@ -101,6 +97,11 @@ _CHILD_JOIN = (
      LIMIT 1) c ON c.status IN """
     + _FINAL
 )
+# The starts of the runs of jobs $1: each job's incarnation (created_at: a
+# REPLACE makes a new one), its deadline and the database's clock, on every
+# row; then its steps recorded, one row each, in order (a job with none: one
+# row, its step columns NULL). A spawn step waiting carries its child's end
+# (child_status: the child's row is final; see _CHILD_END).
 _LOAD_MANY = f"""
 SELECT j.job_id, {_INCARNATION} AS incarnation, j.workflow_deadline, now() AS db_now,
        {_STEP_COLUMNS},
@@ -258,10 +259,9 @@ _SPAWNED_ENDED = f"""
 SELECT {_STEP_COLUMNS},
        {_CHILD_END}
   FROM workflow_steps s
-  LEFT JOIN scheduled_jobs c
-    ON s.status = 'waiting' AND c.job_id = s.result ->> 'job_id' AND c.status IN {_FINAL}
+  {_CHILD_JOIN}
  WHERE s.job_id = $1 AND s.seq = ANY($2::int[]) AND s.kind = 'spawn'
-   AND (s.status <> 'waiting' OR c.job_id IS NOT NULL)
+   AND (s.status <> 'waiting' OR c.status IS NOT NULL)
 """
 # A wait that is over (a signal taken, a timeout, children ended): its record
 # completed, and what the row waited for forgotten.

@@ -423,8 +423,9 @@ async def test_the_records_read_looks_children_up_by_id_whatever_the_statistics(
     pool, make_scheduler
 ):
     """Statistics taken while no row was final, then thousands of final rows:
-    the loader's read and the claim's read of a parked parent's records still
-    look each waiting child up by its id, not compare it with every final row."""
+    the loader's read, the claim's read of a parked parent's records and the
+    park's read of its ended children still look each waiting child up by its
+    id, not compare it with every final row."""
     gates["kid 7"] = asyncio.Event()
     scheduler = await make_scheduler(max_concurrent_jobs=10, batch_claim_limit=10)
     job_id = await scheduler.schedule(family, execution_time=_now(), args=([7, 7, 7],))
@@ -447,6 +448,11 @@ async def test_the_records_read_looks_children_up_by_id_whatever_the_statistics(
         + " FROM scheduled_jobs j WHERE j.job_id = $1",
         job_id,
     )
+    ended = await pool.fetchval(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store._spawned_ended,
+        job_id,
+        list(range(1, 10)),
+    )
     # By id: a few pages an index descent each; all final rows: hundreds.
-    assert _buffers(json.loads(loads)) < 100, loads
-    assert _buffers(json.loads(claims)) < 100, claims
+    for plan in (loads, claims, ended):
+        assert _buffers(json.loads(plan)) < 100, plan
